@@ -1,0 +1,62 @@
+//! The query/key/value/output projections shared by the multi-head variants.
+
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+
+/// Splits `[batch, n, d_model]` into heads `[batch, n_heads, n, d_head]`.
+pub fn split_heads(x: Tensor<3>, n_heads: usize) -> Tensor<4> {
+    let [batch, n, d_model] = x.dims();
+    x.reshape([batch, n, n_heads, d_model / n_heads])
+        .swap_dims(1, 2)
+}
+
+/// Merges heads `[batch, n_heads, n, d_head]` back into `[batch, n, n_heads * d_head]`.
+pub fn merge_heads(x: Tensor<4>) -> Tensor<3> {
+    let [batch, n_heads, n, d_head] = x.dims();
+    x.swap_dims(1, 2).reshape([batch, n, n_heads * d_head])
+}
+
+/// Input projections to Q, K, V and the output projection, each `d_model -> d_model`,
+/// Xavier-uniform initialised (the LRA reference), biases optional.
+#[derive(Module, Debug)]
+pub struct QkvoProjection {
+    /// Query projection.
+    pub query: Linear,
+    /// Key projection.
+    pub key: Linear,
+    /// Value projection.
+    pub value: Linear,
+    /// Output projection.
+    pub output: Linear,
+    /// Number of heads the projections are split into.
+    pub n_heads: usize,
+}
+
+impl QkvoProjection {
+    /// Creates the four projections.
+    pub fn new(d_model: usize, n_heads: usize, bias: bool, device: &Device) -> Self {
+        let linear = LinearConfig::new(d_model, d_model)
+            .with_bias(bias)
+            .with_initializer(Initializer::XavierUniform { gain: 1.0 });
+        Self {
+            query: linear.init(device),
+            key: linear.init(device),
+            value: linear.init(device),
+            output: linear.init(device),
+            n_heads,
+        }
+    }
+
+    /// Projects `x: [batch, n, d_model]` to per-head `(Q, K, V)`, each `[batch, h, n, d]`.
+    pub fn qkv(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let q = split_heads(self.query.forward(x.clone()), self.n_heads);
+        let k = split_heads(self.key.forward(x.clone()), self.n_heads);
+        let v = split_heads(self.value.forward(x), self.n_heads);
+        (q, k, v)
+    }
+
+    /// Merges per-head outputs `[batch, h, n, d]` and applies the output projection.
+    pub fn out(&self, o: Tensor<4>) -> Tensor<3> {
+        self.output.forward(merge_heads(o))
+    }
+}

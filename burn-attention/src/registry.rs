@@ -1,0 +1,233 @@
+//! The registry: every variant by name, its configuration and its module.
+//!
+//! A closed pair of enums (Burn's `ActivationConfig` -> `Activation` pattern): an unknown name
+//! or a bad parameter fails when the configuration is built, never deep in training.
+
+use burn::prelude::*;
+use serde_json::{Map, Value};
+
+use crate::error::AttentionError;
+use crate::input::AttentionInput;
+use crate::linformer::{LinformerAttention, LinformerConfig};
+use crate::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
+
+/// What a variant supports; asking for anything else is an error before training starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Honours a key padding mask.
+    pub padding_mask: bool,
+    /// Supports causal masking.
+    pub causal: bool,
+    /// Needs a fixed maximum sequence length (`n_max`) at construction.
+    pub fixed_max_len: bool,
+}
+
+/// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
+#[derive(Debug, Clone, Copy)]
+pub struct VariantInfo {
+    /// Registry name.
+    pub name: &'static str,
+    /// Source paper.
+    pub paper: &'static str,
+    /// Time complexity per head (`n` length, `d` head width, `k` projected length).
+    pub time: &'static str,
+    /// Memory complexity per head.
+    pub memory: &'static str,
+    /// What it supports.
+    pub capabilities: Capabilities,
+}
+
+/// Every registered variant, in the order listings show them.
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo {
+        name: "softmax",
+        paper: "Vaswani et al. 2017, arXiv 1706.03762",
+        time: "O(n² d)",
+        memory: "O(n²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "linformer",
+        paper: "Wang et al. 2020, arXiv 2006.04768",
+        time: "O(n k d)",
+        memory: "O(n k)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: false,
+            fixed_max_len: true,
+        },
+    },
+];
+
+/// Looks a variant up by name.
+pub fn variant(name: &str) -> Result<&'static VariantInfo, AttentionError> {
+    VARIANTS
+        .iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| AttentionError::UnknownVariant { name: name.to_string() })
+}
+
+/// Configuration of any registered attention variant.
+#[derive(Config, Debug)]
+pub enum AttentionConfig {
+    /// Exact softmax attention.
+    Softmax(SoftmaxAttentionConfig),
+    /// Linformer.
+    Linformer(LinformerConfig),
+}
+
+/// Fields every variant takes from the model rather than from its own parameters.
+const MODEL_FIELDS: &[&str] = &["d_model", "n_heads", "n_max"];
+
+impl AttentionConfig {
+    /// The variant called `name`, with its paper defaults, for a model of width `d_model` with
+    /// `n_heads` heads on sequences of at most `n_max` positions.
+    pub fn from_name(
+        name: &str,
+        d_model: usize,
+        n_heads: usize,
+        n_max: usize,
+    ) -> Result<Self, AttentionError> {
+        Ok(match variant(name)?.name {
+            "softmax" => Self::Softmax(SoftmaxAttentionConfig::new(d_model, n_heads)),
+            "linformer" => Self::Linformer(LinformerConfig::new(d_model, n_heads, n_max)),
+            other => unreachable!("variant `{other}` is listed but not constructible"),
+        })
+    }
+
+    /// The registry name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Softmax(_) => "softmax",
+            Self::Linformer(_) => "linformer",
+        }
+    }
+
+    /// The registry entry.
+    pub fn info(&self) -> &'static VariantInfo {
+        variant(self.name()).expect("every config variant is registered")
+    }
+
+    /// Model width.
+    pub fn d_model(&self) -> usize {
+        match self {
+            Self::Softmax(c) => c.d_model,
+            Self::Linformer(c) => c.d_model,
+        }
+    }
+
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        match self {
+            Self::Softmax(c) => c.validate(),
+            Self::Linformer(c) => c.validate(),
+        }
+    }
+
+    /// Checks that the variant can take inputs of up to `n` positions, causal or not.
+    pub fn check_input(&self, n: usize, causal: bool) -> Result<(), AttentionError> {
+        match self {
+            Self::Softmax(_) => Ok(()),
+            Self::Linformer(c) => crate::linformer::check_input(c.n_max, n, causal),
+        }
+    }
+
+    /// Sets the dropout on the attention weights.
+    pub fn with_dropout(self, dropout: f64) -> Self {
+        match self {
+            Self::Softmax(c) => Self::Softmax(c.with_dropout(dropout)),
+            Self::Linformer(c) => Self::Linformer(c.with_dropout(dropout)),
+        }
+    }
+
+    /// Applies variant parameters given as key/value pairs (a config file's
+    /// `[attention.<name>]` table). Unknown keys, keys the model sets (`d_model`, `n_heads`,
+    /// `n_max`) and values of the wrong type are errors that name the key.
+    pub fn with_params(self, params: &Map<String, Value>) -> Result<Self, AttentionError> {
+        let variant = self.name();
+        let err = |message: String| AttentionError::InvalidParams { variant, message };
+        let template = match &self {
+            Self::Softmax(c) => serde_json::to_value(c),
+            Self::Linformer(c) => serde_json::to_value(c),
+        }
+        .map_err(|e| err(e.to_string()))?;
+        let Value::Object(mut merged) = template else {
+            return Err(err("configuration is not a table".into()));
+        };
+        let allowed: Vec<&String> = merged
+            .keys()
+            .filter(|k| !MODEL_FIELDS.contains(&k.as_str()))
+            .collect();
+        for key in params.keys() {
+            if MODEL_FIELDS.contains(&key.as_str()) {
+                return Err(err(format!("`{key}` is set by the model, not per attention")));
+            }
+            if !merged.contains_key(key) {
+                let allowed: Vec<String> = allowed.iter().map(|k| k.to_string()).collect();
+                return Err(err(format!(
+                    "unknown key `{key}` (expected one of: {})",
+                    allowed.join(", ")
+                )));
+            }
+        }
+        for (key, value) in params {
+            merged.insert(key.clone(), value.clone());
+            // Parse after each key so that a bad value is blamed on the key that holds it.
+            self.reparse(Value::Object(merged.clone()))
+                .map_err(|e| err(format!("`{key}`: {e}")))?;
+        }
+        let config = self.reparse(Value::Object(merged)).map_err(|e| err(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn reparse(&self, value: Value) -> Result<Self, serde_json::Error> {
+        Ok(match self {
+            Self::Softmax(_) => Self::Softmax(serde_json::from_value(value)?),
+            Self::Linformer(_) => Self::Linformer(serde_json::from_value(value)?),
+        })
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> Attention {
+        match self {
+            Self::Softmax(c) => Attention::Softmax(c.init(device)),
+            Self::Linformer(c) => Attention::Linformer(c.init(device)),
+        }
+    }
+}
+
+/// Any registered attention module. Create with [`AttentionConfig::init`].
+#[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Attention {
+    /// Exact softmax attention.
+    Softmax(SoftmaxAttention),
+    /// Linformer.
+    Linformer(LinformerAttention),
+}
+
+impl Attention {
+    /// Applies attention; `[batch, n, d_model]` in and out.
+    ///
+    /// # Panics
+    /// Where [`try_forward`](Self::try_forward) returns an error.
+    pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
+        self.try_forward(input).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    /// Applies attention, or says why the variant cannot take this input.
+    pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        match self {
+            Self::Softmax(m) => Ok(m.forward(input)),
+            Self::Linformer(m) => m.try_forward(input),
+        }
+    }
+}

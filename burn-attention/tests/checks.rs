@@ -1,0 +1,329 @@
+//! The checks of ATTENTION.md, run over every registered variant, plus each variant's own
+//! limiting case and float64 reference.
+//!
+//! The shared checks iterate over `burn_attention::VARIANTS`: a new variant gets them by being
+//! registered (and given small test parameters in `config_for`).
+
+mod reference;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::{Distribution, Tolerance};
+use burn_attention::{
+    Attention, AttentionConfig, AttentionError, AttentionInput, EncoderBlockConfig, EncoderConfig,
+    LinformerConfig, LinformerSharing, VARIANTS, linformer_attention, padding_mask_from_lengths,
+    softmax_attention,
+};
+use reference::{max_rel_err, project, softmax_head, to_heads};
+
+const D_MODEL: usize = 16;
+const N_HEADS: usize = 2;
+const N_MAX: usize = 12;
+
+fn device() -> Device {
+    Device::flex()
+}
+
+/// A small configuration of each registered variant, dropout off.
+fn config_for(name: &str) -> AttentionConfig {
+    let config = AttentionConfig::from_name(name, D_MODEL, N_HEADS, N_MAX)
+        .unwrap()
+        .with_dropout(0.0);
+    match config {
+        AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
+        other => other,
+    }
+}
+
+/// Every configuration the shared checks run: each variant, and each Linformer sharing mode.
+fn all_configs() -> Vec<AttentionConfig> {
+    let mut configs: Vec<AttentionConfig> = VARIANTS.iter().map(|v| config_for(v.name)).collect();
+    for sharing in [LinformerSharing::None, LinformerSharing::KeyValue] {
+        configs.push(AttentionConfig::Linformer(
+            LinformerConfig::new(D_MODEL, N_HEADS, N_MAX).with_k(5).with_dropout(0.0).with_sharing(sharing),
+        ));
+    }
+    configs
+}
+
+fn random(shape: [usize; 3], device: &Device) -> Tensor<3> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+}
+
+fn tol() -> Tolerance<f32> {
+    Tolerance::absolute(1e-5).set_relative(1e-4)
+}
+
+fn label(config: &AttentionConfig) -> String {
+    match config {
+        AttentionConfig::Linformer(c) => format!("linformer/{}", c.sharing.as_str()),
+        other => other.name().to_string(),
+    }
+}
+
+#[test]
+fn check_1_shapes() {
+    let device = device();
+    for config in all_configs() {
+        let attention = config.init(&device);
+        for n in [1, 7, N_MAX] {
+            let y = attention.forward(AttentionInput::new(random([3, n, D_MODEL], &device)));
+            assert_eq!(y.dims(), [3, n, D_MODEL], "{}", label(&config));
+        }
+    }
+}
+
+#[test]
+fn check_2_padding_invariance() {
+    let device = device();
+    device.seed(2);
+    for config in all_configs() {
+        let attention = config.init(&device);
+        let x = random([2, 6, D_MODEL], &device);
+        let plain = attention.forward(AttentionInput::new(x.clone()));
+        // The same sequences followed by 4 padded positions holding arbitrary values.
+        let padded_x = Tensor::cat(vec![x, random([2, 4, D_MODEL], &device).mul_scalar(50.0)], 1);
+        let mask = padding_mask_from_lengths(&[6, 6], 10, &device);
+        let padded = attention.forward(AttentionInput::new(padded_x).mask_pad(mask));
+        padded
+            .slice([0..2, 0..6])
+            .into_data()
+            .assert_approx_eq::<f32>(&plain.into_data(), tol());
+    }
+}
+
+#[test]
+fn check_3_batch_invariance() {
+    let device = device();
+    for config in all_configs() {
+        let attention = config.init(&device);
+        let x = random([2, 9, D_MODEL], &device);
+        let mask = padding_mask_from_lengths(&[9, 5], 9, &device);
+        let both = attention.forward(AttentionInput::new(x.clone()).mask_pad(mask.clone()));
+        for i in 0..2 {
+            let one = attention.forward(
+                AttentionInput::new(x.clone().slice([i..i + 1])).mask_pad(mask.clone().slice([i..i + 1])),
+            );
+            both.clone()
+                .slice([i..i + 1])
+                .into_data()
+                .assert_approx_eq::<f32>(&one.into_data(), tol());
+        }
+    }
+}
+
+fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3] {
+    [0, 1, 2].map(|_| Tensor::random([b, h, n, d], Distribution::Normal(0.0, 1.0), device))
+}
+
+/// Check 4 for softmax: the functional form against the float64 formula, with and without a
+/// padding mask; tolerance 1e-4 relative (f32 accumulation over n = 10 terms of O(1) values
+/// stays near 1e-6; the floor of 1e-3 keeps near-zero outputs from inflating the ratio).
+#[test]
+fn check_4_softmax_matches_float64_reference() {
+    let device = device();
+    let [q, k, v] = qkv(2, 3, 10, 8, &device);
+    let lengths = [10, 6];
+    let mask = padding_mask_from_lengths(&lengths, 10, &device);
+    let out = softmax_attention(q.clone(), k.clone(), v.clone(), Some(mask), false);
+    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+    for b in 0..2 {
+        for h in 0..3 {
+            let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |_, j| j >= lengths[b]);
+            let err = max_rel_err(&out[b][h], &expected, 1e-3);
+            assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
+        }
+    }
+}
+
+/// Check 4 for Linformer: the functional form against `softmax(Q (E K)ᵀ/√d) (F V)` in float64
+/// with padded rows zeroed, per-head projections shorter than `n_max`; tolerance as above.
+#[test]
+fn check_4_linformer_matches_float64_reference() {
+    let device = device();
+    let (b, h, n, d, kp, n_max) = (2, 2, 9, 8, 4, 12);
+    let [q, k, v] = qkv(b, h, n, d, &device);
+    let e = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+    let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+    let lengths = [9, 5];
+    let mask = padding_mask_from_lengths(&lengths, n, &device);
+    let out = linformer_attention(q.clone(), k.clone(), v.clone(), e.clone(), f.clone(), Some(mask));
+    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+    let (e, f) = (to_heads(&e.unsqueeze())[0].clone(), to_heads(&f.unsqueeze())[0].clone());
+    for bi in 0..b {
+        for hi in 0..h {
+            let kp_ = project(&e[hi], &k[bi][hi], |j| j >= lengths[bi]);
+            let vp = project(&f[hi], &v[bi][hi], |j| j >= lengths[bi]);
+            let expected = softmax_head(&q[bi][hi], &kp_, &vp, |_, _| false);
+            let err = max_rel_err(&out[bi][hi], &expected, 1e-3);
+            assert!(err < 1e-4, "batch {bi} head {hi}: relative error {err}");
+        }
+    }
+}
+
+/// Check 4, Linformer's limiting case: with `k = n` and `E = F = I` it is exact softmax
+/// attention (the projection is the identity), to f32 round-off.
+#[test]
+fn check_4_linformer_identity_projection_is_softmax() {
+    let device = device();
+    let n = 10;
+    let [q, k, v] = qkv(2, 2, n, 8, &device);
+    let eye = Tensor::<2>::eye(n, &device).unsqueeze::<3>();
+    let lin = linformer_attention(q.clone(), k.clone(), v.clone(), eye.clone(), eye, None);
+    let exact = softmax_attention(q, k, v, None, false);
+    lin.into_data().assert_approx_eq::<f32>(&exact.into_data(), tol());
+}
+
+/// Check 5: the causal form equals the masked quadratic form (float64, keys `j > i` removed),
+/// and variants without causal support refuse it with an error.
+#[test]
+fn check_5_causal() {
+    let device = device();
+    let [q, k, v] = qkv(1, 2, 8, 4, &device);
+    let out = to_heads(&softmax_attention(q.clone(), k.clone(), v.clone(), None, true));
+    let (q, k, v) = (to_heads(&q), to_heads(&k), to_heads(&v));
+    for h in 0..2 {
+        let expected = softmax_head(&q[0][h], &k[0][h], &v[0][h], |i, j| j > i);
+        assert!(max_rel_err(&out[0][h], &expected, 1e-3) < 1e-4);
+    }
+    for config in all_configs() {
+        let attention = config.init(&device);
+        let input = AttentionInput::new(random([1, 5, D_MODEL], &device)).causal(true);
+        let supported = config.info().capabilities.causal;
+        match attention.try_forward(input) {
+            Ok(_) => assert!(supported, "{} accepted causal", label(&config)),
+            Err(err) => {
+                assert!(!supported, "{}: {err}", label(&config));
+                assert!(err.to_string().contains("causal"), "{err}");
+                assert!(config.check_input(5, true).is_err());
+            }
+        }
+    }
+}
+
+/// Collects the gradient of every float parameter.
+struct GradCheck<'a> {
+    grads: &'a burn::tensor::Gradients,
+    missing: Vec<String>,
+    path: Vec<String>,
+}
+
+impl ModuleVisitor for GradCheck<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !param.is_require_grad() {
+            return;
+        }
+        let where_ = self.path.join(".");
+        match param.val().grad(self.grads) {
+            None => self.missing.push(format!("{where_}: no gradient")),
+            Some(g) => {
+                let values: Vec<f32> = g.into_data().convert::<f32>().to_vec().unwrap();
+                if values.iter().any(|x| !x.is_finite()) {
+                    self.missing.push(format!("{where_}: non-finite gradient"));
+                } else if values.iter().all(|&x| x == 0.0) {
+                    self.missing.push(format!("{where_}: all-zero gradient"));
+                }
+            }
+        }
+    }
+}
+
+/// Check 6: gradients reach every trainable parameter and are finite (inside an encoder, so
+/// that Linformer's layerwise projection, owned by the encoder, is covered).
+#[test]
+fn check_6_gradients_reach_every_parameter() {
+    let device = device().autodiff();
+    let mut configs = all_configs();
+    configs.push(AttentionConfig::Linformer(
+        LinformerConfig::new(D_MODEL, N_HEADS, N_MAX).with_k(5).with_sharing(LinformerSharing::Layerwise),
+    ));
+    for config in configs {
+        let encoder = EncoderConfig::new(EncoderBlockConfig::new(config.clone(), 32), 2).init(&device);
+        let x = random([2, 7, D_MODEL], &device);
+        let mask = padding_mask_from_lengths(&[7, 4], 7, &device);
+        let y = encoder.forward(AttentionInput::new(x).mask_pad(mask));
+        let grads = y.powi_scalar(2).sum().backward();
+        let mut check = GradCheck { grads: &grads, missing: vec![], path: vec![] };
+        encoder.visit(&mut check);
+        assert!(check.missing.is_empty(), "{}: {:?}", label(&config), check.missing);
+    }
+}
+
+/// Check 8: a saved record loads back into a freshly initialised module to identical outputs.
+#[test]
+fn check_8_record_round_trip() {
+    let device = device();
+    let dir = std::env::temp_dir().join(format!("burn-attention-records-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, config) in all_configs().into_iter().enumerate() {
+        let attention = config.init(&device);
+        let x = random([2, 8, D_MODEL], &device);
+        let expected = attention.forward(AttentionInput::new(x.clone()));
+        let path = dir.join(format!("attention-{i}.bpk"));
+        attention.save_file(&path).unwrap();
+        let fresh: Attention = config.init(&device);
+        let loaded = fresh.load_file(&path);
+        let got = loaded.forward(AttentionInput::new(x));
+        got.into_data().assert_eq(&expected.into_data(), true);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Check 9: bad configurations are errors that name the field.
+#[test]
+fn check_9_bad_configurations_name_the_field() {
+    let device = device();
+    let field = |err: AttentionError, name: &str| {
+        let text = err.to_string();
+        assert!(text.contains(&format!("`{name}`")), "expected `{name}` in: {text}");
+    };
+    for v in VARIANTS {
+        field(AttentionConfig::from_name(v.name, 10, 3, 8).unwrap().validate().unwrap_err(), "d_model");
+        field(AttentionConfig::from_name(v.name, 12, 0, 8).unwrap().validate().unwrap_err(), "n_heads");
+    }
+    field(LinformerConfig::new(16, 2, 8).with_k(0).validate().unwrap_err(), "k");
+    let linformer = AttentionConfig::Linformer(LinformerConfig::new(16, 2, 8).with_k(4));
+    field(linformer.check_input(9, false).unwrap_err(), "n_max");
+    let err = linformer
+        .init(&device)
+        .try_forward(AttentionInput::new(random([1, 9, 16], &device)))
+        .unwrap_err();
+    field(err, "n_max");
+    let params = serde_json::json!({"k": "many"});
+    let err = linformer.clone().with_params(params.as_object().unwrap()).unwrap_err();
+    field(err, "k");
+    let params = serde_json::json!({"kk": 3});
+    assert!(linformer.with_params(params.as_object().unwrap()).unwrap_err().to_string().contains("`kk`"));
+    assert!(AttentionConfig::from_name("nope", 16, 2, 8).unwrap_err().to_string().contains("nope"));
+}
+
+/// The Linformer sharing modes own the projections the paper describes.
+#[test]
+fn linformer_sharing_parameter_counts() {
+    let device = device();
+    let (k, n) = (5, N_MAX);
+    let qkvo = 4 * D_MODEL * D_MODEL;
+    let count = |sharing| {
+        LinformerConfig::new(D_MODEL, N_HEADS, n).with_k(k).with_sharing(sharing).init(&device).num_params()
+    };
+    assert_eq!(count(LinformerSharing::None), qkvo + 2 * N_HEADS * k * n);
+    assert_eq!(count(LinformerSharing::Headwise), qkvo + 2 * k * n);
+    assert_eq!(count(LinformerSharing::KeyValue), qkvo + k * n);
+    assert_eq!(count(LinformerSharing::Layerwise), qkvo);
+    let block = EncoderBlockConfig::new(
+        AttentionConfig::Linformer(
+            LinformerConfig::new(D_MODEL, N_HEADS, n).with_k(k).with_sharing(LinformerSharing::Layerwise),
+        ),
+        32,
+    );
+    let one = EncoderConfig::new(block.clone(), 1).init(&device).num_params();
+    let three = EncoderConfig::new(block, 3).init(&device).num_params();
+    // One shared projection however many layers.
+    assert_eq!(three - one, 2 * (one - k * n - 2 * D_MODEL) );
+}

@@ -1,0 +1,73 @@
+//! Float64 reference implementations of the formulas in ATTENTION.md, written with plain loops
+//! over `Vec<f64>` so that they share no code with the Burn modules they check.
+
+/// A `[heads][n][d]` array of one batch element.
+pub type Heads = Vec<Vec<Vec<f64>>>;
+
+/// Reads a `[b, h, n, d]` tensor into `b` arrays of heads, in f64.
+pub fn to_heads(t: &burn::prelude::Tensor<4>) -> Vec<Heads> {
+    let [b, h, n, d] = t.dims();
+    let data: Vec<f32> = t.clone().into_data().convert::<f32>().to_vec().unwrap();
+    (0..b)
+        .map(|bi| {
+            (0..h)
+                .map(|hi| {
+                    (0..n)
+                        .map(|i| (0..d).map(|j| data[((bi * h + hi) * n + i) * d + j] as f64).collect())
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn softmax_row(row: &[f64]) -> Vec<f64> {
+    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = row.iter().map(|x| (x - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+/// `softmax(q kᵀ / √d) v` for one head, with keys where `masked(i, j)` excluded.
+pub fn softmax_head(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    masked: impl Fn(usize, usize) -> bool,
+) -> Vec<Vec<f64>> {
+    let d = q[0].len();
+    q.iter()
+        .enumerate()
+        .map(|(i, qi)| {
+            let keep: Vec<usize> = (0..k.len()).filter(|&j| !masked(i, j)).collect();
+            let scores: Vec<f64> = keep
+                .iter()
+                .map(|&j| qi.iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt())
+                .collect();
+            let w = softmax_row(&scores);
+            (0..v[0].len())
+                .map(|c| keep.iter().zip(&w).map(|(&j, wj)| wj * v[j][c]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+/// `P X` for a projection `p: [k][n]` and rows `x: [n][d]`, rows with `padded(j)` zeroed first.
+pub fn project(p: &[Vec<f64>], x: &[Vec<f64>], padded: impl Fn(usize) -> bool) -> Vec<Vec<f64>> {
+    p.iter()
+        .map(|pr| {
+            (0..x[0].len())
+                .map(|c| (0..x.len()).filter(|&j| !padded(j)).map(|j| pr[j] * x[j][c]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+/// Largest `|a - b| / max(|b|, floor)` over two nested arrays.
+pub fn max_rel_err(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
+        .fold(0.0, f64::max)
+}

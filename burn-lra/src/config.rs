@@ -1,0 +1,380 @@
+//! Run configurations: the presets in `configs/` and a user's own files.
+//!
+//! Files are TOML (or JSON, by extension). Every table rejects unknown keys, and every value is
+//! checked before training starts, with a message that names the key.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use burn_attention::{AttentionConfig, EncoderBlockConfig, EncoderConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::data::listops::GeneratorConfig;
+
+/// A Long Range Arena task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Task {
+    /// ListOps: evaluate a nested list expression (10 classes).
+    Listops,
+}
+
+impl Task {
+    /// The task's name in flags, files and run directories.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Listops => "listops",
+        }
+    }
+}
+
+/// Presets shipped in `configs/`, compiled into the binary so that they work from any
+/// directory: `(task, preset, file contents)`.
+pub const PRESETS: &[(&str, &str, &str)] = &[
+    ("listops", "tiny", include_str!("../../configs/listops/tiny.toml")),
+    ("listops", "small", include_str!("../../configs/listops/small.toml")),
+    ("listops", "lra", include_str!("../../configs/listops/lra.toml")),
+];
+
+/// A complete run configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// The task.
+    pub task: Task,
+    /// What the model reads.
+    pub data: DataConfig,
+    /// The classifier around the attention.
+    pub model: ModelConfig,
+    /// The optimisation.
+    pub training: TrainingConfig,
+    /// Per-variant attention parameters, by registry name (`[attention.linformer] k = 64`).
+    /// Variants not listed use their paper defaults.
+    #[serde(default)]
+    pub attention: BTreeMap<String, Map<String, Value>>,
+}
+
+/// Data settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Examples are cut to this many tokens.
+    pub max_len: usize,
+    /// Generate the dataset instead of reading files (ListOps), with these parameters.
+    #[serde(default)]
+    pub generate: Option<GeneratorConfig>,
+}
+
+/// How the encoder output becomes one vector per example.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pooling {
+    /// A learned, zero-initialised vector prepended to the sequence (the LRA reference).
+    Cls,
+    /// The mean over real (non-padding) positions.
+    Mean,
+}
+
+/// Position information added to the token embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Positions {
+    /// Fixed sines and cosines (the LRA reference).
+    Sinusoidal,
+    /// A learned embedding per position (the PyTorch re-runs).
+    Learned,
+}
+
+/// Model settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Encoder blocks.
+    pub n_layers: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward hidden width inside each block.
+    pub d_ff: usize,
+    /// Hidden width of the classifier head.
+    pub d_mlp: usize,
+    /// Dropout on embeddings, residuals and feed-forward.
+    pub dropout: f64,
+    /// Dropout on attention weights.
+    pub attention_dropout: f64,
+    /// Pooling.
+    pub pooling: Pooling,
+    /// Positions.
+    pub positions: Positions,
+}
+
+/// Optimiser: Adam with decoupled weight decay scaled by the learning rate (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub epsilon: f32,
+    /// Decoupled weight decay, multiplied by the learning rate each step.
+    pub weight_decay: f32,
+}
+
+/// Learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Schedule {
+    /// LRA's `base · min(1, step/warmup) / sqrt(max(step, warmup))`.
+    Rsqrt {
+        /// The constant factor (LRA: 0.05).
+        base: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
+    /// Linear warm-up to `peak`, then linear decay to 0 at the last step.
+    OneCycle {
+        /// Peak learning rate.
+        peak: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
+}
+
+impl Schedule {
+    /// The learning rate at `step` (1-based) of `total`.
+    pub fn lr(&self, step: usize, total: usize) -> f64 {
+        let step = step.max(1) as f64;
+        match *self {
+            Schedule::Rsqrt { base, warmup } => {
+                let warmup = warmup.max(1) as f64;
+                base * (step / warmup).min(1.0) / step.max(warmup).sqrt()
+            }
+            Schedule::OneCycle { peak, warmup } => {
+                let warmup = warmup as f64;
+                let total = total as f64;
+                if step <= warmup {
+                    peak * step / warmup
+                } else {
+                    peak * ((total - step) / (total - warmup).max(1.0)).max(0.0)
+                }
+            }
+        }
+    }
+}
+
+/// Which weights the reported test accuracy comes from (both are always measured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Selection {
+    /// The weights with the best validation accuracy (the PyTorch re-runs).
+    BestVal,
+    /// The weights after the last step (the LRA paper's released numbers).
+    Last,
+}
+
+/// Training settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    /// Examples per step.
+    pub batch_size: usize,
+    /// Optimisation steps.
+    pub steps: usize,
+    /// Validate every this many steps (and after the last).
+    pub eval_every: usize,
+    /// Optimiser.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule.
+    pub schedule: Schedule,
+    /// Which weights the headline test accuracy uses.
+    pub selection: Selection,
+}
+
+impl RunConfig {
+    /// A shipped preset for `task`.
+    pub fn preset(task: Task, name: &str) -> Result<Self> {
+        let (_, _, text) = PRESETS
+            .iter()
+            .find(|(t, p, _)| *t == task.name() && *p == name)
+            .with_context(|| {
+                let names: Vec<&str> = PRESETS
+                    .iter()
+                    .filter(|(t, ..)| *t == task.name())
+                    .map(|(_, p, _)| *p)
+                    .collect();
+                format!(
+                    "unknown preset `{name}` for task {} (known: {})",
+                    task.name(),
+                    names.join(", ")
+                )
+            })?;
+        Self::parse_toml(text, &format!("configs/{}/{name}.toml", task.name()))
+    }
+
+    /// Reads a configuration file (`.json` as JSON, anything else as TOML).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let origin = path.display().to_string();
+        if path.extension().is_some_and(|e| e == "json") {
+            let config: Self =
+                serde_json::from_str(&text).with_context(|| format!("config file {origin}"))?;
+            config.validate().with_context(|| format!("config file {origin}"))?;
+            Ok(config)
+        } else {
+            Self::parse_toml(&text, &origin)
+        }
+    }
+
+    fn parse_toml(text: &str, origin: &str) -> Result<Self> {
+        let config: Self = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("config file {origin}: {}", e.to_string().trim_end()))?;
+        config.validate().with_context(|| format!("config file {origin}"))?;
+        Ok(config)
+    }
+
+    /// Checks every value; the error names the key.
+    pub fn validate(&self) -> Result<()> {
+        let m = &self.model;
+        for (key, value) in [
+            ("model.n_layers", m.n_layers),
+            ("model.d_model", m.d_model),
+            ("model.n_heads", m.n_heads),
+            ("model.d_ff", m.d_ff),
+            ("model.d_mlp", m.d_mlp),
+            ("data.max_len", self.data.max_len),
+            ("training.batch_size", self.training.batch_size),
+            ("training.steps", self.training.steps),
+            ("training.eval_every", self.training.eval_every),
+        ] {
+            if value == 0 {
+                bail!("`{key}` must be at least 1");
+            }
+        }
+        if m.d_model % m.n_heads != 0 {
+            bail!(
+                "`model.d_model` ({}) must be a multiple of `model.n_heads` ({})",
+                m.d_model,
+                m.n_heads
+            );
+        }
+        for (key, p) in [("model.dropout", m.dropout), ("model.attention_dropout", m.attention_dropout)] {
+            if !(0.0..1.0).contains(&p) {
+                bail!("`{key}` must be in [0, 1), got {p}");
+            }
+        }
+        let o = &self.training.optimizer;
+        for (key, b) in [("training.optimizer.beta1", o.beta1), ("training.optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                bail!("`{key}` must be in [0, 1), got {b}");
+            }
+        }
+        if o.epsilon <= 0.0 || o.weight_decay < 0.0 {
+            bail!("`training.optimizer`: epsilon must be > 0 and weight_decay >= 0");
+        }
+        match self.training.schedule {
+            Schedule::Rsqrt { base, .. } if base <= 0.0 => {
+                bail!("`training.schedule.base` must be > 0, got {base}")
+            }
+            Schedule::OneCycle { peak, warmup } => {
+                if peak <= 0.0 {
+                    bail!("`training.schedule.peak` must be > 0, got {peak}");
+                }
+                if warmup >= self.training.steps {
+                    bail!(
+                        "`training.schedule.warmup` ({warmup}) must be below `training.steps` ({})",
+                        self.training.steps
+                    );
+                }
+            }
+            _ => {}
+        }
+        if let Some(generate) = &self.data.generate {
+            generate.validate()?;
+        }
+        for name in self.attention.keys() {
+            self.attention_config(name)
+                .with_context(|| format!("`attention.{name}`"))?;
+        }
+        Ok(())
+    }
+
+    /// Longest sequence the encoder sees: `max_len`, plus one with CLS pooling.
+    pub fn encoder_len(&self) -> usize {
+        self.data.max_len + usize::from(self.model.pooling == Pooling::Cls)
+    }
+
+    /// The attention called `name` with this configuration's sizes and parameters.
+    pub fn attention_config(&self, name: &str) -> Result<AttentionConfig> {
+        let m = &self.model;
+        let mut config = AttentionConfig::from_name(name, m.d_model, m.n_heads, self.encoder_len())?
+            .with_dropout(m.attention_dropout);
+        if let Some(params) = self.attention.get(name) {
+            config = config.with_params(params)?;
+        }
+        config.validate()?;
+        config.check_input(self.encoder_len(), false)?;
+        Ok(config)
+    }
+
+    /// The encoder around the attention called `name`.
+    pub fn encoder_config(&self, name: &str) -> Result<EncoderConfig> {
+        let m = &self.model;
+        let block = EncoderBlockConfig::new(self.attention_config(name)?, m.d_ff).with_dropout(m.dropout);
+        Ok(EncoderConfig::new(block, m.n_layers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_parses_and_builds_every_attention() {
+        for (task, preset, _) in PRESETS {
+            let task = match *task {
+                "listops" => Task::Listops,
+                other => panic!("unexpected task {other}"),
+            };
+            let config = RunConfig::preset(task, preset).unwrap();
+            for variant in burn_attention::VARIANTS {
+                config.encoder_config(variant.name).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let base = PRESETS[0].2;
+        let err = RunConfig::parse_toml(&base.replace("[model]", "[model]\nd_modle = 3"), "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("d_modle"), "{err}");
+        let err = RunConfig::parse_toml(&format!("{base}\n[attention.linformer]\nkk = 3\n"), "x")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("`kk`"), "{err:#}");
+        let err = RunConfig::parse_toml(&format!("{base}\n[attention.linformer]\nk = 0\n"), "x")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("`k`"), "{err:#}");
+        let err = RunConfig::parse_toml(&format!("{base}\n[attention.nope]\n"), "x").unwrap_err();
+        assert!(format!("{err:#}").contains("unknown attention `nope`"), "{err:#}");
+    }
+
+    #[test]
+    fn schedules_match_their_formulas() {
+        // LRA: 0.05 * min(1, s/w) / sqrt(max(s, w)); at s = w = 1000: 0.05 / sqrt(1000).
+        let rsqrt = Schedule::Rsqrt { base: 0.05, warmup: 1000 };
+        assert!((rsqrt.lr(1000, 5000) - 0.05 / 1000f64.sqrt()).abs() < 1e-12);
+        assert!((rsqrt.lr(4000, 5000) - 0.05 / 4000f64.sqrt()).abs() < 1e-12);
+        assert!((rsqrt.lr(500, 5000) - 0.5 * 0.05 / 1000f64.sqrt()).abs() < 1e-12);
+        let cycle = Schedule::OneCycle { peak: 1e-3, warmup: 100 };
+        assert!((cycle.lr(50, 1100) - 5e-4).abs() < 1e-12);
+        assert!((cycle.lr(600, 1100) - 5e-4).abs() < 1e-12);
+        assert_eq!(cycle.lr(1100, 1100), 0.0);
+    }
+}

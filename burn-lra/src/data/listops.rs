@@ -1,0 +1,441 @@
+//! ListOps (Nangia and Bowman 2018) as Long Range Arena builds it: the generator, the TSV format
+//! and the tokenizer.
+//!
+//! The generator follows `lra_benchmarks/data/listops.py`: operators MIN, MAX, MED (`int` of the
+//! median), SM (sum mod 10) over digits 0-9; a node at depth below `max_depth` is a single value
+//! with probability 0.75, else an operator with 2 to `max_args` (inclusive) arguments; roots sit
+//! at depth 1; only trees with `min_length < length < max_length` are kept, without duplicates.
+//! The original draws from an unseeded RNG; this one takes a seed, so a dataset is reproducible.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::{Dataset, Example, write_atomic};
+use crate::rng::Rng;
+
+/// Number of classes (the value of the expression, 0-9).
+pub const N_CLASSES: usize = 10;
+/// Vocabulary: padding, ten digits, four operators and the closing bracket.
+pub const VOCAB_SIZE: usize = 16;
+/// The file names LRA ships, per split.
+pub const SPLIT_FILES: [(&str, &str); 3] = [
+    ("train", "basic_train.tsv"),
+    ("val", "basic_val.tsv"),
+    ("test", "basic_test.tsv"),
+];
+
+/// A ListOps operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Median, truncated to an integer (`int(np.median(...))`).
+    Med,
+    /// Sum modulo 10.
+    Sm,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::Min, Op::Max, Op::Med, Op::Sm];
+
+    fn token(self) -> &'static str {
+        match self {
+            Op::Min => "[MIN",
+            Op::Max => "[MAX",
+            Op::Med => "[MED",
+            Op::Sm => "[SM",
+        }
+    }
+
+    fn apply(self, values: &[u8]) -> u8 {
+        match self {
+            Op::Min => *values.iter().min().expect("operators have arguments"),
+            Op::Max => *values.iter().max().expect("operators have arguments"),
+            Op::Sm => (values.iter().map(|&v| v as u32).sum::<u32>() % 10) as u8,
+            Op::Med => {
+                let mut sorted = values.to_vec();
+                sorted.sort_unstable();
+                let m = sorted.len() / 2;
+                if sorted.len() % 2 == 1 {
+                    sorted[m]
+                } else {
+                    // int() of the mean of the two middle values: floor, as both are >= 0.
+                    ((sorted[m - 1] as u32 + sorted[m] as u32) / 2) as u8
+                }
+            }
+        }
+    }
+}
+
+/// A ListOps expression tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tree {
+    /// A digit.
+    Value(u8),
+    /// An operator over its arguments.
+    Op(Op, Vec<Tree>),
+}
+
+impl Tree {
+    /// The value of the expression.
+    pub fn evaluate(&self) -> u8 {
+        match self {
+            Tree::Value(v) => *v,
+            Tree::Op(op, args) => {
+                let values: Vec<u8> = args.iter().map(Tree::evaluate).collect();
+                op.apply(&values)
+            }
+        }
+    }
+
+    /// Length in LRA's sense: values plus two per operator (the operator and its `]`).
+    pub fn length(&self) -> usize {
+        match self {
+            Tree::Value(_) => 1,
+            Tree::Op(_, args) => 2 + args.iter().map(Tree::length).sum::<usize>(),
+        }
+    }
+
+    /// LRA's printed form, nested pairs in parentheses: `( ( ( [MAX 2 ) 9 ) ] )`.
+    pub fn to_lra_string(&self) -> String {
+        let mut out = String::new();
+        self.write_lra(&mut out);
+        out
+    }
+
+    fn write_lra(&self, out: &mut String) {
+        match self {
+            Tree::Value(v) => write!(out, "{v}").expect("writing to a String"),
+            Tree::Op(op, args) => {
+                // ((op, a0), a1), ...), END): one "( " per argument and one for the close.
+                for _ in 0..=args.len() {
+                    out.push_str("( ");
+                }
+                out.push_str(op.token());
+                for arg in args {
+                    out.push(' ');
+                    arg.write_lra(out);
+                    out.push_str(" )");
+                }
+                out.push_str(" ] )");
+            }
+        }
+    }
+}
+
+/// Parameters of the generator; the defaults are LRA's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GeneratorConfig {
+    /// Keep trees strictly longer than this.
+    pub min_length: usize,
+    /// Keep trees strictly shorter than this.
+    pub max_length: usize,
+    /// Depth at which nodes are forced to be values.
+    pub max_depth: usize,
+    /// Most arguments per operator (inclusive).
+    pub max_args: usize,
+    /// Training examples.
+    pub n_train: usize,
+    /// Validation examples.
+    pub n_val: usize,
+    /// Test examples.
+    pub n_test: usize,
+    /// Seed of the dataset (independent of the training seed).
+    pub seed: u64,
+}
+
+impl Default for GeneratorConfig {
+    fn default() -> Self {
+        Self {
+            min_length: 500,
+            max_length: 2000,
+            max_depth: 10,
+            max_args: 10,
+            n_train: 96_000,
+            n_val: 2_000,
+            n_test: 2_000,
+            seed: 0,
+        }
+    }
+}
+
+impl GeneratorConfig {
+    /// Checks the parameters; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_args < 2 {
+            bail!("data.generate.max_args must be at least 2, got {}", self.max_args);
+        }
+        if self.max_depth < 2 {
+            bail!("data.generate.max_depth must be at least 2, got {}", self.max_depth);
+        }
+        if self.max_length <= self.min_length + 1 || self.max_length < 5 {
+            bail!(
+                "data.generate: no tree length lies strictly between min_length ({}) and \
+                 max_length ({}); operators are at least 4 long",
+                self.min_length,
+                self.max_length
+            );
+        }
+        for (name, n) in [("n_train", self.n_train), ("n_val", self.n_val), ("n_test", self.n_test)] {
+            if n == 0 {
+                bail!("data.generate.{name} must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// A directory name that identifies this dataset, for caching it.
+    pub fn cache_name(&self) -> String {
+        format!(
+            "listops-s{}-len{}-{}-d{}-a{}-n{}-{}-{}",
+            self.seed,
+            self.min_length,
+            self.max_length,
+            self.max_depth,
+            self.max_args,
+            self.n_train,
+            self.n_val,
+            self.n_test
+        )
+    }
+}
+
+fn random_tree(rng: &mut Rng, depth: usize, cfg: &GeneratorConfig) -> Tree {
+    let r = if depth < cfg.max_depth { rng.uniform() } else { 1.0 };
+    if r > 0.25 {
+        return Tree::Value(rng.below(10) as u8);
+    }
+    let n_args = rng.range_inclusive(2, cfg.max_args);
+    let args = (0..n_args).map(|_| random_tree(rng, depth + 1, cfg)).collect();
+    let op = Op::ALL[rng.below(Op::ALL.len())];
+    Tree::Op(op, args)
+}
+
+/// Generates distinct trees until the three splits are full: `(train, val, test)`, each a list
+/// of `(expression, label)` in LRA's printed form.
+pub fn generate(cfg: &GeneratorConfig) -> Result<[Vec<(String, u8)>; 3]> {
+    cfg.validate()?;
+    let total = cfg.n_train + cfg.n_val + cfg.n_test;
+    let mut rng = Rng::new(cfg.seed);
+    let mut seen = HashSet::with_capacity(total);
+    let mut rows = Vec::with_capacity(total);
+    let max_draws = 10_000 + 2_000 * total as u64;
+    let mut draws = 0u64;
+    while rows.len() < total {
+        draws += 1;
+        if draws > max_draws {
+            bail!(
+                "data.generate: only {} distinct trees with {} < length < {} after {draws} draws; \
+                 widen the length range or ask for fewer examples",
+                rows.len(),
+                cfg.min_length,
+                cfg.max_length
+            );
+        }
+        let tree = random_tree(&mut rng, 1, cfg);
+        let len = tree.length();
+        if len <= cfg.min_length || len >= cfg.max_length {
+            continue;
+        }
+        let text = tree.to_lra_string();
+        if seen.insert(text.clone()) {
+            rows.push((text, tree.evaluate()));
+        }
+    }
+    let test = rows.split_off(cfg.n_train + cfg.n_val);
+    let val = rows.split_off(cfg.n_train);
+    Ok([rows, val, test])
+}
+
+/// Writes the generated splits as LRA's `basic_{train,val,test}.tsv` files in `dir`.
+pub fn write_splits(dir: &Path, splits: &[Vec<(String, u8)>; 3]) -> Result<()> {
+    for ((_, file), rows) in SPLIT_FILES.iter().zip(splits) {
+        let mut text = String::from("Source\tTarget\n");
+        for (expr, label) in rows {
+            writeln!(text, "{expr}\t{label}").expect("writing to a String");
+        }
+        write_atomic(&dir.join(file), text.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Tokenizes an expression as LRA does: parentheses dropped, `]` a closing token, split on
+/// whitespace. Ids: 0 padding, 1-10 digits 0-9, 11-14 `[MIN [MAX [MED [SM`, 15 `]`.
+pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
+    let mut out = Vec::with_capacity(expr.len() / 2);
+    for token in expr.split_whitespace() {
+        let id = match token {
+            "(" | ")" => continue,
+            "]" => 15,
+            "[MIN" => 11,
+            "[MAX" => 12,
+            "[MED" => 13,
+            "[SM" => 14,
+            t if t.len() == 1 && t.as_bytes()[0].is_ascii_digit() => 1 + (t.as_bytes()[0] - b'0') as u16,
+            t => return Err(format!("unknown token `{t}`")),
+        };
+        out.push(id);
+    }
+    Ok(out)
+}
+
+/// Reads one LRA ListOps file (`Source<TAB>Target` header, then `expression<TAB>label` rows),
+/// cutting each example to `max_len` tokens. Errors name the file and line.
+pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open ListOps file {}", path.display()))?;
+    let mut examples = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let lineno = i + 1;
+        let line = line.with_context(|| format!("{}:{lineno}: cannot read line", path.display()))?;
+        let line = line.trim_end_matches('\r');
+        if lineno == 1 && line.starts_with("Source") {
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split('\t').collect();
+        if fields.len() != 2 {
+            bail!(
+                "{}:{lineno}: expected 2 tab-separated fields (expression, label), found {}",
+                path.display(),
+                fields.len()
+            );
+        }
+        let label: usize = fields[1].trim().parse().ok().filter(|&l| l < N_CLASSES).with_context(|| {
+            format!(
+                "{}:{lineno}: label `{}` is not a class 0-{}",
+                path.display(),
+                fields[1],
+                N_CLASSES - 1
+            )
+        })?;
+        let mut tokens =
+            tokenize(fields[0]).map_err(|e| anyhow::anyhow!("{}:{lineno}: {e}", path.display()))?;
+        if tokens.is_empty() {
+            bail!("{}:{lineno}: empty expression", path.display());
+        }
+        tokens.truncate(max_len);
+        examples.push(Example { tokens, label });
+    }
+    Dataset::new(path.display().to_string(), examples, N_CLASSES)
+}
+
+/// Reads the three splits from `dir` (`basic_{train,val,test}.tsv`).
+pub fn read_splits(dir: &Path, max_len: usize) -> Result<[Dataset; 3]> {
+    if !dir.is_dir() {
+        bail!("ListOps data directory {} does not exist", dir.display());
+    }
+    let [train, val, test] = SPLIT_FILES.map(|(_, file)| dir.join(file));
+    Ok([
+        read_tsv(&train, max_len)?,
+        read_tsv(&val, max_len)?,
+        read_tsv(&test, max_len)?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> GeneratorConfig {
+        GeneratorConfig {
+            min_length: 10,
+            max_length: 60,
+            n_train: 200,
+            n_val: 20,
+            n_test: 20,
+            seed: 3,
+            ..GeneratorConfig::default()
+        }
+    }
+
+    #[test]
+    fn printed_form_matches_lra() {
+        // The example of LRA.md: MAX over 2 and 9.
+        let tree = Tree::Op(Op::Max, vec![Tree::Value(2), Tree::Value(9)]);
+        assert_eq!(tree.to_lra_string(), "( ( ( [MAX 2 ) 9 ) ] )");
+        assert_eq!(tree.length(), 4);
+        assert_eq!(tree.evaluate(), 9);
+    }
+
+    #[test]
+    fn operators_follow_lra_semantics() {
+        // Hand-computed: median of [1, 2, 3, 8] is 2.5 -> int 2; sum 14 mod 10 = 4.
+        assert_eq!(Op::Med.apply(&[8, 1, 3, 2]), 2);
+        assert_eq!(Op::Med.apply(&[8, 1, 3]), 3);
+        assert_eq!(Op::Sm.apply(&[9, 5]), 4);
+        assert_eq!(Op::Min.apply(&[4, 0, 7]), 0);
+    }
+
+    #[test]
+    fn tokenize_drops_parentheses() {
+        assert_eq!(tokenize("( ( ( [MAX 2 ) 9 ) ] )").unwrap(), vec![12, 3, 10, 15]);
+        assert!(tokenize("( [FOO 1 )").unwrap_err().contains("[FOO"));
+    }
+
+    #[test]
+    fn generator_is_seeded_distinct_and_in_range() {
+        let a = generate(&small()).unwrap();
+        let b = generate(&small()).unwrap();
+        assert_eq!(a, b);
+        let all: Vec<&(String, u8)> = a.iter().flatten().collect();
+        assert_eq!(all.len(), 240);
+        let distinct: HashSet<&String> = all.iter().map(|(s, _)| s).collect();
+        assert_eq!(distinct.len(), 240);
+        for (text, label) in all {
+            let tokens = tokenize(text).unwrap();
+            assert!(tokens.len() > 10 && tokens.len() < 60, "length {}", tokens.len());
+            assert!(*label < 10);
+        }
+    }
+
+    #[test]
+    fn generated_labels_match_an_independent_evaluator() {
+        // Re-evaluate each printed expression with a stack machine over the token stream, an
+        // evaluator that never sees the tree.
+        let [train, ..] = generate(&small()).unwrap();
+        for (text, label) in train {
+            let mut stack: Vec<(Option<Op>, Vec<u8>)> = vec![(None, vec![])];
+            for t in tokenize(&text).unwrap() {
+                match t {
+                    1..=10 => stack.last_mut().unwrap().1.push((t - 1) as u8),
+                    11..=14 => stack.push((Some(Op::ALL[(t - 11) as usize]), vec![])),
+                    15 => {
+                        let (op, args) = stack.pop().unwrap();
+                        let v = op.unwrap().apply(&args);
+                        stack.last_mut().unwrap().1.push(v);
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            assert_eq!(stack[0].1, vec![label], "{text}");
+        }
+    }
+
+    #[test]
+    fn reader_names_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("listops-reader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.tsv");
+        std::fs::write(&path, "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n( ( [MIN 2 ) ] )\n").unwrap();
+        let err = read_tsv(&path, 100).unwrap_err().to_string();
+        assert!(err.contains("bad.tsv:3") && err.contains("2 tab-separated"), "{err}");
+        std::fs::write(&path, "Source\tTarget\n( ( [MAX 2 ) ] )\t12\n").unwrap();
+        let err = read_tsv(&path, 100).unwrap_err().to_string();
+        assert!(err.contains("bad.tsv:2") && err.contains("label `12`"), "{err}");
+        std::fs::write(&path, "Source\tTarget\n").unwrap();
+        let err = read_tsv(&path, 100).unwrap_err().to_string();
+        assert!(err.contains("empty"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

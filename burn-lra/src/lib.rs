@@ -1,0 +1,19 @@
+#![warn(missing_docs)]
+//! # burn-lra
+//!
+//! One Long Range Arena harness that trains and evaluates any attention of
+//! [`burn_attention`] on any compiled-in Burn backend.
+//!
+//! - [`config`]: presets and user configuration files, strictly checked.
+//! - [`data`]: the tasks' readers, generators and batching.
+//! - [`model`]: the LRA encoder classifier.
+//! - [`train`]: the training loop and run directories.
+//! - [`backend`]: backends as cargo features, picked at run time.
+
+pub mod backend;
+pub mod config;
+pub mod data;
+pub mod model;
+pub mod rng;
+pub mod task;
+pub mod train;

@@ -1,0 +1,185 @@
+//! `burn-lra`: train and evaluate an attention on a Long Range Arena task.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use burn_lra::backend::BackendKind;
+use burn_lra::config::{RunConfig, Task};
+use burn_lra::task::load_splits;
+use burn_lra::train::{TrainOptions, train};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "burn-lra", version, about = "Long Range Arena on Burn: any attention, any backend")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train one model and report its test accuracy.
+    Train(TrainArgs),
+    /// List the registered attentions and what each supports.
+    List {
+        /// Names only, one per line.
+        #[arg(long)]
+        names: bool,
+    },
+    /// List the backends and which are compiled in.
+    Backends,
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// The task.
+    #[arg(long, value_enum)]
+    task: Task,
+    /// Attention, by registry name (`burn-lra list`).
+    #[arg(long)]
+    attention: String,
+    /// A preset from configs/<task>/ (tiny, small, lra).
+    #[arg(long, default_value = "tiny", conflicts_with = "config")]
+    preset: String,
+    /// A configuration file of your own (TOML, or JSON by extension).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Training seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Backend (must be compiled in: `--features <name>`).
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+    /// Directory holding the task's data files; generated ListOps is used when absent.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Root of the run directories (and of the generated-data cache).
+    #[arg(long, default_value = "runs")]
+    out: PathBuf,
+    /// Exact run directory (default: <out>/<task>/<preset>/<attention>/seed-<seed>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// No progress bar; print a line per validation instead.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::List { names: true } => {
+            for v in burn_attention::VARIANTS {
+                println!("{}", v.name);
+            }
+            Ok(())
+        }
+        Command::List { names: false } => {
+            println!("{:<12} {:<10} {:<8} {:<8} {:<10} paper", "name", "time", "padding", "causal", "fixed n");
+            for v in burn_attention::VARIANTS {
+                let c = v.capabilities;
+                let yes = |b: bool| if b { "yes" } else { "no" };
+                println!(
+                    "{:<12} {:<10} {:<8} {:<8} {:<10} {}",
+                    v.name,
+                    v.time,
+                    yes(c.padding_mask),
+                    yes(c.causal),
+                    yes(c.fixed_max_len),
+                    v.paper
+                );
+            }
+            Ok(())
+        }
+        Command::Backends => {
+            for b in BackendKind::ALL {
+                let state = if b.is_compiled() { "compiled in" } else { "not compiled (feature off)" };
+                println!("{:<10} feature `{}`: {state}", b.name(), b.feature());
+            }
+            Ok(())
+        }
+        Command::Train(args) => train_command(args),
+    }
+}
+
+fn train_command(args: TrainArgs) -> Result<()> {
+    burn_attention::variant(&args.attention)?;
+    let (config, preset) = match &args.config {
+        Some(path) => {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            (RunConfig::from_file(path)?, name)
+        }
+        None => (RunConfig::preset(args.task, &args.preset)?, args.preset.clone()),
+    };
+    if config.task != args.task {
+        anyhow::bail!(
+            "the config is for task `{}`, not `{}`",
+            config.task.name(),
+            args.task.name()
+        );
+    }
+    // Fail on an attention that cannot take this configuration before loading any data.
+    config.attention_config(&args.attention).with_context(|| format!("attention `{}`", args.attention))?;
+    let device = args.backend.device()?;
+    eprintln!(
+        "burn-lra: {} / {} / preset {preset} / seed {} on {} ({device:?})",
+        args.task.name(),
+        args.attention,
+        args.seed,
+        args.backend
+    );
+    let splits = load_splits(&config, args.data_dir.as_deref(), &args.out.join("data"))?;
+    eprintln!(
+        "data: {} train / {} val / {} test examples, longest {} tokens; test majority class {:.1}%",
+        splits.train.len(),
+        splits.val.len(),
+        splits.test.len(),
+        splits.train.max_tokens(),
+        100.0 * splits.test.majority_rate()
+    );
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
+        args.out
+            .join(args.task.name())
+            .join(&preset)
+            .join(&args.attention)
+            .join(format!("seed-{}", args.seed))
+    });
+    let result = train(
+        &config,
+        &splits,
+        &TrainOptions {
+            attention: args.attention.clone(),
+            seed: args.seed,
+            backend: args.backend,
+            run_dir: run_dir.clone(),
+            preset,
+            progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        },
+    )?;
+    println!(
+        "{} {} seed {}: test accuracy {:.2}% ({:?}; last {:.2}%, best-val {:.2}% at step {}), \
+         majority class {:.2}%, {} parameters, {:.0} s -> {}",
+        result.task,
+        result.attention,
+        result.seed,
+        100.0 * result.test_accuracy,
+        result.selection,
+        100.0 * result.test_accuracy_last,
+        100.0 * result.test_accuracy_best_val,
+        result.best_val_step,
+        100.0 * result.test_majority_rate,
+        result.n_params,
+        result.train_seconds,
+        run_dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! The LRA encoder classifier: embeddings, positions, any attention's encoder, pooling, head.
+//!
+//! Token embedding (N(0, 1)) -> CLS vector prepended (zero-initialised, CLS pooling only) ->
+//! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
+//! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, LRA.md).
+
+use anyhow::Result;
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn_attention::{AttentionInput, Encoder};
+
+use crate::config::{Pooling, Positions, RunConfig};
+
+/// The classifier. Build with [`LraClassifier::new`].
+#[derive(Module, Debug)]
+pub struct LraClassifier {
+    /// Token embedding.
+    pub embedding: Embedding,
+    /// Learned CLS vector `[1, 1, d_model]` (CLS pooling only).
+    pub cls: Option<Param<Tensor<3>>>,
+    /// Learned positions (learned positions only).
+    pub positions: Option<Embedding>,
+    /// Embedding dropout.
+    pub dropout: Dropout,
+    /// The encoder.
+    pub encoder: Encoder,
+    /// Head hidden layer.
+    pub head_hidden: Linear,
+    /// Head output layer.
+    pub head_out: Linear,
+    /// Pooling.
+    #[module(skip)]
+    pub pooling: Pooling,
+    /// Model width.
+    pub d_model: usize,
+}
+
+impl LraClassifier {
+    /// Builds the classifier for `config` with the attention called `attention`.
+    pub fn new(
+        config: &RunConfig,
+        attention: &str,
+        vocab_size: usize,
+        n_classes: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let m = &config.model;
+        let encoder = config.encoder_config(attention)?;
+        let dense = |i, o| {
+            LinearConfig::new(i, o)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device)
+        };
+        Ok(Self {
+            embedding: EmbeddingConfig::new(vocab_size, m.d_model).init(device),
+            cls: (m.pooling == Pooling::Cls)
+                .then(|| Param::from_tensor(Tensor::zeros([1, 1, m.d_model], device))),
+            positions: (m.positions == Positions::Learned).then(|| {
+                EmbeddingConfig::new(config.encoder_len(), m.d_model)
+                    .with_initializer(Initializer::Normal { mean: 0.0, std: 0.02 })
+                    .init(device)
+            }),
+            dropout: DropoutConfig::new(m.dropout).init(),
+            encoder: encoder.init(device),
+            head_hidden: dense(m.d_model, m.d_mlp),
+            head_out: dense(m.d_mlp, n_classes),
+            pooling: m.pooling,
+            d_model: m.d_model,
+        })
+    }
+
+    /// Pooled representation `[batch, d_model]` of `tokens: [batch, n]` with padding mask
+    /// `[batch, n]` (`true` = padding). The matching task's two towers share this.
+    pub fn encode(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
+        let [batch, _] = tokens.dims();
+        let device = tokens.device();
+        let mut x = self.embedding.forward(tokens);
+        let mut mask = mask_pad;
+        if let Some(cls) = &self.cls {
+            x = Tensor::cat(vec![cls.val().expand([batch, 1, self.d_model]), x], 1);
+            mask = Tensor::cat(vec![Tensor::<2, Bool>::from_data(TensorData::new(vec![false; batch], [batch, 1]), &device), mask], 1);
+        }
+        let n = x.dims()[1];
+        x = match &self.positions {
+            Some(positions) => {
+                let ids = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]);
+                x + positions.forward(ids)
+            }
+            None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
+        };
+        let x = self.dropout.forward(x);
+        let h = self.encoder.forward(AttentionInput::new(x).mask_pad(mask.clone()));
+        match self.pooling {
+            Pooling::Cls => h.slice([0..batch, 0..1]).reshape([batch, self.d_model]),
+            Pooling::Mean => {
+                let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
+                let count = keep.clone().sum_dim(1).clamp_min(1.0);
+                (h * keep).sum_dim(1).div(count).reshape([batch, self.d_model])
+            }
+        }
+    }
+
+    /// Class logits `[batch, classes]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
+        let pooled = self.encode(tokens, mask_pad);
+        let hidden = burn::tensor::activation::relu(self.head_hidden.forward(pooled));
+        self.head_out.forward(hidden)
+    }
+}
+
+/// Fixed sinusoidal positions `[n, d]`: sines in the first half of the features, cosines in the
+/// second (Flax's `sinusoidal_init`, used by the LRA reference), wavelengths up to 10000·2π.
+pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
+    let half = d / 2;
+    let pos = Tensor::<1, Int>::arange(0..n as i64, device).float().reshape([n, 1]);
+    let i = Tensor::<1, Int>::arange(0..half as i64, device).float();
+    let inv_freq = i.mul_scalar(-2.0 * (10_000f64).ln() / d as f64).exp().reshape([1, half]);
+    let angles = pos.mul(inv_freq);
+    let mut parts = vec![angles.clone().sin(), angles.cos()];
+    if d % 2 == 1 {
+        parts.push(Tensor::zeros([n, 1], device));
+    }
+    Tensor::cat(parts, 1)
+}

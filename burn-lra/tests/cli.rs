@@ -1,0 +1,90 @@
+//! The command line's errors: one line that names the problem, no backtrace.
+
+use std::process::Command;
+
+fn burn_lra(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_one_line_error(stderr: &str, needle: &str) {
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(needle), "expected `{needle}` in: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-lra-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn unknown_attention_is_named() {
+    let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "perfomer"]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "unknown attention `perfomer`");
+}
+
+#[test]
+fn missing_data_file_is_named() {
+    let dir = temp_dir("missing");
+    std::fs::write(dir.join("basic_train.tsv"), "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n").unwrap();
+    let (ok, stderr) = burn_lra(&[
+        "train", "--task", "listops", "--attention", "softmax", "--data-dir", dir.to_str().unwrap(),
+        "--out", dir.join("runs").to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "basic_val.tsv");
+    let (ok, stderr) = burn_lra(&[
+        "train", "--task", "listops", "--attention", "softmax", "--data-dir", "/nonexistent/listops",
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "/nonexistent/listops does not exist");
+}
+
+#[test]
+fn malformed_tsv_row_names_file_and_line() {
+    let dir = temp_dir("malformed");
+    let good = "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n";
+    std::fs::write(dir.join("basic_train.tsv"), good).unwrap();
+    std::fs::write(dir.join("basic_val.tsv"), good).unwrap();
+    std::fs::write(dir.join("basic_test.tsv"), format!("{good}( ( [MIN 3 ) ] ) 3\n")).unwrap();
+    let (ok, stderr) = burn_lra(&[
+        "train", "--task", "listops", "--attention", "softmax", "--data-dir", dir.to_str().unwrap(),
+        "--out", dir.join("runs").to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "basic_test.tsv:3: expected 2 tab-separated fields");
+}
+
+#[test]
+fn bad_config_key_is_named() {
+    let dir = temp_dir("config");
+    let preset = include_str!("../../configs/listops/tiny.toml");
+    let path = dir.join("mine.toml");
+    std::fs::write(&path, preset.replace("n_layers = 2", "n_layers = 2\nn_layer = 3")).unwrap();
+    let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--config", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("n_layer") && stderr.contains("mine.toml"), "{stderr}");
+    std::fs::write(&path, preset.replace("d_model = 64", "d_model = 63")).unwrap();
+    let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--config", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "`model.d_model` (63) must be a multiple of `model.n_heads` (4)");
+}
+
+#[test]
+fn backend_not_compiled_names_the_feature() {
+    let missing = burn_lra::backend::BackendKind::ALL.into_iter().find(|b| !b.is_compiled());
+    if let Some(backend) = missing {
+        let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--backend", backend.name()]);
+        assert!(!ok);
+        assert_one_line_error(&stderr, &format!("--features {}", backend.feature()));
+    }
+}
