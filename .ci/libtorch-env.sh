@@ -24,4 +24,6 @@ for f in "$torch_dir"/lib/*; do
 done
 echo "2.9.0" > "$libtorch/build-version"
 export LIBTORCH="$libtorch"
-export LD_LIBRARY_PATH="$libtorch/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# libtorch_cpu loads CUPTI and the CUDA runtime from the two small nvidia-* wheels.
+site=$(dirname "$torch_dir")
+export LD_LIBRARY_PATH="$libtorch/lib:$site/nvidia/cuda_cupti/lib:$site/nvidia/cuda_runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -34,7 +34,11 @@ impl EncoderBlockConfig {
     pub fn validate(&self) -> Result<(), AttentionError> {
         self.attention.validate()?;
         if self.d_ff == 0 {
-            return Err(AttentionError::field("encoder", "d_ff", "must be at least 1"));
+            return Err(AttentionError::field(
+                "encoder",
+                "d_ff",
+                "must be at least 1",
+            ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(AttentionError::field(
@@ -61,9 +65,13 @@ impl EncoderBlockConfig {
                 .init(device)
         };
         EncoderBlock {
-            norm_attn: LayerNormConfig::new(d_model).with_epsilon(self.norm_eps).init(device),
+            norm_attn: LayerNormConfig::new(d_model)
+                .with_epsilon(self.norm_eps)
+                .init(device),
             attention: self.attention.init(device),
-            norm_ff: LayerNormConfig::new(d_model).with_epsilon(self.norm_eps).init(device),
+            norm_ff: LayerNormConfig::new(d_model)
+                .with_epsilon(self.norm_eps)
+                .init(device),
             ff_in: dense(d_model, self.d_ff),
             ff_out: dense(self.d_ff, d_model),
             activation: Gelu::new(),
@@ -97,7 +105,8 @@ impl EncoderBlock {
     /// # Shapes
     /// - `x` in the input: `[batch, n, d_model]`; output: the same.
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        self.try_forward(input).unwrap_or_else(|err| panic!("{err}"))
+        self.try_forward(input)
+            .unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// Applies the block, or says why its attention cannot take this input.
@@ -108,7 +117,9 @@ impl EncoderBlock {
             ..input
         };
         let x = x.clone() + self.dropout.forward(self.attention.try_forward(normed)?);
-        let h = self.activation.forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
+        let h = self
+            .activation
+            .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
         let h = self.ff_out.forward(self.dropout.forward(h));
         Ok(x + self.dropout.forward(h))
     }
@@ -127,7 +138,11 @@ impl EncoderConfig {
     /// Checks the configuration; the error names the offending field.
     pub fn validate(&self) -> Result<(), AttentionError> {
         if self.n_layers == 0 {
-            return Err(AttentionError::field("encoder", "n_layers", "must be at least 1"));
+            return Err(AttentionError::field(
+                "encoder",
+                "n_layers",
+                "must be at least 1",
+            ));
         }
         self.block.validate()
     }
@@ -148,7 +163,9 @@ impl EncoderConfig {
         };
         let d_model = self.block.attention.d_model();
         Encoder {
-            blocks: (0..self.n_layers).map(|_| self.block.init(device)).collect(),
+            blocks: (0..self.n_layers)
+                .map(|_| self.block.init(device))
+                .collect(),
             shared_projection,
             norm: LayerNormConfig::new(d_model)
                 .with_epsilon(self.block.norm_eps)
@@ -174,7 +191,8 @@ impl Encoder {
     /// # Shapes
     /// - `x` in the input: `[batch, n, d_model]`; output: the same.
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        self.try_forward(input).unwrap_or_else(|err| panic!("{err}"))
+        self.try_forward(input)
+            .unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// Applies the encoder, or says why its attention cannot take this input.

@@ -39,7 +39,11 @@ pub enum AttentionError {
 }
 
 impl AttentionError {
-    pub(crate) fn field(variant: &'static str, field: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn field(
+        variant: &'static str,
+        field: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Self::InvalidField {
             variant,
             field,
@@ -86,9 +90,13 @@ pub(crate) fn check_heads(
     dropout: f64,
 ) -> Result<(), AttentionError> {
     if n_heads == 0 {
-        return Err(AttentionError::field(variant, "n_heads", "must be at least 1"));
+        return Err(AttentionError::field(
+            variant,
+            "n_heads",
+            "must be at least 1",
+        ));
     }
-    if d_model == 0 || d_model % n_heads != 0 {
+    if d_model == 0 || !d_model.is_multiple_of(n_heads) {
         return Err(AttentionError::field(
             variant,
             "d_model",

@@ -81,7 +81,11 @@ pub fn causal_mask(n: usize, device: &Device) -> Tensor<2, Bool> {
 }
 
 /// A padding mask `[batch, n_max]` (`true` = padding) from per-example lengths.
-pub fn padding_mask_from_lengths(lengths: &[usize], n_max: usize, device: &Device) -> Tensor<2, Bool> {
+pub fn padding_mask_from_lengths(
+    lengths: &[usize],
+    n_max: usize,
+    device: &Device,
+) -> Tensor<2, Bool> {
     let batch = lengths.len();
     let mut data = Vec::with_capacity(batch * n_max);
     for &len in lengths {

@@ -166,7 +166,8 @@ impl LinformerAttention {
     /// # Panics
     /// Where [`try_forward`](Self::try_forward) returns an error; the message is the error's.
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        self.try_forward(input).unwrap_or_else(|err| panic!("{err}"))
+        self.try_forward(input)
+            .unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// Applies attention, or says why it cannot: causal masking, a sequence longer than
@@ -185,7 +186,11 @@ impl LinformerAttention {
                 });
             }
         };
-        let f = self.f.as_ref().map(|f| f.val()).unwrap_or_else(|| e.clone());
+        let f = self
+            .f
+            .as_ref()
+            .map(|f| f.val())
+            .unwrap_or_else(|| e.clone());
         let (q, k, v) = self.proj.qkv(input.x);
         let o = attend(q, k, v, e, f, input.mask_pad, Some(&self.dropout));
         Ok(self.proj.out(o))

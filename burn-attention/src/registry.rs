@@ -68,7 +68,9 @@ pub fn variant(name: &str) -> Result<&'static VariantInfo, AttentionError> {
     VARIANTS
         .iter()
         .find(|v| v.name == name)
-        .ok_or_else(|| AttentionError::UnknownVariant { name: name.to_string() })
+        .ok_or_else(|| AttentionError::UnknownVariant {
+            name: name.to_string(),
+        })
 }
 
 /// Configuration of any registered attention variant.
@@ -164,7 +166,9 @@ impl AttentionConfig {
             .collect();
         for key in params.keys() {
             if MODEL_FIELDS.contains(&key.as_str()) {
-                return Err(err(format!("`{key}` is set by the model, not per attention")));
+                return Err(err(format!(
+                    "`{key}` is set by the model, not per attention"
+                )));
             }
             if !merged.contains_key(key) {
                 let allowed: Vec<String> = allowed.iter().map(|k| k.to_string()).collect();
@@ -180,7 +184,9 @@ impl AttentionConfig {
             self.reparse(Value::Object(merged.clone()))
                 .map_err(|e| err(format!("`{key}`: {e}")))?;
         }
-        let config = self.reparse(Value::Object(merged)).map_err(|e| err(e.to_string()))?;
+        let config = self
+            .reparse(Value::Object(merged))
+            .map_err(|e| err(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -220,7 +226,8 @@ impl Attention {
     /// # Panics
     /// Where [`try_forward`](Self::try_forward) returns an error.
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        self.try_forward(input).unwrap_or_else(|err| panic!("{err}"))
+        self.try_forward(input)
+            .unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// Applies attention, or says why the variant cannot take this input.

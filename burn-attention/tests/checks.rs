@@ -40,7 +40,10 @@ fn all_configs() -> Vec<AttentionConfig> {
     let mut configs: Vec<AttentionConfig> = VARIANTS.iter().map(|v| config_for(v.name)).collect();
     for sharing in [LinformerSharing::None, LinformerSharing::KeyValue] {
         configs.push(AttentionConfig::Linformer(
-            LinformerConfig::new(D_MODEL, N_HEADS, N_MAX).with_k(5).with_dropout(0.0).with_sharing(sharing),
+            LinformerConfig::new(D_MODEL, N_HEADS, N_MAX)
+                .with_k(5)
+                .with_dropout(0.0)
+                .with_sharing(sharing),
         ));
     }
     configs
@@ -82,7 +85,10 @@ fn check_2_padding_invariance() {
         let x = random([2, 6, D_MODEL], &device);
         let plain = attention.forward(AttentionInput::new(x.clone()));
         // The same sequences followed by 4 padded positions holding arbitrary values.
-        let padded_x = Tensor::cat(vec![x, random([2, 4, D_MODEL], &device).mul_scalar(50.0)], 1);
+        let padded_x = Tensor::cat(
+            vec![x, random([2, 4, D_MODEL], &device).mul_scalar(50.0)],
+            1,
+        );
         let mask = padding_mask_from_lengths(&[6, 6], 10, &device);
         let padded = attention.forward(AttentionInput::new(padded_x).mask_pad(mask));
         padded
@@ -102,10 +108,11 @@ fn check_3_batch_invariance() {
         let both = attention.forward(AttentionInput::new(x.clone()).mask_pad(mask.clone()));
         for i in 0..2 {
             let one = attention.forward(
-                AttentionInput::new(x.clone().slice([i..i + 1])).mask_pad(mask.clone().slice([i..i + 1])),
+                AttentionInput::new(x.clone().slice(s![i..i + 1]))
+                    .mask_pad(mask.clone().slice(s![i..i + 1])),
             );
             both.clone()
-                .slice([i..i + 1])
+                .slice(s![i..i + 1])
                 .into_data()
                 .assert_approx_eq::<f32>(&one.into_data(), tol());
         }
@@ -147,9 +154,19 @@ fn check_4_linformer_matches_float64_reference() {
     let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
     let lengths = [9, 5];
     let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let out = linformer_attention(q.clone(), k.clone(), v.clone(), e.clone(), f.clone(), Some(mask));
+    let out = linformer_attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        e.clone(),
+        f.clone(),
+        Some(mask),
+    );
     let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
-    let (e, f) = (to_heads(&e.unsqueeze())[0].clone(), to_heads(&f.unsqueeze())[0].clone());
+    let (e, f) = (
+        to_heads(&e.unsqueeze())[0].clone(),
+        to_heads(&f.unsqueeze())[0].clone(),
+    );
     for bi in 0..b {
         for hi in 0..h {
             let kp_ = project(&e[hi], &k[bi][hi], |j| j >= lengths[bi]);
@@ -171,7 +188,8 @@ fn check_4_linformer_identity_projection_is_softmax() {
     let eye = Tensor::<2>::eye(n, &device).unsqueeze::<3>();
     let lin = linformer_attention(q.clone(), k.clone(), v.clone(), eye.clone(), eye, None);
     let exact = softmax_attention(q, k, v, None, false);
-    lin.into_data().assert_approx_eq::<f32>(&exact.into_data(), tol());
+    lin.into_data()
+        .assert_approx_eq::<f32>(&exact.into_data(), tol());
 }
 
 /// Check 5: the causal form equals the masked quadratic form (float64, keys `j > i` removed),
@@ -180,7 +198,13 @@ fn check_4_linformer_identity_projection_is_softmax() {
 fn check_5_causal() {
     let device = device();
     let [q, k, v] = qkv(1, 2, 8, 4, &device);
-    let out = to_heads(&softmax_attention(q.clone(), k.clone(), v.clone(), None, true));
+    let out = to_heads(&softmax_attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        None,
+        true,
+    ));
     let (q, k, v) = (to_heads(&q), to_heads(&k), to_heads(&v));
     for h in 0..2 {
         let expected = softmax_head(&q[0][h], &k[0][h], &v[0][h], |i, j| j > i);
@@ -223,7 +247,7 @@ impl ModuleVisitor for GradCheck<'_> {
         match param.val().grad(self.grads) {
             None => self.missing.push(format!("{where_}: no gradient")),
             Some(g) => {
-                let values: Vec<f32> = g.into_data().convert::<f32>().to_vec().unwrap();
+                let values: Vec<f32> = g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
                 if values.iter().any(|x| !x.is_finite()) {
                     self.missing.push(format!("{where_}: non-finite gradient"));
                 } else if values.iter().all(|&x| x == 0.0) {
@@ -241,17 +265,29 @@ fn check_6_gradients_reach_every_parameter() {
     let device = device().autodiff();
     let mut configs = all_configs();
     configs.push(AttentionConfig::Linformer(
-        LinformerConfig::new(D_MODEL, N_HEADS, N_MAX).with_k(5).with_sharing(LinformerSharing::Layerwise),
+        LinformerConfig::new(D_MODEL, N_HEADS, N_MAX)
+            .with_k(5)
+            .with_sharing(LinformerSharing::Layerwise),
     ));
     for config in configs {
-        let encoder = EncoderConfig::new(EncoderBlockConfig::new(config.clone(), 32), 2).init(&device);
+        let encoder =
+            EncoderConfig::new(EncoderBlockConfig::new(config.clone(), 32), 2).init(&device);
         let x = random([2, 7, D_MODEL], &device);
         let mask = padding_mask_from_lengths(&[7, 4], 7, &device);
         let y = encoder.forward(AttentionInput::new(x).mask_pad(mask));
         let grads = y.powi_scalar(2).sum().backward();
-        let mut check = GradCheck { grads: &grads, missing: vec![], path: vec![] };
+        let mut check = GradCheck {
+            grads: &grads,
+            missing: vec![],
+            path: vec![],
+        };
         encoder.visit(&mut check);
-        assert!(check.missing.is_empty(), "{}: {:?}", label(&config), check.missing);
+        assert!(
+            check.missing.is_empty(),
+            "{}: {:?}",
+            label(&config),
+            check.missing
+        );
     }
 }
 
@@ -281,13 +317,34 @@ fn check_9_bad_configurations_name_the_field() {
     let device = device();
     let field = |err: AttentionError, name: &str| {
         let text = err.to_string();
-        assert!(text.contains(&format!("`{name}`")), "expected `{name}` in: {text}");
+        assert!(
+            text.contains(&format!("`{name}`")),
+            "expected `{name}` in: {text}"
+        );
     };
     for v in VARIANTS {
-        field(AttentionConfig::from_name(v.name, 10, 3, 8).unwrap().validate().unwrap_err(), "d_model");
-        field(AttentionConfig::from_name(v.name, 12, 0, 8).unwrap().validate().unwrap_err(), "n_heads");
+        field(
+            AttentionConfig::from_name(v.name, 10, 3, 8)
+                .unwrap()
+                .validate()
+                .unwrap_err(),
+            "d_model",
+        );
+        field(
+            AttentionConfig::from_name(v.name, 12, 0, 8)
+                .unwrap()
+                .validate()
+                .unwrap_err(),
+            "n_heads",
+        );
     }
-    field(LinformerConfig::new(16, 2, 8).with_k(0).validate().unwrap_err(), "k");
+    field(
+        LinformerConfig::new(16, 2, 8)
+            .with_k(0)
+            .validate()
+            .unwrap_err(),
+        "k",
+    );
     let linformer = AttentionConfig::Linformer(LinformerConfig::new(16, 2, 8).with_k(4));
     field(linformer.check_input(9, false).unwrap_err(), "n_max");
     let err = linformer
@@ -296,11 +353,25 @@ fn check_9_bad_configurations_name_the_field() {
         .unwrap_err();
     field(err, "n_max");
     let params = serde_json::json!({"k": "many"});
-    let err = linformer.clone().with_params(params.as_object().unwrap()).unwrap_err();
+    let err = linformer
+        .clone()
+        .with_params(params.as_object().unwrap())
+        .unwrap_err();
     field(err, "k");
     let params = serde_json::json!({"kk": 3});
-    assert!(linformer.with_params(params.as_object().unwrap()).unwrap_err().to_string().contains("`kk`"));
-    assert!(AttentionConfig::from_name("nope", 16, 2, 8).unwrap_err().to_string().contains("nope"));
+    assert!(
+        linformer
+            .with_params(params.as_object().unwrap())
+            .unwrap_err()
+            .to_string()
+            .contains("`kk`")
+    );
+    assert!(
+        AttentionConfig::from_name("nope", 16, 2, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("nope")
+    );
 }
 
 /// The Linformer sharing modes own the projections the paper describes.
@@ -310,7 +381,11 @@ fn linformer_sharing_parameter_counts() {
     let (k, n) = (5, N_MAX);
     let qkvo = 4 * D_MODEL * D_MODEL;
     let count = |sharing| {
-        LinformerConfig::new(D_MODEL, N_HEADS, n).with_k(k).with_sharing(sharing).init(&device).num_params()
+        LinformerConfig::new(D_MODEL, N_HEADS, n)
+            .with_k(k)
+            .with_sharing(sharing)
+            .init(&device)
+            .num_params()
     };
     assert_eq!(count(LinformerSharing::None), qkvo + 2 * N_HEADS * k * n);
     assert_eq!(count(LinformerSharing::Headwise), qkvo + 2 * k * n);
@@ -318,12 +393,16 @@ fn linformer_sharing_parameter_counts() {
     assert_eq!(count(LinformerSharing::Layerwise), qkvo);
     let block = EncoderBlockConfig::new(
         AttentionConfig::Linformer(
-            LinformerConfig::new(D_MODEL, N_HEADS, n).with_k(k).with_sharing(LinformerSharing::Layerwise),
+            LinformerConfig::new(D_MODEL, N_HEADS, n)
+                .with_k(k)
+                .with_sharing(LinformerSharing::Layerwise),
         ),
         32,
     );
-    let one = EncoderConfig::new(block.clone(), 1).init(&device).num_params();
+    let one = EncoderConfig::new(block.clone(), 1)
+        .init(&device)
+        .num_params();
     let three = EncoderConfig::new(block, 3).init(&device).num_params();
     // One shared projection however many layers.
-    assert_eq!(three - one, 2 * (one - k * n - 2 * D_MODEL) );
+    assert_eq!(three - one, 2 * (one - k * n - 2 * D_MODEL));
 }

@@ -11,7 +11,11 @@ use burn_lra::train::{TrainOptions, train};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "burn-lra", version, about = "Long Range Arena on Burn: any attention, any backend")]
+#[command(
+    name = "burn-lra",
+    version,
+    about = "Long Range Arena on Burn: any attention, any backend"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -84,7 +88,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::List { names: false } => {
-            println!("{:<12} {:<10} {:<8} {:<8} {:<10} paper", "name", "time", "padding", "causal", "fixed n");
+            println!(
+                "{:<12} {:<10} {:<8} {:<8} {:<10} paper",
+                "name", "time", "padding", "causal", "fixed n"
+            );
             for v in burn_attention::VARIANTS {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
@@ -102,7 +109,11 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Backends => {
             for b in BackendKind::ALL {
-                let state = if b.is_compiled() { "compiled in" } else { "not compiled (feature off)" };
+                let state = if b.is_compiled() {
+                    "compiled in"
+                } else {
+                    "not compiled (feature off)"
+                };
                 println!("{:<10} feature `{}`: {state}", b.name(), b.feature());
             }
             Ok(())
@@ -115,10 +126,16 @@ fn train_command(args: TrainArgs) -> Result<()> {
     burn_attention::variant(&args.attention)?;
     let (config, preset) = match &args.config {
         Some(path) => {
-            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
             (RunConfig::from_file(path)?, name)
         }
-        None => (RunConfig::preset(args.task, &args.preset)?, args.preset.clone()),
+        None => (
+            RunConfig::preset(args.task, &args.preset)?,
+            args.preset.clone(),
+        ),
     };
     if config.task != args.task {
         anyhow::bail!(
@@ -128,7 +145,9 @@ fn train_command(args: TrainArgs) -> Result<()> {
         );
     }
     // Fail on an attention that cannot take this configuration before loading any data.
-    config.attention_config(&args.attention).with_context(|| format!("attention `{}`", args.attention))?;
+    config
+        .attention_config(&args.attention)
+        .with_context(|| format!("attention `{}`", args.attention))?;
     let device = args.backend.device()?;
     eprintln!(
         "burn-lra: {} / {} / preset {preset} / seed {} on {} ({device:?})",

@@ -6,7 +6,9 @@
 
 use anyhow::Result;
 use burn::module::Param;
-use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{
+    Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
+};
 use burn::prelude::*;
 use burn_attention::{AttentionInput, Encoder};
 
@@ -58,7 +60,10 @@ impl LraClassifier {
                 .then(|| Param::from_tensor(Tensor::zeros([1, 1, m.d_model], device))),
             positions: (m.positions == Positions::Learned).then(|| {
                 EmbeddingConfig::new(config.encoder_len(), m.d_model)
-                    .with_initializer(Initializer::Normal { mean: 0.0, std: 0.02 })
+                    .with_initializer(Initializer::Normal {
+                        mean: 0.0,
+                        std: 0.02,
+                    })
                     .init(device)
             }),
             dropout: DropoutConfig::new(m.dropout).init(),
@@ -79,7 +84,16 @@ impl LraClassifier {
         let mut mask = mask_pad;
         if let Some(cls) = &self.cls {
             x = Tensor::cat(vec![cls.val().expand([batch, 1, self.d_model]), x], 1);
-            mask = Tensor::cat(vec![Tensor::<2, Bool>::from_data(TensorData::new(vec![false; batch], [batch, 1]), &device), mask], 1);
+            mask = Tensor::cat(
+                vec![
+                    Tensor::<2, Bool>::from_data(
+                        TensorData::new(vec![false; batch], [batch, 1]),
+                        &device,
+                    ),
+                    mask,
+                ],
+                1,
+            );
         }
         let n = x.dims()[1];
         x = match &self.positions {
@@ -90,13 +104,18 @@ impl LraClassifier {
             None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
         };
         let x = self.dropout.forward(x);
-        let h = self.encoder.forward(AttentionInput::new(x).mask_pad(mask.clone()));
+        let h = self
+            .encoder
+            .forward(AttentionInput::new(x).mask_pad(mask.clone()));
         match self.pooling {
             Pooling::Cls => h.slice([0..batch, 0..1]).reshape([batch, self.d_model]),
             Pooling::Mean => {
                 let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
                 let count = keep.clone().sum_dim(1).clamp_min(1.0);
-                (h * keep).sum_dim(1).div(count).reshape([batch, self.d_model])
+                (h * keep)
+                    .sum_dim(1)
+                    .div(count)
+                    .reshape([batch, self.d_model])
             }
         }
     }
@@ -113,13 +132,86 @@ impl LraClassifier {
 /// second (Flax's `sinusoidal_init`, used by the LRA reference), wavelengths up to 10000·2π.
 pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
     let half = d / 2;
-    let pos = Tensor::<1, Int>::arange(0..n as i64, device).float().reshape([n, 1]);
+    let pos = Tensor::<1, Int>::arange(0..n as i64, device)
+        .float()
+        .reshape([n, 1]);
     let i = Tensor::<1, Int>::arange(0..half as i64, device).float();
-    let inv_freq = i.mul_scalar(-2.0 * (10_000f64).ln() / d as f64).exp().reshape([1, half]);
+    let inv_freq = i
+        .mul_scalar(-2.0 * (10_000f64).ln() / d as f64)
+        .exp()
+        .reshape([1, half]);
     let angles = pos.mul(inv_freq);
     let mut parts = vec![angles.clone().sin(), angles.cos()];
-    if d % 2 == 1 {
+    if !d.is_multiple_of(2) {
         parts.push(Tensor::zeros([n, 1], device));
     }
     Tensor::cat(parts, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Task;
+    use crate::data::{Batch, Example};
+    use burn::tensor::Tolerance;
+
+    #[test]
+    fn sinusoidal_matches_formula() {
+        // Flax's sinusoidal_init in float64: pe[p, i] = sin(p / 10000^(2i/d)) for i < d/2, and
+        // cos of the same angle at i + d/2.
+        let (n, d) = (9, 6);
+        let got: Vec<f32> = sinusoidal(n, d, &Device::flex())
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec()
+            .unwrap();
+        for p in 0..n {
+            for i in 0..d / 2 {
+                let angle = p as f64 / 10_000f64.powf(2.0 * i as f64 / d as f64);
+                assert!((got[p * d + i] as f64 - angle.sin()).abs() < 1e-5);
+                assert!((got[p * d + i + d / 2] as f64 - angle.cos()).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn logits_ignore_extra_padding() {
+        // The same examples batched with a much longer one (more padding) give the same logits,
+        // for both poolings and both position kinds.
+        let device = Device::flex();
+        let short = Example {
+            tokens: vec![12, 3, 4, 15],
+            label: 1,
+        };
+        let other = Example {
+            tokens: vec![11, 3, 4, 5, 6, 15],
+            label: 2,
+        };
+        let long = Example {
+            tokens: vec![14; 40],
+            label: 3,
+        };
+        for (pooling, positions) in [
+            (Pooling::Mean, Positions::Learned),
+            (Pooling::Cls, Positions::Sinusoidal),
+        ] {
+            for attention in ["softmax", "linformer"] {
+                let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+                config.model.pooling = pooling;
+                config.model.positions = positions;
+                let model = LraClassifier::new(&config, attention, 16, 10, &device).unwrap();
+                let logits = |examples: &[&Example]| {
+                    let batch = Batch::new(examples, &device);
+                    model
+                        .forward(batch.tokens, batch.mask_pad)
+                        .slice(s![0..2])
+                        .into_data()
+                };
+                logits(&[&short, &other, &long]).assert_approx_eq::<f32>(
+                    &logits(&[&short, &other]),
+                    Tolerance::absolute(1e-5).set_relative(1e-4),
+                );
+            }
+        }
+    }
 }

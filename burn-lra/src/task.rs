@@ -13,14 +13,20 @@ use crate::train::Splits;
 /// ListOps reads `basic_{train,val,test}.tsv` from `data_dir` when one is given; otherwise,
 /// when the configuration has a `[data.generate]` table, it generates the dataset once into
 /// `cache_dir` and reads it from there.
-pub fn load_splits(config: &RunConfig, data_dir: Option<&Path>, cache_dir: &Path) -> Result<Splits> {
+pub fn load_splits(
+    config: &RunConfig,
+    data_dir: Option<&Path>,
+    cache_dir: &Path,
+) -> Result<Splits> {
     match config.task {
         Task::Listops => {
             let dir = match (data_dir, &config.data.generate) {
                 (Some(dir), _) => dir.to_path_buf(),
                 (None, Some(generate)) => {
                     let dir = cache_dir.join(generate.cache_name());
-                    let complete = listops::SPLIT_FILES.iter().all(|(_, f)| dir.join(f).is_file());
+                    let complete = listops::SPLIT_FILES
+                        .iter()
+                        .all(|(_, f)| dir.join(f).is_file());
                     if !complete {
                         eprintln!("generating ListOps into {}", dir.display());
                         listops::write_splits(&dir, &listops::generate(generate)?)?;

@@ -91,7 +91,12 @@ pub struct RunResult {
 }
 
 /// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
-pub fn evaluate(model: &LraClassifier, data: &Dataset, batch_size: usize, device: &Device) -> (f64, f64) {
+pub fn evaluate(
+    model: &LraClassifier,
+    data: &Dataset,
+    batch_size: usize,
+    device: &Device,
+) -> (f64, f64) {
     // Batches of similar lengths waste less work on padding; the order does not change the sums.
     let mut order: Vec<usize> = (0..data.len()).collect();
     order.sort_by_key(|&i| data.examples[i].tokens.len());
@@ -105,7 +110,10 @@ pub fn evaluate(model: &LraClassifier, data: &Dataset, batch_size: usize, device
         loss_sum += loss.into_scalar::<f64>() * chunk.len() as f64;
         correct += accuracy_count(logits, batch.labels);
     }
-    (correct as f64 / data.len() as f64, loss_sum / data.len() as f64)
+    (
+        correct as f64 / data.len() as f64,
+        loss_sum / data.len() as f64,
+    )
 }
 
 fn accuracy_count(logits: Tensor<2>, labels: Tensor<1, Int>) -> i64 {
@@ -187,8 +195,10 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         ProgressBar::with_draw_target(Some(cfg.steps as u64), ProgressDrawTarget::hidden())
     };
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-            .expect("valid template"),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .expect("valid template"),
     );
 
     let mut rng = Rng::new(opts.seed ^ 0x5EED_DA7A);
@@ -241,7 +251,8 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
                 "val_accuracy": val_acc,
                 "elapsed_s": started.elapsed().as_secs_f64(),
             });
-            writeln!(metrics, "{line}").and_then(|_| metrics.flush())
+            writeln!(metrics, "{line}")
+                .and_then(|_| metrics.flush())
                 .with_context(|| format!("cannot write {}", metrics_path.display()))?;
             let message = format!(
                 "loss {train_loss:.3} acc {train_acc:.3} | val acc {val_acc:.3} loss {val_loss:.3}"

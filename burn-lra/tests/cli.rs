@@ -8,14 +8,23 @@ fn burn_lra(args: &[&str]) -> (bool, String) {
         .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn assert_one_line_error(stderr: &str, needle: &str) {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].contains(needle), "expected `{needle}` in: {stderr}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    assert!(
+        lines[0].contains(needle),
+        "expected `{needle}` in: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -35,15 +44,32 @@ fn unknown_attention_is_named() {
 #[test]
 fn missing_data_file_is_named() {
     let dir = temp_dir("missing");
-    std::fs::write(dir.join("basic_train.tsv"), "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n").unwrap();
+    std::fs::write(
+        dir.join("basic_train.tsv"),
+        "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n",
+    )
+    .unwrap();
     let (ok, stderr) = burn_lra(&[
-        "train", "--task", "listops", "--attention", "softmax", "--data-dir", dir.to_str().unwrap(),
-        "--out", dir.join("runs").to_str().unwrap(),
+        "train",
+        "--task",
+        "listops",
+        "--attention",
+        "softmax",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--out",
+        dir.join("runs").to_str().unwrap(),
     ]);
     assert!(!ok);
     assert_one_line_error(&stderr, "basic_val.tsv");
     let (ok, stderr) = burn_lra(&[
-        "train", "--task", "listops", "--attention", "softmax", "--data-dir", "/nonexistent/listops",
+        "train",
+        "--task",
+        "listops",
+        "--attention",
+        "softmax",
+        "--data-dir",
+        "/nonexistent/listops",
     ]);
     assert!(!ok);
     assert_one_line_error(&stderr, "/nonexistent/listops does not exist");
@@ -55,10 +81,21 @@ fn malformed_tsv_row_names_file_and_line() {
     let good = "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n";
     std::fs::write(dir.join("basic_train.tsv"), good).unwrap();
     std::fs::write(dir.join("basic_val.tsv"), good).unwrap();
-    std::fs::write(dir.join("basic_test.tsv"), format!("{good}( ( [MIN 3 ) ] ) 3\n")).unwrap();
+    std::fs::write(
+        dir.join("basic_test.tsv"),
+        format!("{good}( ( [MIN 3 ) ] ) 3\n"),
+    )
+    .unwrap();
     let (ok, stderr) = burn_lra(&[
-        "train", "--task", "listops", "--attention", "softmax", "--data-dir", dir.to_str().unwrap(),
-        "--out", dir.join("runs").to_str().unwrap(),
+        "train",
+        "--task",
+        "listops",
+        "--attention",
+        "softmax",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--out",
+        dir.join("runs").to_str().unwrap(),
     ]);
     assert!(!ok);
     assert_one_line_error(&stderr, "basic_test.tsv:3: expected 2 tab-separated fields");
@@ -69,21 +106,57 @@ fn bad_config_key_is_named() {
     let dir = temp_dir("config");
     let preset = include_str!("../../configs/listops/tiny.toml");
     let path = dir.join("mine.toml");
-    std::fs::write(&path, preset.replace("n_layers = 2", "n_layers = 2\nn_layer = 3")).unwrap();
-    let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--config", path.to_str().unwrap()]);
+    std::fs::write(
+        &path,
+        preset.replace("n_layers = 2", "n_layers = 2\nn_layer = 3"),
+    )
+    .unwrap();
+    let (ok, stderr) = burn_lra(&[
+        "train",
+        "--task",
+        "listops",
+        "--attention",
+        "softmax",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
     assert!(!ok);
-    assert!(stderr.contains("n_layer") && stderr.contains("mine.toml"), "{stderr}");
+    assert!(
+        stderr.contains("n_layer") && stderr.contains("mine.toml"),
+        "{stderr}"
+    );
     std::fs::write(&path, preset.replace("d_model = 64", "d_model = 63")).unwrap();
-    let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--config", path.to_str().unwrap()]);
+    let (ok, stderr) = burn_lra(&[
+        "train",
+        "--task",
+        "listops",
+        "--attention",
+        "softmax",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
     assert!(!ok);
-    assert_one_line_error(&stderr, "`model.d_model` (63) must be a multiple of `model.n_heads` (4)");
+    assert_one_line_error(
+        &stderr,
+        "`model.d_model` (63) must be a multiple of `model.n_heads` (4)",
+    );
 }
 
 #[test]
 fn backend_not_compiled_names_the_feature() {
-    let missing = burn_lra::backend::BackendKind::ALL.into_iter().find(|b| !b.is_compiled());
+    let missing = burn_lra::backend::BackendKind::ALL
+        .into_iter()
+        .find(|b| !b.is_compiled());
     if let Some(backend) = missing {
-        let (ok, stderr) = burn_lra(&["train", "--task", "listops", "--attention", "softmax", "--backend", backend.name()]);
+        let (ok, stderr) = burn_lra(&[
+            "train",
+            "--task",
+            "listops",
+            "--attention",
+            "softmax",
+            "--backend",
+            backend.name(),
+        ]);
         assert!(!ok);
         assert_one_line_error(&stderr, &format!("--features {}", backend.feature()));
     }

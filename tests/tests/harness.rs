@@ -20,7 +20,10 @@ fn short_run_writes_config_metrics_and_result() {
     (generate.n_train, generate.n_val, generate.n_test) = (200, 40, 40);
     config.training.steps = 20;
     config.training.eval_every = 10;
-    config.training.schedule = burn_lra::config::Schedule::OneCycle { peak: 1e-3, warmup: 5 };
+    config.training.schedule = burn_lra::config::Schedule::OneCycle {
+        peak: 1e-3,
+        warmup: 5,
+    };
     let splits = load_splits(&config, None, &dir.join("data")).unwrap();
     let run_dir = dir.join("run");
     let opts = TrainOptions {
@@ -33,17 +36,23 @@ fn short_run_writes_config_metrics_and_result() {
     };
     let result = train(&config, &splits, &opts).unwrap();
     let saved: RunResult =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("result.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("result.json")).unwrap())
+            .unwrap();
     assert_eq!(saved, result);
     assert_eq!(saved.split_sizes, [200, 40, 40]);
     let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(steps, vec![10, 20]);
     let config_json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap())
+            .unwrap();
     assert_eq!(config_json["attention_resolved"]["Linformer"]["k"], 32);
     assert!(run_dir.join("model-best.bpk").is_file() && run_dir.join("model-last.bpk").is_file());
     // A finished run is never overwritten.

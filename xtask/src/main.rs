@@ -89,11 +89,10 @@ fn parse(args: &[String]) -> Result<LraArgs> {
         match flag.as_str() {
             "--task" => parsed.task = value,
             "--seeds" => {
-                parsed.seeds = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .with_context(|| format!("--seeds must be a positive integer, got `{value}`"))?
+                parsed.seeds =
+                    value.parse().ok().filter(|&n| n > 0).with_context(|| {
+                        format!("--seeds must be a positive integer, got `{value}`")
+                    })?
             }
             "--attention" => {
                 parsed.attentions = Some(value.split(',').map(|s| s.trim().to_string()).collect())
@@ -117,7 +116,11 @@ fn workspace_root() -> PathBuf {
 }
 
 fn cargo_feature(backend: &str) -> &str {
-    if backend == "tch-cuda" { "tch" } else { backend }
+    if backend == "tch-cuda" {
+        "tch"
+    } else {
+        backend
+    }
 }
 
 /// Builds burn-lra with the backend's feature and returns the binary's path.
@@ -125,16 +128,27 @@ fn build_harness(backend: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace_root())
-        .args(["build", "--package", "burn-lra", "--features", cargo_feature(backend)])
+        .args([
+            "build",
+            "--package",
+            "burn-lra",
+            "--features",
+            cargo_feature(backend),
+        ])
         .status()
         .context("cannot run cargo")?;
     if !status.success() {
-        bail!("building burn-lra with feature `{}` failed", cargo_feature(backend));
+        bail!(
+            "building burn-lra with feature `{}` failed",
+            cargo_feature(backend)
+        );
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    Ok(target.join("debug").join(format!("burn-lra{}", std::env::consts::EXE_SUFFIX)))
+    Ok(target
+        .join("debug")
+        .join(format!("burn-lra{}", std::env::consts::EXE_SUFFIX)))
 }
 
 fn lra(args: &[String]) -> Result<()> {
@@ -147,12 +161,22 @@ fn lra(args: &[String]) -> Result<()> {
         }
         return Ok(());
     }
+    let output = Command::new(&harness).args(["list", "--names"]).output()?;
+    let registered: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
     let attentions = match &args.attentions {
-        Some(list) => list.clone(),
-        None => {
-            let output = Command::new(&harness).args(["list", "--names"]).output()?;
-            String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
+        Some(list) => {
+            if let Some(unknown) = list.iter().find(|a| !registered.contains(a)) {
+                bail!(
+                    "unknown attention `{unknown}` (known: {})",
+                    registered.join(", ")
+                );
+            }
+            list.clone()
         }
+        None => registered,
     };
     let preset = match &args.config {
         Some(path) => path
@@ -173,7 +197,10 @@ fn lra(args: &[String]) -> Result<()> {
                 );
                 continue;
             }
-            eprintln!("== {} / {attention} / {preset} / seed {seed} on {}", args.task, args.backend);
+            eprintln!(
+                "== {} / {attention} / {preset} / seed {seed} on {}",
+                args.task, args.backend
+            );
             let mut cmd = Command::new(&harness);
             cmd.args(["train", "--task", &args.task, "--attention", attention])
                 .args(["--seed", &seed.to_string(), "--backend", &args.backend])
@@ -205,8 +232,10 @@ fn read_result(run_dir: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
     Ok(Some(value))
 }
 
@@ -254,11 +283,18 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
         if results.is_empty() {
             continue;
         }
-        let field = |key: &str| -> Vec<f64> { results.iter().filter_map(|r| r[key].as_f64()).collect() };
-        let (acc, last, best_val) = (field("test_accuracy"), field("test_accuracy_last"), field("test_accuracy_best_val"));
+        let field =
+            |key: &str| -> Vec<f64> { results.iter().filter_map(|r| r[key].as_f64()).collect() };
+        let (acc, last, best_val) = (
+            field("test_accuracy"),
+            field("test_accuracy_last"),
+            field("test_accuracy_best_val"),
+        );
         let (mean, std, best) = stats(&acc);
         let seeds: Vec<u64> = results.iter().filter_map(|r| r["seed"].as_u64()).collect();
-        let majority = results[0]["test_majority_rate"].as_f64().unwrap_or(f64::NAN);
+        let majority = results[0]["test_majority_rate"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
         table.push_str(&format!(
             "| {name} | {} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} |\n",
             seeds.len(),
@@ -299,9 +335,15 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
         "seeds_requested": args.seeds,
         "attentions": attentions,
     });
-    write_atomic(&sweep_dir.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    write_atomic(
+        &sweep_dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
     write_atomic(&sweep_dir.join("summary.md"), table.as_bytes())?;
-    eprintln!("wrote {} and summary.md", sweep_dir.join("summary.json").display());
+    eprintln!(
+        "wrote {} and summary.md",
+        sweep_dir.join("summary.json").display()
+    );
     Ok(())
 }
 

@@ -7,13 +7,22 @@ pub type Heads = Vec<Vec<Vec<f64>>>;
 /// Reads a `[b, h, n, d]` tensor into `b` arrays of heads, in f64.
 pub fn to_heads(t: &burn::prelude::Tensor<4>) -> Vec<Heads> {
     let [b, h, n, d] = t.dims();
-    let data: Vec<f32> = t.clone().into_data().convert::<f32>().to_vec().unwrap();
+    let data: Vec<f32> = t
+        .clone()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
     (0..b)
         .map(|bi| {
             (0..h)
                 .map(|hi| {
                     (0..n)
-                        .map(|i| (0..d).map(|j| data[((bi * h + hi) * n + i) * d + j] as f64).collect())
+                        .map(|i| {
+                            (0..d)
+                                .map(|j| data[((bi * h + hi) * n + i) * d + j] as f64)
+                                .collect()
+                        })
                         .collect()
                 })
                 .collect()
@@ -57,7 +66,12 @@ pub fn project(p: &[Vec<f64>], x: &[Vec<f64>], padded: impl Fn(usize) -> bool) -
     p.iter()
         .map(|pr| {
             (0..x[0].len())
-                .map(|c| (0..x.len()).filter(|&j| !padded(j)).map(|j| pr[j] * x[j][c]).sum())
+                .map(|c| {
+                    (0..x.len())
+                        .filter(|&j| !padded(j))
+                        .map(|j| pr[j] * x[j][c])
+                        .sum()
+                })
                 .collect()
         })
         .collect()

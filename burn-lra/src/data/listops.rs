@@ -63,7 +63,7 @@ impl Op {
                 let mut sorted = values.to_vec();
                 sorted.sort_unstable();
                 let m = sorted.len() / 2;
-                if sorted.len() % 2 == 1 {
+                if !sorted.len().is_multiple_of(2) {
                     sorted[m]
                 } else {
                     // int() of the mean of the two middle values: floor, as both are >= 0.
@@ -171,10 +171,16 @@ impl GeneratorConfig {
     /// Checks the parameters; the error names the field.
     pub fn validate(&self) -> Result<()> {
         if self.max_args < 2 {
-            bail!("data.generate.max_args must be at least 2, got {}", self.max_args);
+            bail!(
+                "data.generate.max_args must be at least 2, got {}",
+                self.max_args
+            );
         }
         if self.max_depth < 2 {
-            bail!("data.generate.max_depth must be at least 2, got {}", self.max_depth);
+            bail!(
+                "data.generate.max_depth must be at least 2, got {}",
+                self.max_depth
+            );
         }
         if self.max_length <= self.min_length + 1 || self.max_length < 5 {
             bail!(
@@ -184,7 +190,11 @@ impl GeneratorConfig {
                 self.max_length
             );
         }
-        for (name, n) in [("n_train", self.n_train), ("n_val", self.n_val), ("n_test", self.n_test)] {
+        for (name, n) in [
+            ("n_train", self.n_train),
+            ("n_val", self.n_val),
+            ("n_test", self.n_test),
+        ] {
             if n == 0 {
                 bail!("data.generate.{name} must be at least 1");
             }
@@ -209,12 +219,18 @@ impl GeneratorConfig {
 }
 
 fn random_tree(rng: &mut Rng, depth: usize, cfg: &GeneratorConfig) -> Tree {
-    let r = if depth < cfg.max_depth { rng.uniform() } else { 1.0 };
+    let r = if depth < cfg.max_depth {
+        rng.uniform()
+    } else {
+        1.0
+    };
     if r > 0.25 {
         return Tree::Value(rng.below(10) as u8);
     }
     let n_args = rng.range_inclusive(2, cfg.max_args);
-    let args = (0..n_args).map(|_| random_tree(rng, depth + 1, cfg)).collect();
+    let args = (0..n_args)
+        .map(|_| random_tree(rng, depth + 1, cfg))
+        .collect();
     let op = Op::ALL[rng.below(Op::ALL.len())];
     Tree::Op(op, args)
 }
@@ -279,7 +295,9 @@ pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
             "[MAX" => 12,
             "[MED" => 13,
             "[SM" => 14,
-            t if t.len() == 1 && t.as_bytes()[0].is_ascii_digit() => 1 + (t.as_bytes()[0] - b'0') as u16,
+            t if t.len() == 1 && t.as_bytes()[0].is_ascii_digit() => {
+                1 + (t.as_bytes()[0] - b'0') as u16
+            }
             t => return Err(format!("unknown token `{t}`")),
         };
         out.push(id);
@@ -295,7 +313,8 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
     let mut examples = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
         let lineno = i + 1;
-        let line = line.with_context(|| format!("{}:{lineno}: cannot read line", path.display()))?;
+        let line =
+            line.with_context(|| format!("{}:{lineno}: cannot read line", path.display()))?;
         let line = line.trim_end_matches('\r');
         if lineno == 1 && line.starts_with("Source") {
             continue;
@@ -311,14 +330,19 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
                 fields.len()
             );
         }
-        let label: usize = fields[1].trim().parse().ok().filter(|&l| l < N_CLASSES).with_context(|| {
-            format!(
-                "{}:{lineno}: label `{}` is not a class 0-{}",
-                path.display(),
-                fields[1],
-                N_CLASSES - 1
-            )
-        })?;
+        let label: usize = fields[1]
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&l| l < N_CLASSES)
+            .with_context(|| {
+                format!(
+                    "{}:{lineno}: label `{}` is not a class 0-{}",
+                    path.display(),
+                    fields[1],
+                    N_CLASSES - 1
+                )
+            })?;
         let mut tokens =
             tokenize(fields[0]).map_err(|e| anyhow::anyhow!("{}:{lineno}: {e}", path.display()))?;
         if tokens.is_empty() {
@@ -379,7 +403,10 @@ mod tests {
 
     #[test]
     fn tokenize_drops_parentheses() {
-        assert_eq!(tokenize("( ( ( [MAX 2 ) 9 ) ] )").unwrap(), vec![12, 3, 10, 15]);
+        assert_eq!(
+            tokenize("( ( ( [MAX 2 ) 9 ) ] )").unwrap(),
+            vec![12, 3, 10, 15]
+        );
         assert!(tokenize("( [FOO 1 )").unwrap_err().contains("[FOO"));
     }
 
@@ -394,7 +421,11 @@ mod tests {
         assert_eq!(distinct.len(), 240);
         for (text, label) in all {
             let tokens = tokenize(text).unwrap();
-            assert!(tokens.len() > 10 && tokens.len() < 60, "length {}", tokens.len());
+            assert!(
+                tokens.len() > 10 && tokens.len() < 60,
+                "length {}",
+                tokens.len()
+            );
             assert!(*label < 10);
         }
     }
@@ -427,12 +458,22 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("listops-reader-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("bad.tsv");
-        std::fs::write(&path, "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n( ( [MIN 2 ) ] )\n").unwrap();
+        std::fs::write(
+            &path,
+            "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n( ( [MIN 2 ) ] )\n",
+        )
+        .unwrap();
         let err = read_tsv(&path, 100).unwrap_err().to_string();
-        assert!(err.contains("bad.tsv:3") && err.contains("2 tab-separated"), "{err}");
+        assert!(
+            err.contains("bad.tsv:3") && err.contains("2 tab-separated"),
+            "{err}"
+        );
         std::fs::write(&path, "Source\tTarget\n( ( [MAX 2 ) ] )\t12\n").unwrap();
         let err = read_tsv(&path, 100).unwrap_err().to_string();
-        assert!(err.contains("bad.tsv:2") && err.contains("label `12`"), "{err}");
+        assert!(
+            err.contains("bad.tsv:2") && err.contains("label `12`"),
+            "{err}"
+        );
         std::fs::write(&path, "Source\tTarget\n").unwrap();
         let err = read_tsv(&path, 100).unwrap_err().to_string();
         assert!(err.contains("empty"), "{err}");

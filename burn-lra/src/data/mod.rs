@@ -67,7 +67,11 @@ impl Dataset {
 
     /// Longest example, in tokens.
     pub fn max_tokens(&self) -> usize {
-        self.examples.iter().map(|e| e.tokens.len()).max().unwrap_or(0)
+        self.examples
+            .iter()
+            .map(|e| e.tokens.len())
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -86,7 +90,12 @@ impl Batch {
     /// Pads `examples` to the longest of them and moves them to `device`.
     pub fn new(examples: &[&Example], device: &Device) -> Self {
         let batch = examples.len();
-        let n = examples.iter().map(|e| e.tokens.len()).max().unwrap_or(0).max(1);
+        let n = examples
+            .iter()
+            .map(|e| e.tokens.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
         let mut tokens = vec![0i64; batch * n];
         for (row, e) in examples.iter().enumerate() {
             for (j, &t) in e.tokens.iter().enumerate() {
