@@ -16,7 +16,6 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AttentionError, check_heads};
@@ -263,13 +262,9 @@ fn attend(
     mask_pad: Option<Tensor<2, Bool>>,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
-    let d = q.dims()[3];
+    // Exact softmax attention over the k projected keys and values: no mask is left to apply,
+    // padding having been zeroed out of the projections.
     let k = project_sequence(e, zero_padded(k, &mask_pad));
     let v = project_sequence(f, zero_padded(v, &mask_pad));
-    let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
-    let mut weights = softmax(scores, 3);
-    if let Some(dropout) = dropout {
-        weights = dropout.forward(weights);
-    }
-    weights.matmul(v)
+    crate::softmax::attend(q, k, v, None, false, dropout)
 }

@@ -89,7 +89,9 @@ pub fn softmax_attention(
     attend(q, k, v, mask_pad, causal, None)
 }
 
-fn attend(
+/// Softmax attention with optional dropout on the weights; shared by the variants that end in
+/// an exact softmax over (possibly projected) keys.
+pub(crate) fn attend(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
