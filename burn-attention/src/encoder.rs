@@ -156,7 +156,9 @@ impl EncoderConfig {
             panic!("{err}");
         }
         let shared_projection = match &self.block.attention {
-            AttentionConfig::Linformer(c) if c.sharing == LinformerSharing::Layerwise => {
+            AttentionConfig::Linformer(c) | AttentionConfig::LinformerLinear(c)
+                if c.sharing == LinformerSharing::Layerwise =>
+            {
                 Some(c.init_shared_projection(device))
             }
             _ => None,

@@ -8,7 +8,7 @@
 //! - an [`AttentionInput`] (`[batch, n, d_model]`, a padding mask and a causal flag, `true` =
 //!   masked) in, `[batch, n, d_model]` out;
 //! - a functional form on per-head tensors `[batch, heads, n, d_head]` beside the module
-//!   ([`softmax_attention`], [`linformer_attention`]);
+//!   ([`softmax_attention`], [`linformer_attention`], [`efficient_attention`], ...);
 //! - an entry in the registry: [`AttentionConfig`] (by name, with parameters) initialises an
 //!   [`Attention`], and [`VARIANTS`] lists what each one supports;
 //! - the pre-LN [`Encoder`] takes any [`AttentionConfig`].
@@ -25,19 +25,28 @@
 //! assert_eq!(y.dims(), [2, 100, 64]);
 //! ```
 
+pub mod efficient;
 mod encoder;
 mod error;
 mod heads;
 mod input;
+pub mod linear;
 pub mod linformer;
 mod registry;
 pub mod softmax;
 
+pub use efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
 pub use encoder::{Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
 pub use error::AttentionError;
 pub use heads::{QkvoProjection, merge_heads, split_heads};
 pub use input::{AttentionInput, causal_mask, padding_mask_from_lengths};
-pub use linformer::{LinformerAttention, LinformerConfig, LinformerSharing, linformer_attention};
+pub use linear::{
+    LinearAttention, LinearAttentionConfig, elu_feature_map, kernelized_attention, linear_attention,
+};
+pub use linformer::{
+    LinformerAttention, LinformerConfig, LinformerScoring, LinformerSharing, linformer_attention,
+    linformer_linear_attention,
+};
 pub use registry::{Attention, AttentionConfig, Capabilities, VARIANTS, VariantInfo, variant};
 pub use softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
 

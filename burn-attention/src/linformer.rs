@@ -11,11 +11,20 @@
 //! - Causal: undefined (`E` mixes future positions into every projected key), so asking for it is
 //!   an error rather than silent leakage.
 //! - Init: `E`, `F` trainable, i.i.d. `N(0, 1/k)` (the JL construction of the paper's Theorem 2).
+//!
+//! The same module, initialised with [`LinformerConfig::init_linear`], is Linformer with
+//! linear-complexity attention (Verma, "Revisiting Linformer with a modified self-attention with
+//! linear complexity"): `H = ρ_q(Q/√d)` (softmax over features), `L = ρ_k((E K)ᵀ/√d)` (softmax over
+//! the `k` projected positions), `X = F V`, evaluated as `O = H (L X)`: O(n d² + d² k) time, so
+//! the cost in `n` does not grow with `k`. It is Efficient Attention applied to Linformer's
+//! projected keys and values. The attention dropout does not apply to it (it has no weight
+//! matrix).
 
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AttentionError, check_heads};
@@ -23,6 +32,26 @@ use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
 
 const NAME: &str = "linformer";
+const NAME_LINEAR: &str = "linformer-linear";
+
+/// How the queries meet the projected keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinformerScoring {
+    /// `softmax(Q K'ᵀ / √d) V'` (Linformer).
+    Softmax,
+    /// `ρ_q(Q/√d) (ρ_k(K'ᵀ/√d) V')` (Linformer with linear-complexity attention).
+    Linear,
+}
+
+impl LinformerScoring {
+    /// The registry name of the variant this scoring makes.
+    pub fn variant_name(self) -> &'static str {
+        match self {
+            Self::Softmax => NAME,
+            Self::Linear => NAME_LINEAR,
+        }
+    }
+}
 
 /// Which projections Linformer shares (paper §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +123,18 @@ impl LinformerConfig {
     /// # Panics
     /// If [`validate`](Self::validate) fails; its message is the panic message.
     pub fn init(&self, device: &Device) -> LinformerAttention {
+        self.init_with(LinformerScoring::Softmax, device)
+    }
+
+    /// Creates Linformer with linear-complexity attention (see the module docs).
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init_linear(&self, device: &Device) -> LinformerAttention {
+        self.init_with(LinformerScoring::Linear, device)
+    }
+
+    fn init_with(&self, scoring: LinformerScoring, device: &Device) -> LinformerAttention {
         if let Err(err) = self.validate() {
             panic!("{err}");
         }
@@ -117,6 +158,7 @@ impl LinformerConfig {
             k: self.k,
             n_max: self.n_max,
             sharing: self.sharing,
+            scoring,
         }
     }
 
@@ -153,6 +195,9 @@ pub struct LinformerAttention {
     /// Sharing mode.
     #[module(skip)]
     pub sharing: LinformerSharing,
+    /// Softmax or linear-complexity scoring.
+    #[module(skip)]
+    pub scoring: LinformerScoring,
 }
 
 impl LinformerAttention {
@@ -172,13 +217,14 @@ impl LinformerAttention {
     /// Applies attention, or says why it cannot: causal masking, a sequence longer than
     /// `n_max`, or `layerwise` sharing without the shared projection.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        check_input(self.n_max, input.x.dims()[1], input.causal)?;
+        let variant = self.scoring.variant_name();
+        check_input(variant, self.n_max, input.x.dims()[1], input.causal)?;
         let e = match (&self.e, input.shared_projection) {
             (Some(e), _) => e.val(),
             (None, Some(shared)) => shared,
             (None, None) => {
                 return Err(AttentionError::Unsupported {
-                    variant: NAME,
+                    variant,
                     message: "layerwise sharing without the shared projection \
                               (use Encoder, or AttentionInput::shared_projection)"
                         .into(),
@@ -191,22 +237,30 @@ impl LinformerAttention {
             .map(|f| f.val())
             .unwrap_or_else(|| e.clone());
         let (q, k, v) = self.proj.qkv(input.x);
-        let o = attend(q, k, v, e, f, input.mask_pad, Some(&self.dropout));
+        let o = match self.scoring {
+            LinformerScoring::Softmax => attend(q, k, v, e, f, input.mask_pad, Some(&self.dropout)),
+            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, input.mask_pad),
+        };
         Ok(self.proj.out(o))
     }
 }
 
 /// Rejects what Linformer cannot do: causal masking, sequences longer than `n_max`.
-pub(crate) fn check_input(n_max: usize, n: usize, causal: bool) -> Result<(), AttentionError> {
+pub(crate) fn check_input(
+    variant: &'static str,
+    n_max: usize,
+    n: usize,
+    causal: bool,
+) -> Result<(), AttentionError> {
     if causal {
         return Err(AttentionError::Unsupported {
-            variant: NAME,
+            variant,
             message: "causal masking: its projections mix future positions into every key".into(),
         });
     }
     if n > n_max {
         return Err(AttentionError::field(
-            NAME,
+            variant,
             "n_max",
             format!("is {n_max}, shorter than the input sequence ({n})"),
         ));
@@ -232,6 +286,33 @@ pub fn linformer_attention(
     mask_pad: Option<Tensor<2, Bool>>,
 ) -> Tensor<4> {
     attend(q, k, v, e, f, mask_pad, None)
+}
+
+/// Linformer with linear-complexity attention on per-head tensors: `H (L X)` with
+/// `H = ρ_q(Q/√d)`, `L = ρ_k((E K)ᵀ/√d)`, `X = F V`; `e`, `f` as in [`linformer_attention`].
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[batch, heads, n, d]`
+/// - `mask_pad`: `[batch, n]`, `true` = padding
+/// - output: `[batch, heads, n, d]`
+pub fn linformer_linear_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    e: Tensor<3>,
+    f: Tensor<3>,
+    mask_pad: Option<Tensor<2, Bool>>,
+) -> Tensor<4> {
+    let scale = 1.0 / (q.dims()[3] as f32).sqrt();
+    let h = softmax(q.mul_scalar(scale), 3); // [b, h, n, d]
+    let l = softmax(
+        project_sequence(e, zero_padded(k, &mask_pad))
+            .swap_dims(2, 3)
+            .mul_scalar(scale),
+        3,
+    ); // [b, h, d, k]
+    let x = project_sequence(f, zero_padded(v, &mask_pad)); // [b, h, k, d]
+    h.matmul(l.matmul(x))
 }
 
 /// Projects the sequence axis: `P[:, :, :n] X` for `P: [p, k, n_max]`, `X: [b, h, n, d]`.

@@ -6,8 +6,10 @@
 use burn::prelude::*;
 use serde_json::{Map, Value};
 
+use crate::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::error::AttentionError;
 use crate::input::AttentionInput;
+use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::linformer::{LinformerAttention, LinformerConfig};
 use crate::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 
@@ -61,6 +63,39 @@ pub const VARIANTS: &[VariantInfo] = &[
             fixed_max_len: true,
         },
     },
+    VariantInfo {
+        name: "linformer-linear",
+        paper: "Verma, \"Revisiting Linformer with a modified self-attention with linear complexity\"",
+        time: "O(n d² + d² k)",
+        memory: "O(n d + d k)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: false,
+            fixed_max_len: true,
+        },
+    },
+    VariantInfo {
+        name: "efficient",
+        paper: "Shen et al. 2018, arXiv 1812.01243",
+        time: "O(n d²)",
+        memory: "O(n d + d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: false,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "linear",
+        paper: "Katharopoulos et al. 2020, arXiv 2006.16236",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
 ];
 
 /// Looks a variant up by name.
@@ -80,6 +115,12 @@ pub enum AttentionConfig {
     Softmax(SoftmaxAttentionConfig),
     /// Linformer.
     Linformer(LinformerConfig),
+    /// Linformer with linear-complexity attention (same configuration as Linformer).
+    LinformerLinear(LinformerConfig),
+    /// Efficient Attention.
+    Efficient(EfficientAttentionConfig),
+    /// Linear Transformer attention (`elu + 1`).
+    Linear(LinearAttentionConfig),
 }
 
 /// Fields every variant takes from the model rather than from its own parameters.
@@ -97,6 +138,11 @@ impl AttentionConfig {
         Ok(match variant(name)?.name {
             "softmax" => Self::Softmax(SoftmaxAttentionConfig::new(d_model, n_heads)),
             "linformer" => Self::Linformer(LinformerConfig::new(d_model, n_heads, n_max)),
+            "linformer-linear" => {
+                Self::LinformerLinear(LinformerConfig::new(d_model, n_heads, n_max))
+            }
+            "efficient" => Self::Efficient(EfficientAttentionConfig::new(d_model, n_heads)),
+            "linear" => Self::Linear(LinearAttentionConfig::new(d_model, n_heads)),
             other => unreachable!("variant `{other}` is listed but not constructible"),
         })
     }
@@ -106,6 +152,9 @@ impl AttentionConfig {
         match self {
             Self::Softmax(_) => "softmax",
             Self::Linformer(_) => "linformer",
+            Self::LinformerLinear(_) => "linformer-linear",
+            Self::Efficient(_) => "efficient",
+            Self::Linear(_) => "linear",
         }
     }
 
@@ -118,7 +167,9 @@ impl AttentionConfig {
     pub fn d_model(&self) -> usize {
         match self {
             Self::Softmax(c) => c.d_model,
-            Self::Linformer(c) => c.d_model,
+            Self::Linformer(c) | Self::LinformerLinear(c) => c.d_model,
+            Self::Efficient(c) => c.d_model,
+            Self::Linear(c) => c.d_model,
         }
     }
 
@@ -126,23 +177,30 @@ impl AttentionConfig {
     pub fn validate(&self) -> Result<(), AttentionError> {
         match self {
             Self::Softmax(c) => c.validate(),
-            Self::Linformer(c) => c.validate(),
+            Self::Linformer(c) | Self::LinformerLinear(c) => c.validate(),
+            Self::Efficient(c) => c.validate(),
+            Self::Linear(c) => c.validate(),
         }
     }
 
     /// Checks that the variant can take inputs of up to `n` positions, causal or not.
     pub fn check_input(&self, n: usize, causal: bool) -> Result<(), AttentionError> {
         match self {
-            Self::Softmax(_) => Ok(()),
-            Self::Linformer(c) => crate::linformer::check_input(c.n_max, n, causal),
+            Self::Softmax(_) | Self::Linear(_) => Ok(()),
+            Self::Linformer(c) | Self::LinformerLinear(c) => {
+                crate::linformer::check_input(self.name(), c.n_max, n, causal)
+            }
+            Self::Efficient(_) => crate::efficient::check_input(self.name(), causal),
         }
     }
 
-    /// Sets the dropout on the attention weights.
+    /// Sets the dropout on the attention weights, for the variants that have a weight matrix
+    /// (the others are returned unchanged).
     pub fn with_dropout(self, dropout: f64) -> Self {
         match self {
             Self::Softmax(c) => Self::Softmax(c.with_dropout(dropout)),
             Self::Linformer(c) => Self::Linformer(c.with_dropout(dropout)),
+            other => other,
         }
     }
 
@@ -154,7 +212,9 @@ impl AttentionConfig {
         let err = |message: String| AttentionError::InvalidParams { variant, message };
         let template = match &self {
             Self::Softmax(c) => serde_json::to_value(c),
-            Self::Linformer(c) => serde_json::to_value(c),
+            Self::Linformer(c) | Self::LinformerLinear(c) => serde_json::to_value(c),
+            Self::Efficient(c) => serde_json::to_value(c),
+            Self::Linear(c) => serde_json::to_value(c),
         }
         .map_err(|e| err(e.to_string()))?;
         let Value::Object(mut merged) = template else {
@@ -195,6 +255,9 @@ impl AttentionConfig {
         Ok(match self {
             Self::Softmax(_) => Self::Softmax(serde_json::from_value(value)?),
             Self::Linformer(_) => Self::Linformer(serde_json::from_value(value)?),
+            Self::LinformerLinear(_) => Self::LinformerLinear(serde_json::from_value(value)?),
+            Self::Efficient(_) => Self::Efficient(serde_json::from_value(value)?),
+            Self::Linear(_) => Self::Linear(serde_json::from_value(value)?),
         })
     }
 
@@ -206,6 +269,9 @@ impl AttentionConfig {
         match self {
             Self::Softmax(c) => Attention::Softmax(c.init(device)),
             Self::Linformer(c) => Attention::Linformer(c.init(device)),
+            Self::LinformerLinear(c) => Attention::Linformer(c.init_linear(device)),
+            Self::Efficient(c) => Attention::Efficient(c.init(device)),
+            Self::Linear(c) => Attention::Linear(c.init(device)),
         }
     }
 }
@@ -216,8 +282,12 @@ impl AttentionConfig {
 pub enum Attention {
     /// Exact softmax attention.
     Softmax(SoftmaxAttention),
-    /// Linformer.
+    /// Linformer, with softmax or linear-complexity scoring.
     Linformer(LinformerAttention),
+    /// Efficient Attention.
+    Efficient(EfficientAttention),
+    /// Linear Transformer attention.
+    Linear(LinearAttention),
 }
 
 impl Attention {
@@ -235,6 +305,8 @@ impl Attention {
         match self {
             Self::Softmax(m) => Ok(m.forward(input)),
             Self::Linformer(m) => m.try_forward(input),
+            Self::Efficient(m) => m.try_forward(input),
+            Self::Linear(m) => Ok(m.forward(input)),
         }
     }
 }

@@ -11,8 +11,8 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
 use burn_attention::{
     Attention, AttentionConfig, AttentionError, AttentionInput, EncoderBlockConfig, EncoderConfig,
-    LinformerConfig, LinformerSharing, VARIANTS, linformer_attention, padding_mask_from_lengths,
-    softmax_attention,
+    LinformerConfig, LinformerSharing, VARIANTS, efficient_attention, linear_attention,
+    linformer_attention, linformer_linear_attention, padding_mask_from_lengths, softmax_attention,
 };
 use reference::{max_rel_err, project, softmax_head, to_heads};
 
@@ -31,6 +31,7 @@ fn config_for(name: &str) -> AttentionConfig {
         .with_dropout(0.0);
     match config {
         AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
+        AttentionConfig::LinformerLinear(c) => AttentionConfig::LinformerLinear(c.with_k(5)),
         other => other,
     }
 }
@@ -405,4 +406,170 @@ fn linformer_sharing_parameter_counts() {
     let three = EncoderConfig::new(block, 3).init(&device).num_params();
     // One shared projection however many layers.
     assert_eq!(three - one, 2 * (one - k * n - 2 * D_MODEL));
+}
+
+fn softmax_rows(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    rows.iter()
+        .map(|r| {
+            let max = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = r.iter().map(|x| (x - max).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|x| x / s).collect()
+        })
+        .collect()
+}
+
+fn transpose(m: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..m[0].len())
+        .map(|j| m.iter().map(|r| r[j]).collect())
+        .collect()
+}
+
+fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    a.iter()
+        .map(|r| {
+            (0..b[0].len())
+                .map(|j| r.iter().zip(b).map(|(x, br)| x * br[j]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+fn scale(m: &[Vec<f64>], s: f64) -> Vec<Vec<f64>> {
+    m.iter()
+        .map(|r| r.iter().map(|x| x * s).collect())
+        .collect()
+}
+
+/// Check 4 for Efficient Attention: `ρ_q(Q) (ρ_k(K)ᵀ V)` in float64, padded keys left out of
+/// `ρ_k`'s normalisation and of the sum; tolerance 1e-4 relative as above.
+#[test]
+fn check_4_efficient_matches_float64_reference() {
+    let device = device();
+    let [q, k, v] = qkv(2, 2, 9, 6, &device);
+    let lengths = [9, 4];
+    let mask = padding_mask_from_lengths(&lengths, 9, &device);
+    let out = to_heads(&efficient_attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        Some(mask),
+    ));
+    let (q, k, v) = (to_heads(&q), to_heads(&k), to_heads(&v));
+    for b in 0..2 {
+        for h in 0..2 {
+            let real = lengths[b];
+            let rho_q = softmax_rows(&q[b][h]);
+            let rho_k_t = softmax_rows(&transpose(&k[b][h][..real])); // [d][real]
+            let expected = matmul(&rho_q, &matmul(&rho_k_t, &v[b][h][..real]));
+            let err = max_rel_err(&out[b][h], &expected, 1e-3);
+            assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
+        }
+    }
+}
+
+/// Check 4 for Linformer with linear-complexity attention: the reference evaluates `(H L) X` in
+/// float64 (the module computes `H (L X)`, so this also checks the reassociation), with random
+/// per-head projections shorter than `n_max` and padding; tolerance 1e-4 relative.
+#[test]
+fn check_4_linformer_linear_matches_float64_reference() {
+    let device = device();
+    let (b, h, n, d, kp, n_max) = (2, 2, 9, 8, 4, 12);
+    let [q, k, v] = qkv(b, h, n, d, &device);
+    let e = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+    let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+    let lengths = [9, 5];
+    let mask = padding_mask_from_lengths(&lengths, n, &device);
+    let out = linformer_linear_attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        e.clone(),
+        f.clone(),
+        Some(mask),
+    );
+    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+    let (e, f) = (
+        to_heads(&e.unsqueeze())[0].clone(),
+        to_heads(&f.unsqueeze())[0].clone(),
+    );
+    let s = 1.0 / (d as f64).sqrt();
+    for bi in 0..b {
+        for hi in 0..h {
+            let hq = softmax_rows(&scale(&q[bi][hi], s));
+            let ek = project(&e[hi], &k[bi][hi], |j| j >= lengths[bi]); // [k][d]
+            let l = softmax_rows(&scale(&transpose(&ek), s)); // [d][k]
+            let x = project(&f[hi], &v[bi][hi], |j| j >= lengths[bi]);
+            let expected = matmul(&matmul(&hq, &l), &x);
+            let err = max_rel_err(&out[bi][hi], &expected, 1e-3);
+            assert!(err < 1e-4, "batch {bi} head {hi}: relative error {err}");
+        }
+    }
+}
+
+/// Check 4, its limiting case (ATTENTION.md section 4): with `k = n` and `E = F = I` it equals
+/// Efficient Attention applied to `Q/√d` and `K/√d`, to f32 round-off.
+#[test]
+fn check_4_linformer_linear_identity_projection_is_efficient() {
+    let device = device();
+    let (n, d) = (10, 8);
+    let [q, k, v] = qkv(2, 2, n, d, &device);
+    let eye = Tensor::<2>::eye(n, &device).unsqueeze::<3>();
+    let lin = linformer_linear_attention(q.clone(), k.clone(), v.clone(), eye.clone(), eye, None);
+    let s = 1.0 / (d as f32).sqrt();
+    let eff = efficient_attention(q.mul_scalar(s), k.mul_scalar(s), v, None);
+    lin.into_data()
+        .assert_approx_eq::<f32>(&eff.into_data(), tol());
+}
+
+/// Check 4 and 5 for linear attention: equals the quadratic form
+/// `normalize_rows(φ(Q) φ(K)ᵀ ⊙ mask) V` with `φ = elu + 1` in float64, with padding, causal and
+/// not (the normaliser carries the same ε = 1e-6); tolerance 1e-4 relative.
+#[test]
+fn check_4_linear_matches_quadratic_form() {
+    let device = device();
+    let [q, k, v] = qkv(2, 2, 8, 4, &device);
+    let lengths = [8, 5];
+    let mask = padding_mask_from_lengths(&lengths, 8, &device);
+    let phi = |x: f64| if x > 0.0 { x + 1.0 } else { x.exp() };
+    for causal in [false, true] {
+        let out = to_heads(&linear_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            Some(mask.clone()),
+            causal,
+        ));
+        let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
+        for b in 0..2 {
+            for h in 0..2 {
+                let expected: Vec<Vec<f64>> = (0..8)
+                    .map(|i| {
+                        let w: Vec<f64> = (0..8)
+                            .map(|j| {
+                                if j >= lengths[b] || (causal && j > i) {
+                                    0.0
+                                } else {
+                                    qh[b][h][i]
+                                        .iter()
+                                        .zip(&kh[b][h][j])
+                                        .map(|(a, c)| phi(*a) * phi(*c))
+                                        .sum()
+                                }
+                            })
+                            .collect();
+                        let norm: f64 = w.iter().sum::<f64>() + 1e-6;
+                        (0..4)
+                            .map(|c| (0..8).map(|j| w[j] * vh[b][h][j][c]).sum::<f64>() / norm)
+                            .collect()
+                    })
+                    .collect();
+                let err = max_rel_err(&out[b][h], &expected, 1e-3);
+                assert!(
+                    err < 1e-4,
+                    "causal {causal} batch {b} head {h}: relative error {err}"
+                );
+            }
+        }
+    }
 }
