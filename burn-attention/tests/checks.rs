@@ -125,8 +125,10 @@ fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3
 }
 
 /// Check 4 for softmax: the functional form against the float64 formula, with and without a
-/// padding mask; tolerance 1e-4 relative (f32 accumulation over n = 10 terms of O(1) values
-/// stays near 1e-6; the floor of 1e-3 keeps near-zero outputs from inflating the ratio).
+/// padding mask; tolerance 1e-4 relative. Outputs are weighted averages of unit-variance values
+/// (magnitude ~0.1-1) and f32 round-off leaves absolute errors near 1e-7, so the error is taken
+/// relative to max(|expected|, 0.01): entries near zero are held to 1e-6 absolute instead of
+/// letting a 1e-5-sized entry inflate the ratio (seen with a 1e-3 floor: 1.6e-4 from round-off).
 #[test]
 fn check_4_softmax_matches_float64_reference() {
     let device = device();
@@ -138,16 +140,31 @@ fn check_4_softmax_matches_float64_reference() {
     for b in 0..2 {
         for h in 0..3 {
             let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |_, j| j >= lengths[b]);
-            let err = max_rel_err(&out[b][h], &expected, 1e-3);
+            let err = max_rel_err(&out[b][h], &expected, 1e-2);
             assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
         }
     }
 }
 
-/// Check 4 for Linformer: the functional form against `softmax(Q (E K)ᵀ/√d) (F V)` in float64
-/// with padded rows zeroed, per-head projections shorter than `n_max`; tolerance as above.
-#[test]
-fn check_4_linformer_matches_float64_reference() {
+/// Random inputs for the Linformer references: 2 sequences of 9 (the second padded after 5),
+/// 2 heads of width 8, per-head projections `E`, `F` with k = 4 and `n_max` = 12 > n.
+type LinformerFn =
+    fn(Tensor<4>, Tensor<4>, Tensor<4>, Tensor<3>, Tensor<3>, Option<Tensor<2, Bool>>) -> Tensor<4>;
+
+/// Runs `attention` on the Linformer inputs and calls `reference(q, k', v', e, f, real)` per
+/// batch element and head in float64, where `real` is the unpadded length, returning the
+/// largest relative error against the reference (floor 1e-2, as above).
+fn linformer_case(
+    attention: LinformerFn,
+    reference: impl Fn(
+        &[Vec<f64>],
+        &[Vec<f64>],
+        &[Vec<f64>],
+        &[Vec<f64>],
+        &[Vec<f64>],
+        usize,
+    ) -> Vec<Vec<f64>>,
+) -> f64 {
     let device = device();
     let (b, h, n, d, kp, n_max) = (2, 2, 9, 8, 4, 12);
     let [q, k, v] = qkv(b, h, n, d, &device);
@@ -155,7 +172,7 @@ fn check_4_linformer_matches_float64_reference() {
     let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
     let lengths = [9, 5];
     let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let out = linformer_attention(
+    let out = attention(
         q.clone(),
         k.clone(),
         v.clone(),
@@ -168,15 +185,33 @@ fn check_4_linformer_matches_float64_reference() {
         to_heads(&e.unsqueeze())[0].clone(),
         to_heads(&f.unsqueeze())[0].clone(),
     );
+    let mut worst = 0.0f64;
     for bi in 0..b {
         for hi in 0..h {
-            let kp_ = project(&e[hi], &k[bi][hi], |j| j >= lengths[bi]);
-            let vp = project(&f[hi], &v[bi][hi], |j| j >= lengths[bi]);
-            let expected = softmax_head(&q[bi][hi], &kp_, &vp, |_, _| false);
-            let err = max_rel_err(&out[bi][hi], &expected, 1e-3);
-            assert!(err < 1e-4, "batch {bi} head {hi}: relative error {err}");
+            let expected = reference(
+                &q[bi][hi],
+                &k[bi][hi],
+                &v[bi][hi],
+                &e[hi],
+                &f[hi],
+                lengths[bi],
+            );
+            worst = worst.max(max_rel_err(&out[bi][hi], &expected, 1e-2));
         }
     }
+    worst
+}
+
+/// Check 4 for Linformer: the functional form against `softmax(Q (E K)ᵀ/√d) (F V)` in float64
+/// with padded rows zeroed, per-head projections shorter than `n_max`; tolerance as above.
+#[test]
+fn check_4_linformer_matches_float64_reference() {
+    let err = linformer_case(linformer_attention, |q, k, v, e, f, real| {
+        let kp = project(e, k, |j| j >= real);
+        let vp = project(f, v, |j| j >= real);
+        softmax_head(q, &kp, &vp, |_, _| false)
+    });
+    assert!(err < 1e-4, "relative error {err}");
 }
 
 /// Check 4, Linformer's limiting case: with `k = n` and `E = F = I` it is exact softmax
@@ -209,7 +244,7 @@ fn check_5_causal() {
     let (q, k, v) = (to_heads(&q), to_heads(&k), to_heads(&v));
     for h in 0..2 {
         let expected = softmax_head(&q[0][h], &k[0][h], &v[0][h], |i, j| j > i);
-        assert!(max_rel_err(&out[0][h], &expected, 1e-3) < 1e-4);
+        assert!(max_rel_err(&out[0][h], &expected, 1e-2) < 1e-4);
     }
     for config in all_configs() {
         let attention = config.init(&device);
@@ -462,7 +497,7 @@ fn check_4_efficient_matches_float64_reference() {
             let rho_q = softmax_rows(&q[b][h]);
             let rho_k_t = softmax_rows(&transpose(&k[b][h][..real])); // [d][real]
             let expected = matmul(&rho_q, &matmul(&rho_k_t, &v[b][h][..real]));
-            let err = max_rel_err(&out[b][h], &expected, 1e-3);
+            let err = max_rel_err(&out[b][h], &expected, 1e-2);
             assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
         }
     }
@@ -473,38 +508,15 @@ fn check_4_efficient_matches_float64_reference() {
 /// per-head projections shorter than `n_max` and padding; tolerance 1e-4 relative.
 #[test]
 fn check_4_linformer_linear_matches_float64_reference() {
-    let device = device();
-    let (b, h, n, d, kp, n_max) = (2, 2, 9, 8, 4, 12);
-    let [q, k, v] = qkv(b, h, n, d, &device);
-    let e = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
-    let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
-    let lengths = [9, 5];
-    let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let out = linformer_linear_attention(
-        q.clone(),
-        k.clone(),
-        v.clone(),
-        e.clone(),
-        f.clone(),
-        Some(mask),
-    );
-    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
-    let (e, f) = (
-        to_heads(&e.unsqueeze())[0].clone(),
-        to_heads(&f.unsqueeze())[0].clone(),
-    );
-    let s = 1.0 / (d as f64).sqrt();
-    for bi in 0..b {
-        for hi in 0..h {
-            let hq = softmax_rows(&scale(&q[bi][hi], s));
-            let ek = project(&e[hi], &k[bi][hi], |j| j >= lengths[bi]); // [k][d]
-            let l = softmax_rows(&scale(&transpose(&ek), s)); // [d][k]
-            let x = project(&f[hi], &v[bi][hi], |j| j >= lengths[bi]);
-            let expected = matmul(&matmul(&hq, &l), &x);
-            let err = max_rel_err(&out[bi][hi], &expected, 1e-3);
-            assert!(err < 1e-4, "batch {bi} head {hi}: relative error {err}");
-        }
-    }
+    let err = linformer_case(linformer_linear_attention, |q, k, v, e, f, real| {
+        let s = 1.0 / (q[0].len() as f64).sqrt();
+        let hq = softmax_rows(&scale(q, s));
+        let ek = project(e, k, |j| j >= real); // [k][d]
+        let l = softmax_rows(&scale(&transpose(&ek), s)); // [d][k]
+        let x = project(f, v, |j| j >= real);
+        matmul(&matmul(&hq, &l), &x)
+    });
+    assert!(err < 1e-4, "relative error {err}");
 }
 
 /// Check 4, its limiting case (ATTENTION.md section 4): with `k = n` and `E = F = I` it equals
@@ -564,7 +576,7 @@ fn check_4_linear_matches_quadratic_form() {
                             .collect()
                     })
                     .collect();
-                let err = max_rel_err(&out[b][h], &expected, 1e-3);
+                let err = max_rel_err(&out[b][h], &expected, 1e-2);
                 assert!(
                     err < 1e-4,
                     "causal {causal} batch {b} head {h}: relative error {err}"
