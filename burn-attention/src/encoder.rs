@@ -188,6 +188,19 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// Redraws the random features of every block's attention (see [`Attention::redraw`]).
+    pub fn redraw(mut self) -> Self {
+        self.blocks = self
+            .blocks
+            .into_iter()
+            .map(|mut block| {
+                block.attention = block.attention.redraw();
+                block
+            })
+            .collect();
+        self
+    }
+
     /// Applies every block, then the final LayerNorm.
     ///
     /// # Shapes

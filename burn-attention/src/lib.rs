@@ -32,6 +32,7 @@ mod heads;
 mod input;
 pub mod linear;
 pub mod linformer;
+pub mod performer;
 mod registry;
 pub mod softmax;
 
@@ -46,6 +47,9 @@ pub use linear::{
 pub use linformer::{
     LinformerAttention, LinformerConfig, LinformerScoring, LinformerSharing, linformer_attention,
     linformer_linear_attention,
+};
+pub use performer::{
+    PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, orthogonal_features,
 };
 pub use registry::{Attention, AttentionConfig, Capabilities, VARIANTS, VariantInfo, variant};
 pub use softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};

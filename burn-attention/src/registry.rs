@@ -11,6 +11,7 @@ use crate::error::AttentionError;
 use crate::input::AttentionInput;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::linformer::{LinformerAttention, LinformerConfig};
+use crate::performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 use crate::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 
 /// What a variant supports; asking for anything else is an error before training starts.
@@ -96,6 +97,28 @@ pub const VARIANTS: &[VariantInfo] = &[
             fixed_max_len: false,
         },
     },
+    VariantInfo {
+        name: "performer",
+        paper: "Choromanski et al. 2021, arXiv 2009.14794 (FAVOR+)",
+        time: "O(n m d)",
+        memory: "O(n m + m d)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "performer-relu",
+        paper: "Choromanski et al. 2021, arXiv 2009.14794 (generalized ReLU kernel)",
+        time: "O(n d²)",
+        memory: "O(n d + d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
 ];
 
 /// Looks a variant up by name.
@@ -121,6 +144,8 @@ pub enum AttentionConfig {
     Efficient(EfficientAttentionConfig),
     /// Linear Transformer attention (`elu + 1`).
     Linear(LinearAttentionConfig),
+    /// Performer (FAVOR+ or the generalized ReLU kernel, by its `kernel`).
+    Performer(PerformerConfig),
 }
 
 /// Fields every variant takes from the model rather than from its own parameters.
@@ -143,6 +168,10 @@ impl AttentionConfig {
             }
             "efficient" => Self::Efficient(EfficientAttentionConfig::new(d_model, n_heads)),
             "linear" => Self::Linear(LinearAttentionConfig::new(d_model, n_heads)),
+            "performer" => Self::Performer(PerformerConfig::new(d_model, n_heads)),
+            "performer-relu" => Self::Performer(
+                PerformerConfig::new(d_model, n_heads).with_kernel(PerformerKernel::Relu),
+            ),
             other => unreachable!("variant `{other}` is listed but not constructible"),
         })
     }
@@ -155,6 +184,10 @@ impl AttentionConfig {
             Self::LinformerLinear(_) => "linformer-linear",
             Self::Efficient(_) => "efficient",
             Self::Linear(_) => "linear",
+            Self::Performer(c) => match c.kernel {
+                PerformerKernel::Softmax => "performer",
+                PerformerKernel::Relu => "performer-relu",
+            },
         }
     }
 
@@ -170,6 +203,7 @@ impl AttentionConfig {
             Self::Linformer(c) | Self::LinformerLinear(c) => c.d_model,
             Self::Efficient(c) => c.d_model,
             Self::Linear(c) => c.d_model,
+            Self::Performer(c) => c.d_model,
         }
     }
 
@@ -180,13 +214,14 @@ impl AttentionConfig {
             Self::Linformer(c) | Self::LinformerLinear(c) => c.validate(),
             Self::Efficient(c) => c.validate(),
             Self::Linear(c) => c.validate(),
+            Self::Performer(c) => c.validate(),
         }
     }
 
     /// Checks that the variant can take inputs of up to `n` positions, causal or not.
     pub fn check_input(&self, n: usize, causal: bool) -> Result<(), AttentionError> {
         match self {
-            Self::Softmax(_) | Self::Linear(_) => Ok(()),
+            Self::Softmax(_) | Self::Linear(_) | Self::Performer(_) => Ok(()),
             Self::Linformer(c) | Self::LinformerLinear(c) => {
                 crate::linformer::check_input(self.name(), c.n_max, n, causal)
             }
@@ -215,6 +250,7 @@ impl AttentionConfig {
             Self::Linformer(c) | Self::LinformerLinear(c) => serde_json::to_value(c),
             Self::Efficient(c) => serde_json::to_value(c),
             Self::Linear(c) => serde_json::to_value(c),
+            Self::Performer(c) => serde_json::to_value(c),
         }
         .map_err(|e| err(e.to_string()))?;
         let Value::Object(mut merged) = template else {
@@ -258,6 +294,7 @@ impl AttentionConfig {
             Self::LinformerLinear(_) => Self::LinformerLinear(serde_json::from_value(value)?),
             Self::Efficient(_) => Self::Efficient(serde_json::from_value(value)?),
             Self::Linear(_) => Self::Linear(serde_json::from_value(value)?),
+            Self::Performer(_) => Self::Performer(serde_json::from_value(value)?),
         })
     }
 
@@ -272,6 +309,7 @@ impl AttentionConfig {
             Self::LinformerLinear(c) => Attention::Linformer(c.init_linear(device)),
             Self::Efficient(c) => Attention::Efficient(c.init(device)),
             Self::Linear(c) => Attention::Linear(c.init(device)),
+            Self::Performer(c) => Attention::Performer(c.init(device)),
         }
     }
 }
@@ -288,6 +326,8 @@ pub enum Attention {
     Efficient(EfficientAttention),
     /// Linear Transformer attention.
     Linear(LinearAttention),
+    /// Performer.
+    Performer(PerformerAttention),
 }
 
 impl Attention {
@@ -300,6 +340,15 @@ impl Attention {
             .unwrap_or_else(|err| panic!("{err}"))
     }
 
+    /// Draws new random features where the variant has them (Performer's FAVOR+); the others
+    /// are returned unchanged. Training loops call this every N steps; `forward` never does.
+    pub fn redraw(self) -> Self {
+        match self {
+            Self::Performer(m) => Self::Performer(m.redraw()),
+            other => other,
+        }
+    }
+
     /// Applies attention, or says why the variant cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         match self {
@@ -307,6 +356,7 @@ impl Attention {
             Self::Linformer(m) => m.try_forward(input),
             Self::Efficient(m) => m.try_forward(input),
             Self::Linear(m) => Ok(m.forward(input)),
+            Self::Performer(m) => Ok(m.forward(input)),
         }
     }
 }

@@ -205,6 +205,9 @@ pub struct TrainingConfig {
     pub schedule: Schedule,
     /// Which weights the headline test accuracy uses.
     pub selection: Selection,
+    /// Redraw random attention features (Performer) every this many steps; never when absent.
+    #[serde(default)]
+    pub redraw_every: Option<usize>,
 }
 
 impl RunConfig {
@@ -267,6 +270,10 @@ impl RunConfig {
             ("training.batch_size", self.training.batch_size),
             ("training.steps", self.training.steps),
             ("training.eval_every", self.training.eval_every),
+            (
+                "training.redraw_every",
+                self.training.redraw_every.unwrap_or(1),
+            ),
         ] {
             if value == 0 {
                 bail!("`{key}` must be at least 1");

@@ -227,6 +227,9 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         let lr = cfg.schedule.lr(step, cfg.steps);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr, model, grads);
+        if cfg.redraw_every.is_some_and(|every| step % every == 0) {
+            model.encoder = model.encoder.redraw();
+        }
 
         let loss_value = loss.into_scalar::<f64>();
         if !loss_value.is_finite() {
