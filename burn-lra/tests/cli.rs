@@ -14,6 +14,13 @@ fn burn_lra(args: &[&str]) -> (bool, String) {
     )
 }
 
+/// `burn-lra train --task listops --attention softmax` followed by `extra`.
+fn train_softmax(extra: &[&str]) -> (bool, String) {
+    let mut args = vec!["train", "--task", "listops", "--attention", "softmax"];
+    args.extend_from_slice(extra);
+    burn_lra(&args)
+}
+
 fn assert_one_line_error(stderr: &str, needle: &str) {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
@@ -49,12 +56,7 @@ fn missing_data_file_is_named() {
         "Source\tTarget\n( ( [MAX 2 ) ] )\t2\n",
     )
     .unwrap();
-    let (ok, stderr) = burn_lra(&[
-        "train",
-        "--task",
-        "listops",
-        "--attention",
-        "softmax",
+    let (ok, stderr) = train_softmax(&[
         "--data-dir",
         dir.to_str().unwrap(),
         "--out",
@@ -62,15 +64,7 @@ fn missing_data_file_is_named() {
     ]);
     assert!(!ok);
     assert_one_line_error(&stderr, "basic_val.tsv");
-    let (ok, stderr) = burn_lra(&[
-        "train",
-        "--task",
-        "listops",
-        "--attention",
-        "softmax",
-        "--data-dir",
-        "/nonexistent/listops",
-    ]);
+    let (ok, stderr) = train_softmax(&["--data-dir", "/nonexistent/listops"]);
     assert!(!ok);
     assert_one_line_error(&stderr, "/nonexistent/listops does not exist");
 }
@@ -86,12 +80,7 @@ fn malformed_tsv_row_names_file_and_line() {
         format!("{good}( ( [MIN 3 ) ] ) 3\n"),
     )
     .unwrap();
-    let (ok, stderr) = burn_lra(&[
-        "train",
-        "--task",
-        "listops",
-        "--attention",
-        "softmax",
+    let (ok, stderr) = train_softmax(&[
         "--data-dir",
         dir.to_str().unwrap(),
         "--out",
@@ -111,30 +100,14 @@ fn bad_config_key_is_named() {
         preset.replace("n_layers = 2", "n_layers = 2\nn_layer = 3"),
     )
     .unwrap();
-    let (ok, stderr) = burn_lra(&[
-        "train",
-        "--task",
-        "listops",
-        "--attention",
-        "softmax",
-        "--config",
-        path.to_str().unwrap(),
-    ]);
+    let (ok, stderr) = train_softmax(&["--config", path.to_str().unwrap()]);
     assert!(!ok);
     assert!(
         stderr.contains("n_layer") && stderr.contains("mine.toml"),
         "{stderr}"
     );
     std::fs::write(&path, preset.replace("d_model = 64", "d_model = 63")).unwrap();
-    let (ok, stderr) = burn_lra(&[
-        "train",
-        "--task",
-        "listops",
-        "--attention",
-        "softmax",
-        "--config",
-        path.to_str().unwrap(),
-    ]);
+    let (ok, stderr) = train_softmax(&["--config", path.to_str().unwrap()]);
     assert!(!ok);
     assert_one_line_error(
         &stderr,
@@ -148,15 +121,7 @@ fn backend_not_compiled_names_the_feature() {
         .into_iter()
         .find(|b| !b.is_compiled());
     if let Some(backend) = missing {
-        let (ok, stderr) = burn_lra(&[
-            "train",
-            "--task",
-            "listops",
-            "--attention",
-            "softmax",
-            "--backend",
-            backend.name(),
-        ]);
+        let (ok, stderr) = train_softmax(&["--backend", backend.name()]);
         assert!(!ok);
         assert_one_line_error(&stderr, &format!("--features {}", backend.feature()));
     }
