@@ -201,6 +201,15 @@ impl Encoder {
         self
     }
 
+    /// The sum of every block's regularisation term ([`Attention::penalty`]), for the training
+    /// loss to add; `None` when no block has one.
+    pub fn penalty(&self) -> Option<Tensor<1>> {
+        self.blocks
+            .iter()
+            .filter_map(|block| block.attention.penalty())
+            .reduce(|a, b| a + b)
+    }
+
     /// Applies every block, then the final LayerNorm.
     ///
     /// # Shapes

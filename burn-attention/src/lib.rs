@@ -28,10 +28,13 @@
 pub mod efficient;
 mod encoder;
 mod error;
+pub mod feedforward;
 mod heads;
 mod input;
 pub mod linear;
 pub mod linformer;
+pub mod nystrom;
+mod params;
 pub mod performer;
 mod registry;
 pub mod softmax;
@@ -39,6 +42,9 @@ pub mod softmax;
 pub use efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
 pub use encoder::{Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
 pub use error::AttentionError;
+pub use feedforward::{
+    FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, KernelUnit,
+};
 pub use heads::{QkvoProjection, merge_heads, split_heads};
 pub use input::{AttentionInput, causal_mask, padding_mask_from_lengths};
 pub use linear::{
@@ -48,8 +54,13 @@ pub use linformer::{
     LinformerAttention, LinformerConfig, LinformerScoring, LinformerSharing, linformer_attention,
     linformer_linear_attention,
 };
+pub use nystrom::{
+    NystromAttention, NystromConfig, iterative_pinv, landmark_segments, nystrom_attention,
+};
+pub use params::num_trainable_params;
 pub use performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, orthogonal_features,
+    random_orthogonal,
 };
 pub use registry::{Attention, AttentionConfig, Capabilities, VARIANTS, VariantInfo, variant};
 pub use softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};

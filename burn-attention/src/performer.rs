@@ -105,13 +105,46 @@ fn frozen(t: Tensor<2>) -> Param<Tensor<2>> {
 /// vectors (χ(d)). Random numbers come from `device`'s generator.
 pub fn orthogonal_features(m: usize, d: usize, device: &Device) -> Tensor<2> {
     let blocks = m.div_ceil(d);
-    let gauss: Vec<f64> =
-        Tensor::<2>::random([blocks * d + m, d], Distribution::Normal(0.0, 1.0), device)
-            .into_data()
-            .convert::<f64>()
-            .try_to_vec::<f64>()
-            .expect("f64 data");
-    let mut rows: Vec<Vec<f64>> = Vec::with_capacity(m);
+    let gauss = gaussian_host(blocks * d + m, d, device);
+    let mut rows = orthonormal_rows(&gauss[..blocks * d * d], blocks, d);
+    rows.truncate(m);
+    let norms = &gauss[blocks * d * d..];
+    let mut data = Vec::with_capacity(m * d);
+    for (i, row) in rows.iter().enumerate() {
+        let chi = norms[i * d..(i + 1) * d]
+            .iter()
+            .map(|a| a * a)
+            .sum::<f64>()
+            .sqrt();
+        data.extend(row.iter().map(|a| (a * chi) as f32));
+    }
+    Tensor::from_data(TensorData::new(data, [m, d]), device)
+}
+
+/// A random `d × d` orthogonal matrix (Gram-Schmidt of a Gaussian matrix, in f64 on the host),
+/// from `device`'s generator.
+pub fn random_orthogonal(d: usize, device: &Device) -> Tensor<2> {
+    let gauss = gaussian_host(d, d, device);
+    let data: Vec<f32> = orthonormal_rows(&gauss, 1, d)
+        .iter()
+        .flatten()
+        .map(|&a| a as f32)
+        .collect();
+    Tensor::from_data(TensorData::new(data, [d, d]), device)
+}
+
+/// `rows × d` standard Gaussian numbers from `device`'s generator, on the host in f64.
+fn gaussian_host(rows: usize, d: usize, device: &Device) -> Vec<f64> {
+    Tensor::<2>::random([rows, d], Distribution::Normal(0.0, 1.0), device)
+        .into_data()
+        .convert::<f64>()
+        .try_to_vec::<f64>()
+        .expect("f64 data")
+}
+
+/// Modified Gram-Schmidt of `blocks` consecutive `d × d` blocks of `gauss`, block by block.
+fn orthonormal_rows(gauss: &[f64], blocks: usize, d: usize) -> Vec<Vec<f64>> {
+    let mut rows: Vec<Vec<f64>> = Vec::with_capacity(blocks * d);
     for b in 0..blocks {
         let mut block: Vec<Vec<f64>> = Vec::with_capacity(d);
         for r in 0..d {
@@ -126,18 +159,7 @@ pub fn orthogonal_features(m: usize, d: usize, device: &Device) -> Tensor<2> {
         }
         rows.extend(block);
     }
-    rows.truncate(m);
-    let norms = &gauss[blocks * d * d..];
-    let mut data = Vec::with_capacity(m * d);
-    for (i, row) in rows.iter().enumerate() {
-        let chi = norms[i * d..(i + 1) * d]
-            .iter()
-            .map(|a| a * a)
-            .sum::<f64>()
-            .sqrt();
-        data.extend(row.iter().map(|a| (a * chi) as f32));
-    }
-    Tensor::from_data(TensorData::new(data, [m, d]), device)
+    rows
 }
 
 /// Multi-head Performer attention. Create with [`PerformerConfig`].

@@ -8,9 +8,11 @@ use serde_json::{Map, Value};
 
 use crate::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::error::AttentionError;
+use crate::feedforward::{FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::input::AttentionInput;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::linformer::{LinformerAttention, LinformerConfig};
+use crate::nystrom::{NystromAttention, NystromConfig};
 use crate::performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 use crate::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 
@@ -119,6 +121,72 @@ pub const VARIANTS: &[VariantInfo] = &[
             fixed_max_len: false,
         },
     },
+    VariantInfo {
+        name: "ff-linear",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (Softplus(X W))",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "ff-orth-linear",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (orthogonal W + penalty)",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "ff-glu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, depth 1-3)",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "ff-oglu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f)",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "ff-aoglu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f, rank d/4 gate)",
+        time: "O(n d²)",
+        memory: "O(n d + d²); causal O(n d²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: true,
+            fixed_max_len: false,
+        },
+    },
+    VariantInfo {
+        name: "nystrom",
+        paper: "Xiong et al. 2021, arXiv 2102.03902",
+        time: "O(n m d + m³)",
+        memory: "O(n m + m²)",
+        capabilities: Capabilities {
+            padding_mask: true,
+            causal: false,
+            fixed_max_len: false,
+        },
+    },
 ];
 
 /// Looks a variant up by name.
@@ -146,6 +214,10 @@ pub enum AttentionConfig {
     Linear(LinearAttentionConfig),
     /// Performer (FAVOR+ or the generalized ReLU kernel, by its `kernel`).
     Performer(PerformerConfig),
+    /// A trainable feed-forward kernel (`ff-*`, by its `kernel`).
+    FeedForward(FeedForwardKernelConfig),
+    /// Nyströmformer.
+    Nystrom(NystromConfig),
 }
 
 /// Fields every variant takes from the model rather than from its own parameters.
@@ -172,8 +244,22 @@ impl AttentionConfig {
             "performer-relu" => Self::Performer(
                 PerformerConfig::new(d_model, n_heads).with_kernel(PerformerKernel::Relu),
             ),
+            "ff-linear" => Self::feed_forward(d_model, n_heads, FeedForwardKernel::Linear),
+            "ff-orth-linear" => Self::feed_forward(d_model, n_heads, FeedForwardKernel::OrthLinear),
+            "ff-glu" => Self::feed_forward(d_model, n_heads, FeedForwardKernel::Glu),
+            "ff-oglu" => Self::feed_forward(d_model, n_heads, FeedForwardKernel::Oglu),
+            // The paper's only AOGLU row stacks three units.
+            "ff-aoglu" => Self::FeedForward(
+                FeedForwardKernelConfig::new(d_model, n_heads, FeedForwardKernel::Aoglu)
+                    .with_depth(3),
+            ),
+            "nystrom" => Self::Nystrom(NystromConfig::new(d_model, n_heads)),
             other => unreachable!("variant `{other}` is listed but not constructible"),
         })
+    }
+
+    fn feed_forward(d_model: usize, n_heads: usize, kernel: FeedForwardKernel) -> Self {
+        Self::FeedForward(FeedForwardKernelConfig::new(d_model, n_heads, kernel))
     }
 
     /// The registry name.
@@ -188,6 +274,8 @@ impl AttentionConfig {
                 PerformerKernel::Softmax => "performer",
                 PerformerKernel::Relu => "performer-relu",
             },
+            Self::FeedForward(c) => c.kernel.name(),
+            Self::Nystrom(_) => "nystrom",
         }
     }
 
@@ -204,6 +292,8 @@ impl AttentionConfig {
             Self::Efficient(c) => c.d_model,
             Self::Linear(c) => c.d_model,
             Self::Performer(c) => c.d_model,
+            Self::FeedForward(c) => c.d_model,
+            Self::Nystrom(c) => c.d_model,
         }
     }
 
@@ -215,13 +305,18 @@ impl AttentionConfig {
             Self::Efficient(c) => c.validate(),
             Self::Linear(c) => c.validate(),
             Self::Performer(c) => c.validate(),
+            Self::FeedForward(c) => c.validate(),
+            Self::Nystrom(c) => c.validate(),
         }
     }
 
     /// Checks that the variant can take inputs of up to `n` positions, causal or not.
     pub fn check_input(&self, n: usize, causal: bool) -> Result<(), AttentionError> {
         match self {
-            Self::Softmax(_) | Self::Linear(_) | Self::Performer(_) => Ok(()),
+            Self::Softmax(_) | Self::Linear(_) | Self::Performer(_) | Self::FeedForward(_) => {
+                Ok(())
+            }
+            Self::Nystrom(_) => crate::nystrom::check_input(causal),
             Self::Linformer(c) | Self::LinformerLinear(c) => {
                 crate::linformer::check_input(self.name(), c.n_max, n, causal)
             }
@@ -251,6 +346,8 @@ impl AttentionConfig {
             Self::Efficient(c) => serde_json::to_value(c),
             Self::Linear(c) => serde_json::to_value(c),
             Self::Performer(c) => serde_json::to_value(c),
+            Self::FeedForward(c) => serde_json::to_value(c),
+            Self::Nystrom(c) => serde_json::to_value(c),
         }
         .map_err(|e| err(e.to_string()))?;
         let Value::Object(mut merged) = template else {
@@ -295,6 +392,8 @@ impl AttentionConfig {
             Self::Efficient(_) => Self::Efficient(serde_json::from_value(value)?),
             Self::Linear(_) => Self::Linear(serde_json::from_value(value)?),
             Self::Performer(_) => Self::Performer(serde_json::from_value(value)?),
+            Self::FeedForward(_) => Self::FeedForward(serde_json::from_value(value)?),
+            Self::Nystrom(_) => Self::Nystrom(serde_json::from_value(value)?),
         })
     }
 
@@ -310,6 +409,8 @@ impl AttentionConfig {
             Self::Efficient(c) => Attention::Efficient(c.init(device)),
             Self::Linear(c) => Attention::Linear(c.init(device)),
             Self::Performer(c) => Attention::Performer(c.init(device)),
+            Self::FeedForward(c) => Attention::FeedForward(c.init(device)),
+            Self::Nystrom(c) => Attention::Nystrom(c.init(device)),
         }
     }
 }
@@ -328,6 +429,10 @@ pub enum Attention {
     Linear(LinearAttention),
     /// Performer.
     Performer(PerformerAttention),
+    /// Trainable feed-forward kernel.
+    FeedForward(FeedForwardKernelAttention),
+    /// Nyströmformer.
+    Nystrom(NystromAttention),
 }
 
 impl Attention {
@@ -349,6 +454,15 @@ impl Attention {
         }
     }
 
+    /// The regularisation term the variant asks the training loss to add (the orthogonality
+    /// penalty of `ff-orth-linear`, `ff-oglu`, `ff-aoglu`); `None` for the others.
+    pub fn penalty(&self) -> Option<Tensor<1>> {
+        match self {
+            Self::FeedForward(m) => m.penalty(),
+            _ => None,
+        }
+    }
+
     /// Applies attention, or says why the variant cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         match self {
@@ -357,6 +471,8 @@ impl Attention {
             Self::Efficient(m) => m.try_forward(input),
             Self::Linear(m) => Ok(m.forward(input)),
             Self::Performer(m) => Ok(m.forward(input)),
+            Self::FeedForward(m) => Ok(m.forward(input)),
+            Self::Nystrom(m) => m.try_forward(input),
         }
     }
 }

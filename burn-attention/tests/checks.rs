@@ -14,8 +14,14 @@ use burn_attention::{
     LinformerConfig, LinformerSharing, VARIANTS, efficient_attention, linear_attention,
     linformer_attention, linformer_linear_attention, padding_mask_from_lengths, softmax_attention,
 };
-use burn_attention::{PerformerConfig, favor_attention, orthogonal_features};
-use reference::{max_rel_err, project, softmax_head, to_heads};
+use burn_attention::{
+    FeedForwardKernel, FeedForwardKernelConfig, NystromConfig, PerformerConfig, favor_attention,
+    orthogonal_features,
+};
+use reference::{
+    kernelized_head, matmul, max_rel_err, project, scale, softmax_head, softmax_rows, to_heads,
+    transpose,
+};
 
 const D_MODEL: usize = 16;
 const N_HEADS: usize = 2;
@@ -34,11 +40,13 @@ fn config_for(name: &str) -> AttentionConfig {
         AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
         AttentionConfig::LinformerLinear(c) => AttentionConfig::LinformerLinear(c.with_k(5)),
         AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
+        AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
         other => other,
     }
 }
 
-/// Every configuration the shared checks run: each variant, and each Linformer sharing mode.
+/// Every configuration the shared checks run: each variant, each Linformer sharing mode,
+/// Nyströmformer with its convolution skip, and the gated kernels at depth 2.
 fn all_configs() -> Vec<AttentionConfig> {
     let mut configs: Vec<AttentionConfig> = VARIANTS.iter().map(|v| config_for(v.name)).collect();
     for sharing in [LinformerSharing::None, LinformerSharing::KeyValue] {
@@ -47,6 +55,16 @@ fn all_configs() -> Vec<AttentionConfig> {
                 .with_k(5)
                 .with_dropout(0.0)
                 .with_sharing(sharing),
+        ));
+    }
+    configs.push(AttentionConfig::Nystrom(
+        NystromConfig::new(D_MODEL, N_HEADS)
+            .with_n_landmarks(3)
+            .with_conv_kernel(Some(5)),
+    ));
+    for kernel in [FeedForwardKernel::Glu, FeedForwardKernel::Oglu] {
+        configs.push(AttentionConfig::FeedForward(
+            FeedForwardKernelConfig::new(D_MODEL, N_HEADS, kernel).with_depth(2),
         ));
     }
     configs
@@ -63,6 +81,10 @@ fn tol() -> Tolerance<f32> {
 fn label(config: &AttentionConfig) -> String {
     match config {
         AttentionConfig::Linformer(c) => format!("linformer/{}", c.sharing.as_str()),
+        AttentionConfig::Nystrom(c) => {
+            format!("nystrom/m{}/conv{:?}", c.n_landmarks, c.conv_kernel)
+        }
+        AttentionConfig::FeedForward(c) => format!("{}/depth{}", c.kernel.name(), c.depth),
         other => other.name().to_string(),
     }
 }
@@ -396,6 +418,43 @@ fn check_9_bad_configurations_name_the_field() {
         .with_params(params.as_object().unwrap())
         .unwrap_err();
     field(err, "k");
+    // Each variant's own fields, given as config-file parameters.
+    for (name, params, key) in [
+        ("ff-glu", serde_json::json!({"depth": 0}), "depth"),
+        ("ff-linear", serde_json::json!({"depth": 2}), "depth"),
+        ("ff-aoglu", serde_json::json!({"gate_rank": 0}), "gate_rank"),
+        (
+            "ff-oglu",
+            serde_json::json!({"ortho_penalty": -1.0}),
+            "ortho_penalty",
+        ),
+        (
+            "nystrom",
+            serde_json::json!({"n_landmarks": 0}),
+            "n_landmarks",
+        ),
+        (
+            "nystrom",
+            serde_json::json!({"conv_kernel": 4}),
+            "conv_kernel",
+        ),
+        (
+            "nystrom",
+            serde_json::json!({"pinv_iterations": 0}),
+            "pinv_iterations",
+        ),
+        (
+            "performer",
+            serde_json::json!({"n_features": 0}),
+            "n_features",
+        ),
+    ] {
+        let err = AttentionConfig::from_name(name, 16, 2, 8)
+            .unwrap()
+            .with_params(params.as_object().unwrap())
+            .unwrap_err();
+        field(err, key);
+    }
     let params = serde_json::json!({"kk": 3});
     assert!(
         linformer
@@ -443,39 +502,6 @@ fn linformer_sharing_parameter_counts() {
     let three = EncoderConfig::new(block, 3).init(&device).num_params();
     // One shared projection however many layers.
     assert_eq!(three - one, 2 * (one - k * n - 2 * D_MODEL));
-}
-
-fn softmax_rows(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    rows.iter()
-        .map(|r| {
-            let max = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = r.iter().map(|x| (x - max).exp()).collect();
-            let s: f64 = e.iter().sum();
-            e.iter().map(|x| x / s).collect()
-        })
-        .collect()
-}
-
-fn transpose(m: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    (0..m[0].len())
-        .map(|j| m.iter().map(|r| r[j]).collect())
-        .collect()
-}
-
-fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    a.iter()
-        .map(|r| {
-            (0..b[0].len())
-                .map(|j| r.iter().zip(b).map(|(x, br)| x * br[j]).sum())
-                .collect()
-        })
-        .collect()
-}
-
-fn scale(m: &[Vec<f64>], s: f64) -> Vec<Vec<f64>> {
-    m.iter()
-        .map(|r| r.iter().map(|x| x * s).collect())
-        .collect()
 }
 
 /// Check 4 for Efficient Attention: `ρ_q(Q) (ρ_k(K)ᵀ V)` in float64, padded keys left out of
@@ -557,27 +583,15 @@ fn check_4_linear_matches_quadratic_form() {
         let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
         for b in 0..2 {
             for h in 0..2 {
-                let expected: Vec<Vec<f64>> = (0..8)
-                    .map(|i| {
-                        let w: Vec<f64> = (0..8)
-                            .map(|j| {
-                                if j >= lengths[b] || (causal && j > i) {
-                                    0.0
-                                } else {
-                                    qh[b][h][i]
-                                        .iter()
-                                        .zip(&kh[b][h][j])
-                                        .map(|(a, c)| phi(*a) * phi(*c))
-                                        .sum()
-                                }
-                            })
-                            .collect();
-                        let norm: f64 = w.iter().sum::<f64>() + 1e-6;
-                        (0..4)
-                            .map(|c| (0..8).map(|j| w[j] * vh[b][h][j][c]).sum::<f64>() / norm)
-                            .collect()
-                    })
-                    .collect();
+                let map = |x: &[Vec<f64>]| -> Vec<Vec<f64>> {
+                    x.iter()
+                        .map(|r| r.iter().map(|&a| phi(a)).collect())
+                        .collect()
+                };
+                let expected =
+                    kernelized_head(&map(&qh[b][h]), &map(&kh[b][h]), &vh[b][h], |i, j| {
+                        j >= lengths[b] || (causal && j > i)
+                    });
                 let err = max_rel_err(&out[b][h], &expected, 1e-2);
                 assert!(
                     err < 1e-4,

@@ -1,5 +1,7 @@
 //! Float64 reference implementations of the formulas in ATTENTION.md, written with plain loops
 //! over `Vec<f64>` so that they share no code with the Burn modules they check.
+//! Each test binary uses a different subset of them.
+#![allow(dead_code)]
 
 /// A `[heads][n][d]` array of one batch element.
 pub type Heads = Vec<Vec<Vec<f64>>>;
@@ -84,4 +86,72 @@ pub fn max_rel_err(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
         .zip(b.iter().flatten())
         .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
         .fold(0.0, f64::max)
+}
+
+/// Row-wise softmax.
+pub fn softmax_rows(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    rows.iter()
+        .map(|r| {
+            let max = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = r.iter().map(|x| (x - max).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|x| x / s).collect()
+        })
+        .collect()
+}
+
+/// Transpose.
+pub fn transpose(m: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..m[0].len())
+        .map(|j| m.iter().map(|r| r[j]).collect())
+        .collect()
+}
+
+/// Matrix product.
+pub fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    a.iter()
+        .map(|r| {
+            (0..b[0].len())
+                .map(|j| r.iter().zip(b).map(|(x, br)| x * br[j]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+/// Every entry times `s`.
+pub fn scale(m: &[Vec<f64>], s: f64) -> Vec<Vec<f64>> {
+    m.iter()
+        .map(|r| r.iter().map(|x| x * s).collect())
+        .collect()
+}
+
+/// `normalize_rows(φ(Q) φ(K)ᵀ ⊙ keep) V` for one head, from already-mapped features, pairs with
+/// `masked(i, j)` left out; the normaliser carries the ε = 1e-6 of the modules.
+pub fn kernelized_head(
+    phi_q: &[Vec<f64>],
+    phi_k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    masked: impl Fn(usize, usize) -> bool,
+) -> Vec<Vec<f64>> {
+    phi_q
+        .iter()
+        .enumerate()
+        .map(|(i, qi)| {
+            let w: Vec<f64> = phi_k
+                .iter()
+                .enumerate()
+                .map(|(j, kj)| {
+                    if masked(i, j) {
+                        0.0
+                    } else {
+                        qi.iter().zip(kj).map(|(a, c)| a * c).sum()
+                    }
+                })
+                .collect();
+            let norm: f64 = w.iter().sum::<f64>() + 1e-6;
+            (0..v[0].len())
+                .map(|c| w.iter().zip(v).map(|(wj, vj)| wj * vj[c]).sum::<f64>() / norm)
+                .collect()
+        })
+        .collect()
 }

@@ -1,0 +1,255 @@
+//! Nyströmformer: softmax attention through a Nyström approximation on landmarks.
+//!
+//! Xiong et al. 2021, "Nyströmformer: A Nyström-Based Algorithm for Approximating
+//! Self-Attention", arXiv 2102.03902.
+//! `O = softmax(Q K̃ᵀ) · pinv(softmax(Q̃ K̃ᵀ)) · (softmax(Q̃ Kᵀ + M) V)`, queries and keys scaled by
+//! `d^{-1/4}`; the landmarks `Q̃, K̃: [m, d]` are the means of `m` consecutive segments of the
+//! real (unpadded) positions; `pinv` is the iterative Moore-Penrose approximation
+//! `Z ← ¼ Z (13I − AZ(15I − AZ(7I − AZ)))` from `Z₀ = Aᵀ / (max row-sum · max column-sum)`.
+//! Optional depthwise convolution of `V` along the sequence (one kernel per head) added to the
+//! output (the paper's skip connection, kernel 33 or 35).
+//!
+//! Choices made here, where the paper's code differs:
+//! - Segments split each sequence's own real length `L` (segment `s` covers positions
+//!   `⌊sL/m⌋ .. max(⌊(s+1)L/m⌋, ⌊sL/m⌋ + 1)`), so padding never moves a landmark and no length has
+//!   to be a multiple of `m`. When `L` is a multiple of `m` these are exactly the paper's
+//!   landmarks; when `L < m` some landmarks repeat a single position.
+//! - The scale of `Z₀` is taken per matrix (per example and head), not over the whole batch, so
+//!   one example cannot change another's output.
+//!
+//! Cost: O(n m d + m³) time, O(n m + m²) memory per head. Masks: padding. Causal: not defined
+//! (landmarks average over the whole sequence), so asking for it is an error.
+
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+
+use crate::error::{AttentionError, check_heads};
+use crate::heads::QkvoProjection;
+use crate::input::AttentionInput;
+use crate::linformer::zero_padded;
+use crate::softmax::MASK_FILL;
+
+const NAME: &str = "nystrom";
+
+/// Configuration of [`NystromAttention`].
+#[derive(Config, Debug)]
+pub struct NystromConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Landmarks `m`.
+    #[config(default = 64)]
+    pub n_landmarks: usize,
+    /// Iterations of the pseudo-inverse (the paper: 6).
+    #[config(default = 6)]
+    pub pinv_iterations: usize,
+    /// Kernel size of the depthwise convolution skip on `V` (odd; the paper's LRA runs use 35,
+    /// lucidrains' package 33); `None` turns it off.
+    #[config(default = "None")]
+    pub conv_kernel: Option<usize>,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl NystromConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(NAME, self.d_model, self.n_heads, 0.0)?;
+        if self.n_landmarks == 0 {
+            return Err(AttentionError::field(
+                NAME,
+                "n_landmarks",
+                "must be at least 1",
+            ));
+        }
+        if self.pinv_iterations == 0 {
+            return Err(AttentionError::field(
+                NAME,
+                "pinv_iterations",
+                "must be at least 1",
+            ));
+        }
+        if let Some(kernel) = self.conv_kernel
+            && kernel % 2 == 0
+        {
+            return Err(AttentionError::field(
+                NAME,
+                "conv_kernel",
+                format!("must be odd (the output keeps the input's length), got {kernel}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> NystromAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let h = self.n_heads;
+        let conv = self.conv_kernel.map(|kernel| {
+            Conv2dConfig::new([h, h], [kernel, 1])
+                .with_groups(h)
+                .with_padding(PaddingConfig2d::Explicit(kernel / 2, 0, kernel / 2, 0))
+                .with_bias(false)
+                .init(device)
+        });
+        NystromAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            conv,
+            n_landmarks: self.n_landmarks,
+            pinv_iterations: self.pinv_iterations,
+        }
+    }
+}
+
+/// Multi-head Nyström attention. Create with [`NystromConfig`].
+#[derive(Module, Debug)]
+pub struct NystromAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Depthwise convolution skip on `V`: `[heads, 1, kernel, 1]`, if configured.
+    pub conv: Option<Conv2d>,
+    /// Landmarks `m`.
+    pub n_landmarks: usize,
+    /// Iterations of the pseudo-inverse.
+    pub pinv_iterations: usize,
+}
+
+impl NystromAttention {
+    /// Applies attention, or refuses causal masking.
+    ///
+    /// # Shapes
+    /// - input `x`: `[batch, n, d_model]`; output: the same.
+    pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        check_input(input.causal)?;
+        let (q, k, v) = self.proj.qkv(input.x);
+        let mut o = nystrom_attention(
+            q,
+            k,
+            v.clone(),
+            input.mask_pad.clone(),
+            self.n_landmarks,
+            self.pinv_iterations,
+        );
+        if let Some(conv) = &self.conv {
+            // Padded values are zeroed first: the convolution's own zero padding then makes the
+            // output at real positions independent of how much padding follows.
+            o = o + conv.forward(zero_padded(v, &input.mask_pad));
+        }
+        Ok(self.proj.out(o))
+    }
+}
+
+/// Refuses causal masking: landmarks average over the whole sequence.
+pub(crate) fn check_input(causal: bool) -> Result<(), AttentionError> {
+    if causal {
+        return Err(AttentionError::Unsupported {
+            variant: NAME,
+            message: "causal masking: landmarks average over the whole sequence".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The `[batch, m, n]` matrix whose row `s` averages segment `s` of each sequence's real
+/// positions (see the module docs).
+pub fn landmark_segments(
+    mask_pad: Option<Tensor<2, Bool>>,
+    batch: usize,
+    n: usize,
+    m: usize,
+    device: &Device,
+) -> Tensor<3> {
+    let lengths: Tensor<3> = match mask_pad {
+        Some(mask) => mask.bool_not().float().sum_dim(1).reshape([batch, 1, 1]),
+        None => Tensor::full([batch, 1, 1], n as f32, device),
+    };
+    let s = Tensor::<1, Int>::arange(0..m as i64, device)
+        .float()
+        .reshape([1, m, 1]);
+    // s·L and (s+1)·L are integers below 2²⁴, exact in f32; the division is correctly rounded,
+    // so the floor is exact.
+    let start = s.clone().mul(lengths.clone()).div_scalar(m as f32).floor();
+    let end = s
+        .add_scalar(1.0)
+        .mul(lengths)
+        .div_scalar(m as f32)
+        .floor()
+        .max_pair(start.clone().add_scalar(1.0));
+    let count = end.clone() - start.clone();
+    let j = Tensor::<1, Int>::arange(0..n as i64, device)
+        .float()
+        .reshape([1, 1, n])
+        .expand([batch, m, n]);
+    let inside = j
+        .clone()
+        .greater_equal(start.expand([batch, m, n]))
+        .bool_and(j.lower(end.expand([batch, m, n])));
+    inside.float().div(count)
+}
+
+/// The iterative Moore-Penrose pseudo-inverse of each `[m, m]` matrix of `a: [.., .., m, m]`
+/// (Razavi et al. 2014, as the Nyströmformer paper), with `Z₀` scaled per matrix.
+pub fn iterative_pinv(a: Tensor<4>, iterations: usize) -> Tensor<4> {
+    let [b, h, m, _] = a.dims();
+    let device = a.device();
+    let eye = Tensor::<2>::eye(m, &device)
+        .reshape([1, 1, m, m])
+        .expand([b, h, m, m]);
+    let max_col = a.clone().abs().sum_dim(2).max_dim(3); // [b, h, 1, 1]
+    let max_row = a.clone().abs().sum_dim(3).max_dim(2); // [b, h, 1, 1]
+    let mut z = a.clone().swap_dims(2, 3).div(max_col.mul(max_row));
+    for _ in 0..iterations {
+        let az = a.clone().matmul(z.clone());
+        let inner = eye.clone().mul_scalar(7.0) - az.clone();
+        let inner = eye.clone().mul_scalar(15.0) - az.clone().matmul(inner);
+        let inner = eye.clone().mul_scalar(13.0) - az.matmul(inner);
+        z = z.matmul(inner).mul_scalar(0.25);
+    }
+    z
+}
+
+/// Nyström attention on per-head tensors, the functional form of [`NystromAttention`] (without
+/// its convolution skip).
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[batch, heads, n, d]`
+/// - `mask_pad`: `[batch, n]`, `true` = padding
+/// - output: `[batch, heads, n, d]`
+pub fn nystrom_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    n_landmarks: usize,
+    pinv_iterations: usize,
+) -> Tensor<4> {
+    let [batch, heads, n, d] = q.dims();
+    let m = n_landmarks;
+    let scale = (d as f32).powf(-0.25);
+    let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
+    let segments = landmark_segments(mask_pad.clone(), batch, n, m, &q.device())
+        .unsqueeze_dim::<4>(1)
+        .expand([batch, heads, m, n]);
+    let q_land = segments.clone().matmul(q.clone()); // [b, h, m, d]
+    let k_land = segments.matmul(k.clone());
+    let kernel_1 = softmax(q.matmul(k_land.clone().swap_dims(2, 3)), 3); // [b, h, n, m]
+    let kernel_2 = softmax(q_land.clone().matmul(k_land.swap_dims(2, 3)), 3); // [b, h, m, m]
+    let scores_3 = q_land.matmul(k.swap_dims(2, 3)); // [b, h, m, n]
+    let scores_3 = match mask_pad {
+        Some(mask) => scores_3.mask_fill(mask.reshape([batch, 1, 1, n]), MASK_FILL),
+        None => scores_3,
+    };
+    let kernel_3 = softmax(scores_3, 3);
+    kernel_1
+        .matmul(iterative_pinv(kernel_2, pinv_iterations))
+        .matmul(kernel_3.matmul(v))
+}
