@@ -28,6 +28,23 @@ impl Task {
             Task::Listops => "listops",
         }
     }
+
+    /// Every task.
+    pub const ALL: [Task; 1] = [Task::Listops];
+
+    /// Size of the token vocabulary, padding included.
+    pub fn vocab_size(self) -> usize {
+        match self {
+            Task::Listops => crate::data::listops::VOCAB_SIZE,
+        }
+    }
+
+    /// Number of classes.
+    pub fn n_classes(self) -> usize {
+        match self {
+            Task::Listops => 10,
+        }
+    }
 }
 
 /// Presets shipped in `configs/`, compiled into the binary so that they work from any

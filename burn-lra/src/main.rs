@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use burn_lra::backend::BackendKind;
 use burn_lra::config::{RunConfig, Task};
+use burn_lra::model::ParamBudget;
 use burn_lra::task::load_splits;
 use burn_lra::train::{TrainOptions, train};
 use clap::{Parser, Subcommand};
@@ -33,6 +34,22 @@ enum Command {
     },
     /// List the backends and which are compiled in.
     Backends,
+    /// Trainable parameters of every attention's model for a preset, and the increase over
+    /// softmax (LRA's rule: at most 10%).
+    Params {
+        /// The task.
+        #[arg(long, value_enum)]
+        task: Task,
+        /// A preset from configs/<task>/ (tiny, small, lra).
+        #[arg(long, default_value = "lra", conflicts_with = "config")]
+        preset: String,
+        /// A configuration file of your own (TOML, or JSON by extension).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Backend to build the models on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+        backend: BackendKind,
+    },
 }
 
 #[derive(clap::Args)]
@@ -89,14 +106,14 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::List { names: false } => {
             println!(
-                "{:<12} {:<10} {:<8} {:<8} {:<10} paper",
+                "{:<16} {:<14} {:<8} {:<8} {:<10} paper",
                 "name", "time", "padding", "causal", "fixed n"
             );
             for v in burn_attention::VARIANTS {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
-                    "{:<12} {:<10} {:<8} {:<8} {:<10} {}",
+                    "{:<16} {:<14} {:<8} {:<8} {:<10} {}",
                     v.name,
                     v.time,
                     yes(c.padding_mask),
@@ -119,12 +136,50 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train_command(args),
+        Command::Params {
+            task,
+            preset,
+            config,
+            backend,
+        } => {
+            let (config, preset) = load_config(task, &preset, config.as_deref())?;
+            let device = backend.device()?;
+            println!("{} / {preset}: trainable parameters", task.name());
+            println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
+            for v in burn_attention::VARIANTS {
+                let budget = ParamBudget::count(
+                    &config,
+                    v.name,
+                    task.vocab_size(),
+                    task.n_classes(),
+                    &device,
+                )
+                .with_context(|| format!("attention `{}`", v.name))?;
+                let flag = if budget.increase() > 0.10 {
+                    "  (over 10%)"
+                } else {
+                    ""
+                };
+                println!(
+                    "{:<16} {:>12} {:>+11.2}%{flag}",
+                    v.name,
+                    budget.n_params,
+                    100.0 * budget.increase()
+                );
+            }
+            Ok(())
+        }
     }
 }
 
-fn train_command(args: TrainArgs) -> Result<()> {
-    burn_attention::variant(&args.attention)?;
-    let (config, preset) = match &args.config {
+/// The configuration from `--config` or else the preset, checked against `--task`, and the name
+/// runs are filed under.
+fn load_config(
+    task: Task,
+    preset: &str,
+    config: Option<&std::path::Path>,
+) -> Result<(RunConfig, String)> {
+    let (config, name) = match config {
         Some(path) => {
             let name = path
                 .file_stem()
@@ -132,18 +187,21 @@ fn train_command(args: TrainArgs) -> Result<()> {
                 .unwrap_or_default();
             (RunConfig::from_file(path)?, name)
         }
-        None => (
-            RunConfig::preset(args.task, &args.preset)?,
-            args.preset.clone(),
-        ),
+        None => (RunConfig::preset(task, preset)?, preset.to_string()),
     };
-    if config.task != args.task {
+    if config.task != task {
         anyhow::bail!(
             "the config is for task `{}`, not `{}`",
             config.task.name(),
-            args.task.name()
+            task.name()
         );
     }
+    Ok((config, name))
+}
+
+fn train_command(args: TrainArgs) -> Result<()> {
+    burn_attention::variant(&args.attention)?;
+    let (config, preset) = load_config(args.task, &args.preset, args.config.as_deref())?;
     // Fail on an attention that cannot take this configuration before loading any data.
     config
         .attention_config(&args.attention)
@@ -186,7 +244,7 @@ fn train_command(args: TrainArgs) -> Result<()> {
     )?;
     println!(
         "{} {} seed {}: test accuracy {:.2}% ({:?}; last {:.2}%, best-val {:.2}% at step {}), \
-         majority class {:.2}%, {} parameters, {:.0} s -> {}",
+         majority class {:.2}%, {} parameters ({:+.2}% over softmax), {:.0} s -> {}",
         result.task,
         result.attention,
         result.seed,
@@ -197,6 +255,7 @@ fn train_command(args: TrainArgs) -> Result<()> {
         result.best_val_step,
         100.0 * result.test_majority_rate,
         result.n_params,
+        100.0 * result.param_increase,
         result.train_seconds,
         run_dir.display()
     );

@@ -10,7 +10,8 @@ use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
 use burn::prelude::*;
-use burn_attention::{AttentionInput, Encoder};
+use burn_attention::{AttentionInput, Encoder, num_trainable_params};
+use serde::Serialize;
 
 use crate::config::{Pooling, Positions, RunConfig};
 
@@ -75,6 +76,12 @@ impl LraClassifier {
         })
     }
 
+    /// The regularisation terms the attentions ask the loss to add (the trainable kernels'
+    /// orthogonality penalty), summed over layers; `None` when there are none.
+    pub fn penalty(&self) -> Option<Tensor<1>> {
+        self.encoder.penalty()
+    }
+
     /// Pooled representation `[batch, d_model]` of `tokens: [batch, n]` with padding mask
     /// `[batch, n]` (`true` = padding). The matching task's two towers share this.
     pub fn encode(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
@@ -128,6 +135,43 @@ impl LraClassifier {
     }
 }
 
+/// A model's trainable parameters beside those of the softmax baseline built from the same
+/// configuration (LRA's "apples to apples" rule: at most 10% more). Frozen tensors (Performer's
+/// random features) are not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ParamBudget {
+    /// Trainable parameters of the model.
+    pub n_params: usize,
+    /// Trainable parameters of the softmax model of the same configuration.
+    pub softmax_params: usize,
+}
+
+impl ParamBudget {
+    /// Counts `attention`'s model and the softmax baseline for `config`.
+    pub fn count(
+        config: &RunConfig,
+        attention: &str,
+        vocab_size: usize,
+        n_classes: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let count = |name: &str| -> Result<usize> {
+            Ok(num_trainable_params(&LraClassifier::new(
+                config, name, vocab_size, n_classes, device,
+            )?))
+        };
+        Ok(Self {
+            n_params: count(attention)?,
+            softmax_params: count("softmax")?,
+        })
+    }
+
+    /// Relative increase over the softmax baseline (0.05 = 5% more).
+    pub fn increase(&self) -> f64 {
+        self.n_params as f64 / self.softmax_params as f64 - 1.0
+    }
+}
+
 /// Fixed sinusoidal positions `[n, d]`: sines in the first half of the features, cosines in the
 /// second (Flax's `sinusoidal_init`, used by the LRA reference), wavelengths up to 10000·2π.
 pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
@@ -154,6 +198,62 @@ mod tests {
     use crate::config::Task;
     use crate::data::{Batch, Example};
     use burn::tensor::Tolerance;
+
+    /// The Yorsh & Kovalenko budget: every trainable kernel adds less than 10% parameters over
+    /// the softmax model on each task's `lra` preset. The expected increase is also counted by
+    /// hand: `n_layers · units · d_head²` per full matrix (shared by a layer's heads).
+    #[test]
+    fn trainable_kernels_stay_within_ten_percent_on_lra_presets() {
+        let device = Device::flex();
+        for task in Task::ALL {
+            let config = RunConfig::preset(task, "lra").unwrap();
+            let m = &config.model;
+            let d = m.d_model / m.n_heads;
+            for (name, matrices) in [
+                ("ff-linear", d * d),
+                ("ff-orth-linear", d * d),
+                ("ff-glu", 2 * d * d),
+                ("ff-oglu", 2 * d * d),
+                ("ff-aoglu", 3 * (d * d + 2 * d * (d / 4))),
+            ] {
+                let budget =
+                    ParamBudget::count(&config, name, task.vocab_size(), task.n_classes(), &device)
+                        .unwrap();
+                assert_eq!(
+                    budget.n_params - budget.softmax_params,
+                    m.n_layers * matrices,
+                    "{} {name}",
+                    task.name()
+                );
+                assert!(
+                    budget.increase() < 0.10,
+                    "{} {name}: {:.2}% over softmax",
+                    task.name(),
+                    100.0 * budget.increase()
+                );
+            }
+        }
+    }
+
+    /// Frozen tensors are not trainable: Performer's random features leave its count equal to
+    /// softmax's, while Burn's `num_params` includes them.
+    #[test]
+    fn budget_counts_trainable_parameters_only() {
+        let device = Device::flex();
+        let config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+        let budget = ParamBudget::count(&config, "performer", 16, 10, &device).unwrap();
+        assert_eq!(budget.n_params, budget.softmax_params);
+        let model = LraClassifier::new(&config, "performer", 16, 10, &device).unwrap();
+        assert!(model.num_params() > budget.n_params);
+        assert_eq!(
+            ParamBudget::count(&config, "softmax", 16, 10, &device)
+                .unwrap()
+                .n_params,
+            LraClassifier::new(&config, "softmax", 16, 10, &device)
+                .unwrap()
+                .num_params()
+        );
+    }
 
     #[test]
     fn sinusoidal_matches_formula() {

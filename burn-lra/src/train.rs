@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::backend::BackendKind;
 use crate::config::{RunConfig, Selection};
 use crate::data::{Batch, Dataset, write_atomic};
-use crate::model::LraClassifier;
+use crate::model::{LraClassifier, ParamBudget};
 use crate::rng::Rng;
 
 /// The three splits of a task and its vocabulary size.
@@ -68,8 +68,12 @@ pub struct RunResult {
     pub device: String,
     /// Steps trained.
     pub steps: usize,
-    /// Trainable parameters of the model.
+    /// Trainable parameters of the model (frozen random features not counted).
     pub n_params: usize,
+    /// Trainable parameters of the softmax model of the same configuration.
+    pub n_params_softmax: usize,
+    /// Relative parameter increase over that softmax model.
+    pub param_increase: f64,
     /// Which weights `test_accuracy` comes from.
     pub selection: Selection,
     /// Test accuracy of the selected weights.
@@ -141,6 +145,21 @@ fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
 pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
     let cfg = &config.training;
     let base_device = opts.backend.device()?;
+    // Counted before seeding: building the two models for the count draws random numbers, and
+    // the run must not depend on it.
+    let budget = ParamBudget::count(
+        config,
+        &opts.attention,
+        data.vocab_size,
+        data.train.n_classes,
+        &base_device,
+    )?;
+    let n_params = budget.n_params;
+    eprintln!(
+        "model: {n_params} trainable parameters, {:+.2}% over softmax ({})",
+        100.0 * budget.increase(),
+        budget.softmax_params
+    );
     let device = base_device.clone().autodiff();
     device.seed(opts.seed);
     let run_dir = &opts.run_dir;
@@ -160,7 +179,6 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         data.train.n_classes,
         &device,
     )?;
-    let n_params = model.num_params();
     let resolved_attention = config.attention_config(&opts.attention)?;
     write_atomic(
         &run_dir.join("config.json"),
@@ -172,6 +190,8 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
             "backend": opts.backend,
             "preset": opts.preset,
             "n_params": n_params,
+            "n_params_softmax": budget.softmax_params,
+            "param_increase": budget.increase(),
             "split_sizes": [data.train.len(), data.val.len(), data.test.len()],
         }))?
         .as_bytes(),
@@ -225,7 +245,13 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         let logits = model.forward(batch.tokens, batch.mask_pad);
         let loss = loss_fn.forward(logits.clone(), batch.labels.clone());
         let lr = cfg.schedule.lr(step, cfg.steps);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        // The objective adds the attentions' regularisers (the orthogonality penalty); the
+        // reported loss stays the cross-entropy, comparable across variants.
+        let objective = match model.penalty() {
+            Some(penalty) => loss.clone() + penalty,
+            None => loss.clone(),
+        };
+        let grads = GradientsParams::from_grads(objective.backward(), &model);
         model = optim.step(lr, model, grads);
         if cfg.redraw_every.is_some_and(|every| step % every == 0) {
             model.encoder = model.encoder.redraw();
@@ -288,6 +314,8 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         device: format!("{base_device:?}"),
         steps: cfg.steps,
         n_params,
+        n_params_softmax: budget.softmax_params,
+        param_increase: budget.increase(),
         selection: cfg.selection,
         test_accuracy: match cfg.selection {
             Selection::BestVal => test_best,
