@@ -123,8 +123,25 @@ fn cargo_feature(backend: &str) -> &str {
     }
 }
 
-/// Builds burn-lra with the backend's feature and returns the binary's path.
-fn build_harness(backend: &str) -> Result<PathBuf> {
+/// A private copy of the burn-lra binary, removed when the sweep ends.
+struct Harness(PathBuf);
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Harness {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+/// Builds burn-lra with the backend's feature and returns a private copy of the binary.
+fn build_harness(backend: &str) -> Result<Harness> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace_root())
@@ -146,9 +163,18 @@ fn build_harness(backend: &str) -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    Ok(target
-        .join("debug")
-        .join(format!("burn-lra{}", std::env::consts::EXE_SUFFIX)))
+    let exe = format!("burn-lra{}", std::env::consts::EXE_SUFFIX);
+    // The sweep runs a private copy: a later `cargo build`/`cargo test` with other features
+    // rewrites target/debug/burn-lra while the sweep is still going.
+    let private = target
+        .join("xtask")
+        .join(format!("{}-{backend}", std::process::id()));
+    std::fs::create_dir_all(&private)
+        .with_context(|| format!("cannot create {}", private.display()))?;
+    let copy = private.join(&exe);
+    std::fs::copy(target.join("debug").join(&exe), &copy)
+        .with_context(|| format!("cannot copy the harness to {}", copy.display()))?;
+    Ok(Harness(copy))
 }
 
 fn lra(args: &[String]) -> Result<()> {
@@ -270,8 +296,8 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
         "LRA {} — preset `{preset}`, backend {}, seeds 0..{}\n\n",
         args.task, args.backend, args.seeds
     ));
-    table.push_str("| attention | seeds | test acc % (mean ± std) | best % | last-ckpt mean % | best-val-ckpt mean % | params | majority % |\n");
-    table.push_str("|---|---|---|---|---|---|---|---|\n");
+    table.push_str("| attention | seeds | test acc % (mean ± std) | best % | last-ckpt mean % | best-val-ckpt mean % | params | vs softmax | majority % |\n");
+    table.push_str("|---|---|---|---|---|---|---|---|---|\n");
     let mut attentions = serde_json::Map::new();
     for name in &names {
         let mut results = Vec::new();
@@ -296,7 +322,7 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
             .as_f64()
             .unwrap_or(f64::NAN);
         table.push_str(&format!(
-            "| {name} | {} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} |\n",
+            "| {name} | {} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} |\n",
             seeds.len(),
             100.0 * mean,
             100.0 * std,
@@ -304,6 +330,9 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
             100.0 * stats(&last).0,
             100.0 * stats(&best_val).0,
             results[0]["n_params"],
+            results[0]["param_increase"]
+                .as_f64()
+                .map_or("–".to_string(), |x| format!("{:+.2}%", 100.0 * x)),
             100.0 * majority
         ));
         attentions.insert(
@@ -318,6 +347,7 @@ fn summarize(args: &LraArgs, preset: &str, sweep_dir: &Path) -> Result<()> {
                 "accuracies_last": last,
                 "accuracies_best_val": best_val,
                 "n_params": results[0]["n_params"],
+                "param_increase": results[0]["param_increase"],
                 "steps": results[0]["steps"],
                 "backend": results[0]["backend"],
                 "test_majority_rate": majority,
