@@ -19,6 +19,10 @@ use crate::data::listops::GeneratorConfig;
 pub enum Task {
     /// ListOps: evaluate a nested list expression (10 classes).
     Listops,
+    /// Byte-level text classification (IMDB reviews, or any `label<TAB>text` corpus).
+    Text,
+    /// Byte-level document matching (AAN citation pairs): two documents, related or not.
+    Matching,
 }
 
 impl Task {
@@ -26,23 +30,27 @@ impl Task {
     pub fn name(self) -> &'static str {
         match self {
             Task::Listops => "listops",
+            Task::Text => "text",
+            Task::Matching => "matching",
         }
     }
 
     /// Every task.
-    pub const ALL: [Task; 1] = [Task::Listops];
+    pub const ALL: [Task; 3] = [Task::Listops, Task::Text, Task::Matching];
 
     /// Size of the token vocabulary, padding included.
     pub fn vocab_size(self) -> usize {
         match self {
             Task::Listops => crate::data::listops::VOCAB_SIZE,
+            Task::Text | Task::Matching => crate::data::bytes::VOCAB_SIZE,
         }
     }
 
     /// Number of classes.
     pub fn n_classes(self) -> usize {
         match self {
-            Task::Listops => 10,
+            Task::Listops => crate::data::listops::N_CLASSES,
+            Task::Text | Task::Matching => 2,
         }
     }
 }
@@ -64,6 +72,28 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         "listops",
         "lra",
         include_str!("../../configs/listops/lra.toml"),
+    ),
+    ("text", "tiny", include_str!("../../configs/text/tiny.toml")),
+    (
+        "text",
+        "small",
+        include_str!("../../configs/text/small.toml"),
+    ),
+    ("text", "lra", include_str!("../../configs/text/lra.toml")),
+    (
+        "matching",
+        "tiny",
+        include_str!("../../configs/matching/tiny.toml"),
+    ),
+    (
+        "matching",
+        "small",
+        include_str!("../../configs/matching/small.toml"),
+    ),
+    (
+        "matching",
+        "lra",
+        include_str!("../../configs/matching/lra.toml"),
     ),
 ];
 
@@ -89,11 +119,51 @@ pub struct RunConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// Examples are cut to this many tokens.
+    /// Examples are cut to this many tokens (each document, for matching).
     pub max_len: usize,
     /// Generate the dataset instead of reading files (ListOps), with these parameters.
     #[serde(default)]
     pub generate: Option<GeneratorConfig>,
+    /// Where validation examples come from.
+    #[serde(default)]
+    pub validation: Validation,
+    /// Matching: each document is first cut to this many bytes (LRA: 10,000), then to `max_len`.
+    #[serde(default = "default_doc_bytes")]
+    pub doc_max_bytes: usize,
+    /// Report test accuracy on a fixed sample of this many test examples (drawn once, seed 0)
+    /// instead of the whole split: quick presets only; the result records the test size.
+    #[serde(default)]
+    pub test_subset: Option<usize>,
+}
+
+fn default_doc_bytes() -> usize {
+    10_000
+}
+
+/// Where a run's validation examples come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Validation {
+    /// The task's own validation split (ListOps `basic_val.tsv`, AAN `new_aan_pairs.eval.tsv`,
+    /// a corpus's `val.tsv`).
+    #[default]
+    Split,
+    /// The test split, as the LRA repository does for IMDB (no separate validation set there):
+    /// model selection then sees the test set, which the result records.
+    Test,
+    /// The last `n` examples of the (shuffled-once, seed 0) training split, removed from training.
+    Holdout(usize),
+}
+
+/// How the two pooled documents of a matching example are combined before the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PairFeatures {
+    /// `[X1, X2, X1 * X2, X1 - X2]` (the LRA paper).
+    #[default]
+    Interact,
+    /// `[X1, X2]` (the LRA JAX code's default).
+    Concat,
 }
 
 /// How the encoder output becomes one vector per example.
@@ -138,6 +208,9 @@ pub struct ModelConfig {
     pub pooling: Pooling,
     /// Positions.
     pub positions: Positions,
+    /// Matching: how the two documents' vectors meet in the head.
+    #[serde(default)]
+    pub pair_features: PairFeatures,
 }
 
 /// Optimiser: Adam with decoupled weight decay scaled by the learning rate (AdamW).
@@ -225,6 +298,21 @@ pub struct TrainingConfig {
     /// Redraw random attention features (Performer) every this many steps; never when absent.
     #[serde(default)]
     pub redraw_every: Option<usize>,
+    /// Micro-batches whose gradients are summed into one step (`batch_size` each; the effective
+    /// batch is their product). Yorsh & Kovalenko simulate batch 32 this way.
+    #[serde(default = "one")]
+    pub grad_accumulation: usize,
+    /// Clip the global gradient norm to this value before each step; no clipping when absent.
+    #[serde(default)]
+    pub grad_clip: Option<f32>,
+    /// Write a resumable checkpoint every this many steps (and after the last); default: at each
+    /// validation.
+    #[serde(default)]
+    pub checkpoint_every: Option<usize>,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl RunConfig {
@@ -288,6 +376,15 @@ impl RunConfig {
             ("training.steps", self.training.steps),
             ("training.eval_every", self.training.eval_every),
             (
+                "training.grad_accumulation",
+                self.training.grad_accumulation,
+            ),
+            (
+                "training.checkpoint_every",
+                self.training.checkpoint_every.unwrap_or(1),
+            ),
+            ("data.doc_max_bytes", self.data.doc_max_bytes),
+            (
                 "training.redraw_every",
                 self.training.redraw_every.unwrap_or(1),
             ),
@@ -340,8 +437,22 @@ impl RunConfig {
             }
             _ => {}
         }
+        if let Some(clip) = self.training.grad_clip
+            && !(clip.is_finite() && clip > 0.0)
+        {
+            bail!("`training.grad_clip` must be > 0, got {clip}");
+        }
         if let Some(generate) = &self.data.generate {
+            if self.task != Task::Listops {
+                bail!("`data.generate` is for ListOps only");
+            }
             generate.validate()?;
+        }
+        if self.data.test_subset == Some(0) {
+            bail!("`data.test_subset` must be at least 1");
+        }
+        if self.data.validation == Validation::Holdout(0) {
+            bail!("`data.validation.holdout` must be at least 1");
         }
         for name in self.attention.keys() {
             self.attention_config(name)
@@ -385,10 +496,10 @@ mod tests {
     #[test]
     fn every_preset_parses_and_builds_every_attention() {
         for (task, preset, _) in PRESETS {
-            let task = match *task {
-                "listops" => Task::Listops,
-                other => panic!("unexpected task {other}"),
-            };
+            let task = Task::ALL
+                .into_iter()
+                .find(|t| t.name() == *task)
+                .unwrap_or_else(|| panic!("unexpected task {task}"));
             let config = RunConfig::preset(task, preset).unwrap();
             for variant in burn_attention::VARIANTS {
                 config.encoder_config(variant.name).unwrap();

@@ -34,6 +34,25 @@ enum Command {
     },
     /// List the backends and which are compiled in.
     Backends,
+    /// Write a small synthetic matching dataset in LRA's AAN format
+    /// (new_aan_pairs.{train,eval,test}.tsv) into a folder.
+    GenerateMatching {
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// Training pairs.
+        #[arg(long, default_value_t = 4000)]
+        n_train: usize,
+        /// Validation pairs.
+        #[arg(long, default_value_t = 500)]
+        n_val: usize,
+        /// Test pairs.
+        #[arg(long, default_value_t = 1000)]
+        n_test: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Trainable parameters of every attention's model for a preset, and the increase over
     /// softmax (LRA's rule: at most 10%).
     Params {
@@ -84,6 +103,12 @@ struct TrainArgs {
     /// No progress bar; print a line per validation instead.
     #[arg(long)]
     no_progress: bool,
+    /// Continue the unfinished run in the run directory from its last checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this step as if killed, leaving the checkpoint (for testing --resume).
+    #[arg(long, hide = true)]
+    stop_after: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -136,6 +161,28 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train_command(args),
+        Command::GenerateMatching {
+            out,
+            n_train,
+            n_val,
+            n_test,
+            seed,
+        } => {
+            burn_lra::data::matching::generate(
+                &out,
+                &burn_lra::data::matching::PairGeneratorConfig {
+                    n_train,
+                    n_val,
+                    n_test,
+                    seed,
+                },
+            )?;
+            println!(
+                "wrote {n_train} / {n_val} / {n_test} pairs to {}",
+                out.display()
+            );
+            Ok(())
+        }
         Command::Params {
             task,
             preset,
@@ -215,13 +262,13 @@ fn train_command(args: TrainArgs) -> Result<()> {
         args.backend
     );
     let splits = load_splits(&config, args.data_dir.as_deref(), &args.out.join("data"))?;
+    let [n_train, n_val, n_test] = splits.sizes();
     eprintln!(
-        "data: {} train / {} val / {} test examples, longest {} tokens; test majority class {:.1}%",
-        splits.train.len(),
-        splits.val.len(),
-        splits.test.len(),
+        "data: {n_train} train / {n_val} val / {n_test} test examples, longest {} tokens; \
+         test majority class {:.1}%; validation: {}",
         splits.train.max_tokens(),
-        100.0 * splits.test.majority_rate()
+        100.0 * splits.test.majority_rate(),
+        splits.validation().source
     );
     let run_dir = args.run_dir.clone().unwrap_or_else(|| {
         args.out
@@ -240,6 +287,8 @@ fn train_command(args: TrainArgs) -> Result<()> {
             run_dir: run_dir.clone(),
             preset,
             progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            resume: args.resume,
+            stop_after: args.stop_after,
         },
     )?;
     println!(

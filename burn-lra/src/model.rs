@@ -13,7 +13,8 @@ use burn::prelude::*;
 use burn_attention::{AttentionInput, Encoder, num_trainable_params};
 use serde::Serialize;
 
-use crate::config::{Pooling, Positions, RunConfig};
+use crate::config::{PairFeatures, Pooling, Positions, RunConfig, Task};
+use crate::data::Tokens;
 
 /// The classifier. Build with [`LraClassifier::new`].
 #[derive(Module, Debug)]
@@ -30,8 +31,13 @@ pub struct LraClassifier {
     pub encoder: Encoder,
     /// Head hidden layer.
     pub head_hidden: Linear,
+    /// Matching head's second hidden layer (`d_mlp -> d_mlp / 2`).
+    pub head_mid: Option<Linear>,
     /// Head output layer.
     pub head_out: Linear,
+    /// Matching: how the two documents meet (`None` for single-sequence tasks).
+    #[module(skip)]
+    pub pair_features: Option<PairFeatures>,
     /// Pooling.
     #[module(skip)]
     pub pooling: Pooling,
@@ -50,6 +56,14 @@ impl LraClassifier {
     ) -> Result<Self> {
         let m = &config.model;
         let encoder = config.encoder_config(attention)?;
+        // Matching (LRA.md): `MLP([X1, X2, X1*X2, X1-X2])` or `MLP([X1, X2])`, with
+        // Dense(mlp) ReLU Dense(mlp/2) ReLU Dense(classes).
+        let pair_features = (config.task == Task::Matching).then_some(m.pair_features);
+        let head_in = match pair_features {
+            None => m.d_model,
+            Some(PairFeatures::Interact) => 4 * m.d_model,
+            Some(PairFeatures::Concat) => 2 * m.d_model,
+        };
         let dense = |i, o| {
             LinearConfig::new(i, o)
                 .with_initializer(Initializer::XavierUniform { gain: 1.0 })
@@ -69,8 +83,17 @@ impl LraClassifier {
             }),
             dropout: DropoutConfig::new(m.dropout).init(),
             encoder: encoder.init(device),
-            head_hidden: dense(m.d_model, m.d_mlp),
-            head_out: dense(m.d_mlp, n_classes),
+            head_hidden: dense(head_in, m.d_mlp),
+            head_mid: pair_features.map(|_| dense(m.d_mlp, m.d_mlp / 2)),
+            head_out: dense(
+                if pair_features.is_some() {
+                    m.d_mlp / 2
+                } else {
+                    m.d_mlp
+                },
+                n_classes,
+            ),
+            pair_features,
             pooling: m.pooling,
             d_model: m.d_model,
         })
@@ -127,10 +150,33 @@ impl LraClassifier {
         }
     }
 
-    /// Class logits `[batch, classes]`.
-    pub fn forward(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
-        let pooled = self.encode(tokens, mask_pad);
-        let hidden = burn::tensor::activation::relu(self.head_hidden.forward(pooled));
+    /// Class logits `[batch, classes]` of the documents `tokens` (and, for matching, their
+    /// partners `pair`, encoded by the same encoder).
+    ///
+    /// # Panics
+    /// If a matching model gets no `pair`, or a single-sequence model gets one.
+    pub fn forward(&self, tokens: Tokens, pair: Option<Tokens>) -> Tensor<2> {
+        use burn::tensor::activation::relu;
+        let x1 = self.encode(tokens.ids, tokens.mask_pad);
+        let features = match (self.pair_features, pair) {
+            (None, None) => x1,
+            (Some(kind), Some(pair)) => {
+                let x2 = self.encode(pair.ids, pair.mask_pad);
+                match kind {
+                    PairFeatures::Interact => Tensor::cat(
+                        vec![x1.clone(), x2.clone(), x1.clone() * x2.clone(), x1 - x2],
+                        1,
+                    ),
+                    PairFeatures::Concat => Tensor::cat(vec![x1, x2], 1),
+                }
+            }
+            (None, Some(_)) => panic!("a single-sequence model got document pairs"),
+            (Some(_), None) => panic!("a matching model got single documents"),
+        };
+        let mut hidden = relu(self.head_hidden.forward(features));
+        if let Some(mid) = &self.head_mid {
+            hidden = relu(mid.forward(hidden));
+        }
         self.head_out.forward(hidden)
     }
 }
@@ -255,6 +301,65 @@ mod tests {
         );
     }
 
+    /// The matching model: both documents' padding is ignored, the two towers share one encoder,
+    /// and swapping the order of documents changes the interaction features (not symmetric).
+    #[test]
+    fn matching_pairs_ignore_padding() {
+        let device = Device::flex();
+        let config = RunConfig::preset(Task::Matching, "tiny").unwrap();
+        let model = LraClassifier::new(&config, "softmax", 257, 2, &device).unwrap();
+        let pair = |a: Vec<u16>, b: Vec<u16>| Example {
+            tokens: a,
+            pair: Some(b),
+            label: 0,
+        };
+        let x = pair(vec![5, 6, 7], vec![8, 9, 10, 11]);
+        let y = pair(vec![50; 4], vec![60; 2]);
+        let long = pair(vec![70; 30], vec![80; 25]);
+        let logits = |examples: &[&Example]| {
+            let batch = Batch::new(examples, &device);
+            model
+                .forward(batch.tokens, batch.pair)
+                .slice(s![0..2])
+                .into_data()
+        };
+        logits(&[&x, &y, &long]).assert_approx_eq::<f32>(
+            &logits(&[&x, &y]),
+            Tolerance::absolute(1e-5).set_relative(1e-4),
+        );
+    }
+
+    /// The `lra` presets build the LRA reference models: parameter counts derived in LRA.md
+    /// (ListOps 8.95M, Text 3.49M, Matching 1.09M with the concat head).
+    #[test]
+    fn lra_presets_have_the_reference_sizes() {
+        let device = Device::flex();
+        for (task, expected, concat) in [
+            (Task::Listops, 8.95e6, false),
+            (Task::Text, 3.49e6, false),
+            (Task::Matching, 1.09e6, true),
+        ] {
+            let mut config = RunConfig::preset(task, "lra").unwrap();
+            if concat {
+                config.model.pair_features = PairFeatures::Concat;
+            }
+            let n = ParamBudget::count(
+                &config,
+                "softmax",
+                task.vocab_size(),
+                2.max(task.n_classes()),
+                &device,
+            )
+            .unwrap()
+            .n_params as f64;
+            assert!(
+                (n - expected).abs() < 0.005e6,
+                "{}: {n} parameters, LRA.md: {expected}",
+                task.name()
+            );
+        }
+    }
+
     #[test]
     fn sinusoidal_matches_formula() {
         // Flax's sinusoidal_init in float64: pe[p, i] = sin(p / 10000^(2i/d)) for i < d/2, and
@@ -279,18 +384,9 @@ mod tests {
         // The same examples batched with a much longer one (more padding) give the same logits,
         // for both poolings and both position kinds.
         let device = Device::flex();
-        let short = Example {
-            tokens: vec![12, 3, 4, 15],
-            label: 1,
-        };
-        let other = Example {
-            tokens: vec![11, 3, 4, 5, 6, 15],
-            label: 2,
-        };
-        let long = Example {
-            tokens: vec![14; 40],
-            label: 3,
-        };
+        let short = Example::new(vec![12, 3, 4, 15], 1);
+        let other = Example::new(vec![11, 3, 4, 5, 6, 15], 2);
+        let long = Example::new(vec![14; 40], 3);
         for (pooling, positions) in [
             (Pooling::Mean, Positions::Learned),
             (Pooling::Cls, Positions::Sinusoidal),
@@ -303,7 +399,7 @@ mod tests {
                 let logits = |examples: &[&Example]| {
                     let batch = Batch::new(examples, &device);
                     model
-                        .forward(batch.tokens, batch.mask_pad)
+                        .forward(batch.tokens, batch.pair)
                         .slice(s![0..2])
                         .into_data()
                 };

@@ -4,21 +4,26 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::config::{RunConfig, Task};
-use crate::data::listops;
+use crate::config::{RunConfig, Task, Validation};
+use crate::data::{bytes, listops, matching};
 use crate::train::Splits;
 
-/// Loads the three splits of `config.task`.
+/// Loads the three splits of `config.task` and applies `data.validation` and
+/// `data.test_subset`.
 ///
-/// ListOps reads `basic_{train,val,test}.tsv` from `data_dir` when one is given; otherwise,
-/// when the configuration has a `[data.generate]` table, it generates the dataset once into
-/// `cache_dir` and reads it from there.
+/// - ListOps reads `basic_{train,val,test}.tsv` from `data_dir` when one is given; otherwise,
+///   when the configuration has a `[data.generate]` table, it generates the dataset once into
+///   `cache_dir` and reads it from there.
+/// - Text reads IMDB (aclImdb folders or their `.tar.gz`) or a `train.tsv`/`test.tsv`
+///   (`label<TAB>text`) corpus from `data_dir`.
+/// - Matching reads LRA's `new_aan_pairs.{train,eval,test}.tsv` from `data_dir`.
 pub fn load_splits(
     config: &RunConfig,
     data_dir: Option<&Path>,
     cache_dir: &Path,
 ) -> Result<Splits> {
-    match config.task {
+    let max_len = config.data.max_len;
+    let (mut train, val, mut test) = match config.task {
         Task::Listops => {
             let dir = match (data_dir, &config.data.generate) {
                 (Some(dir), _) => dir.to_path_buf(),
@@ -38,13 +43,52 @@ pub fn load_splits(
                      or use a config with a [data.generate] table"
                 ),
             };
-            let [train, val, test] = listops::read_splits(&dir, config.data.max_len)?;
-            Ok(Splits {
-                train,
-                val,
-                test,
-                vocab_size: listops::VOCAB_SIZE,
-            })
+            let [train, val, test] = listops::read_splits(&dir, max_len)?;
+            (train, Some(val), test)
         }
+        Task::Text => {
+            let Some(dir) = data_dir else {
+                bail!(
+                    "no text data: pass --data-dir with the IMDB reviews (the aclImdb folders or \
+                     their .tar.gz) or a folder holding train.tsv and test.tsv (label<TAB>text)"
+                );
+            };
+            let splits = bytes::read_corpus(dir, max_len, Task::Text.n_classes())?;
+            (splits.train, splits.val, splits.test)
+        }
+        Task::Matching => {
+            let Some(dir) = data_dir else {
+                bail!(
+                    "no matching data: pass --data-dir with LRA's new_aan_pairs.{{train,eval,test}}.tsv \
+                     (lra_release, tsv_data/), or generate small files in that format with \
+                     `burn-lra generate-matching --out DIR`"
+                );
+            };
+            let [train, val, test] =
+                matching::read_splits(dir, max_len, config.data.doc_max_bytes)?;
+            (train, Some(val), test)
+        }
+    };
+    let val = match (config.data.validation, val) {
+        (Validation::Split, Some(val)) => Some(val),
+        (Validation::Split, None) => bail!(
+            "{}: the corpus has no validation split; set `data.validation` to \"test\" (LRA's \
+             choice for IMDB) or to {{ holdout = N }}",
+            train.source
+        ),
+        // One copy of the tokens: the test split serves both roles.
+        (Validation::Test, _) => None,
+        (Validation::Holdout(n), _) => Some(train.split_off_holdout(n, "validation hold-out")?),
+    };
+    if let Some(n) = config.data.test_subset
+        && n < test.len()
+    {
+        test = test.split_off_holdout(n, &format!("sample of {n}"))?;
     }
+    Ok(Splits {
+        train,
+        val,
+        test,
+        vocab_size: config.task.vocab_size(),
+    })
 }

@@ -126,3 +126,95 @@ fn backend_not_compiled_names_the_feature() {
         assert_one_line_error(&stderr, &format!("--features {}", backend.feature()));
     }
 }
+
+/// The text and matching tasks' bad inputs, through the command line: each is one error line
+/// before any training.
+#[test]
+fn text_and_matching_bad_inputs_are_named() {
+    let dir = temp_dir("text");
+    let out = dir.to_str().unwrap();
+    let text = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--task",
+            "text",
+            "--attention",
+            "softmax",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        burn_lra(&args)
+    };
+    let (ok, stderr) = text(&[]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "pass --data-dir with the IMDB reviews");
+    let missing = dir.join("no-such-dir");
+    let (_, stderr) = text(&["--data-dir", missing.to_str().unwrap()]);
+    assert_one_line_error(&stderr, "does not exist");
+    let archive = dir.join("reviews.tar.gz");
+    std::fs::write(&archive, b"\x1f\x8b garbage").unwrap();
+    let (_, stderr) = text(&["--data-dir", archive.to_str().unwrap()]);
+    assert_one_line_error(&stderr, "reviews.tar.gz: unreadable archive");
+    let tsv = dir.join("corpus");
+    std::fs::create_dir_all(&tsv).unwrap();
+    std::fs::write(tsv.join("train.tsv"), "1\tgood\n5\tbad label\n").unwrap();
+    std::fs::write(tsv.join("test.tsv"), "0\tok\n").unwrap();
+    let (_, stderr) = text(&["--data-dir", tsv.to_str().unwrap()]);
+    assert_one_line_error(&stderr, "train.tsv:2: label `5` is out of range");
+
+    let (ok, stderr) = burn_lra(&[
+        "train",
+        "--task",
+        "matching",
+        "--attention",
+        "softmax",
+        "--out",
+        out,
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "burn-lra generate-matching");
+    let aan = dir.join("aan");
+    let (ok, _) = burn_lra(&[
+        "generate-matching",
+        "--out",
+        aan.to_str().unwrap(),
+        "--n-train",
+        "8",
+        "--n-val",
+        "4",
+        "--n-test",
+        "0",
+    ]);
+    assert!(ok);
+    let (_, stderr) = burn_lra(&[
+        "train",
+        "--task",
+        "matching",
+        "--attention",
+        "softmax",
+        "--out",
+        out,
+        "--data-dir",
+        aan.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&stderr, "new_aan_pairs.test.tsv: the split is empty");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--resume` without a checkpoint is an error that says so.
+#[test]
+fn resume_without_checkpoint_is_an_error() {
+    let dir = temp_dir("resume");
+    let run_dir = dir.join("run");
+    let (ok, stderr) = train_softmax(&[
+        "--out",
+        dir.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--resume",
+    ]);
+    assert!(!ok);
+    assert_one_line_error(&stderr, "no checkpoint to resume from");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

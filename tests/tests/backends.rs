@@ -39,10 +39,7 @@ fn examples() -> Vec<Example> {
     let [train, ..] = listops::generate(&generator).unwrap();
     train
         .into_iter()
-        .map(|(text, label)| Example {
-            tokens: listops::tokenize(&text).unwrap(),
-            label: label as usize,
-        })
+        .map(|(text, label)| Example::new(listops::tokenize(&text).unwrap(), label as usize))
         .collect()
 }
 
@@ -70,7 +67,7 @@ fn trajectory(
     for chunk in examples.chunks(8) {
         let refs: Vec<&Example> = chunk.iter().collect();
         let batch = Batch::new(&refs, &device);
-        let logits = model.forward(batch.tokens, batch.mask_pad);
+        let logits = model.forward(batch.tokens, batch.pair);
         let loss = loss_fn.forward(logits.clone(), batch.labels);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         // Read the logits after the backward pass, holding them until then, as the training
@@ -86,13 +83,23 @@ fn trajectory(
     out.push(
         model
             .valid()
-            .forward(batch.tokens, batch.mask_pad)
+            .forward(batch.tokens, batch.pair)
             .into_data()
             .convert::<f32>(),
     );
     out
 }
 
+// Unused when no backend besides flex is compiled in (the default `cargo test`).
+#[cfg_attr(
+    not(any(
+        feature = "ndarray",
+        feature = "tch",
+        feature = "wgpu",
+        feature = "cuda"
+    )),
+    allow(dead_code)
+)]
 fn matches_flex(backend: BackendKind) {
     for attention in burn_attention::VARIANTS.iter().map(|v| v.name) {
         let flex = Device::flex().autodiff();

@@ -6,11 +6,9 @@ use burn_lra::config::{RunConfig, Task};
 use burn_lra::task::load_splits;
 use burn_lra::train::{RunResult, TrainOptions, train};
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("burn-lra-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+mod common;
+
+use common::{options, short_listops, temp_dir};
 
 #[test]
 fn short_run_writes_config_metrics_and_result() {
@@ -33,6 +31,8 @@ fn short_run_writes_config_metrics_and_result() {
         run_dir: run_dir.clone(),
         preset: "test".into(),
         progress: false,
+        resume: false,
+        stop_after: None,
     };
     let result = train(&config, &splits, &opts).unwrap();
     let mut saved: RunResult =
@@ -83,6 +83,8 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
             run_dir: dir.join("run"),
             preset: "tiny".into(),
             progress: false,
+            resume: false,
+            stop_after: None,
         },
     )
     .unwrap();
@@ -92,5 +94,61 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
         result.test_accuracy,
         result.test_majority_rate
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A diverging run stops with a message that names the step and keeps its last good checkpoint.
+#[test]
+fn a_diverging_run_stops_and_keeps_its_last_checkpoint() {
+    let dir = temp_dir("diverge");
+    let mut config = short_listops(40);
+    // A learning rate far too high for Adam's normalised steps: the loss overflows.
+    config.training.schedule = burn_lra::config::Schedule::OneCycle {
+        peak: 1e9,
+        warmup: 12,
+    };
+    // A checkpoint after every step: the first step leaves finite (if huge) weights, so a good
+    // checkpoint exists by the time the loss or the weights overflow.
+    config.training.checkpoint_every = Some(1);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let run_dir = dir.join("run");
+    let err = train(&config, &splits, &options(run_dir.clone(), "softmax"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training diverged at step"), "{err}");
+    assert!(
+        run_dir.join("checkpoint").join("state.json").is_file(),
+        "{err}"
+    );
+    assert!(!run_dir.join("result.json").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Matching end to end on generated AAN-format files: two towers, a short run writes its result.
+#[test]
+fn matching_trains_on_aan_format_files() {
+    let dir = temp_dir("matching");
+    let data_dir = dir.join("aan");
+    burn_lra::data::matching::generate(
+        &data_dir,
+        &burn_lra::data::matching::PairGeneratorConfig {
+            n_train: 64,
+            n_val: 16,
+            n_test: 16,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let mut config = RunConfig::preset(Task::Matching, "tiny").unwrap();
+    config.training.steps = 12;
+    config.training.eval_every = 6;
+    config.training.schedule = burn_lra::config::Schedule::OneCycle {
+        peak: 1e-3,
+        warmup: 2,
+    };
+    let splits = load_splits(&config, Some(&data_dir), &dir.join("cache")).unwrap();
+    let result = train(&config, &splits, &options(dir.join("run"), "nystrom")).unwrap();
+    assert_eq!(result.split_sizes, [64, 16, 16]);
+    assert!(!result.validated_on_test);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,8 +2,9 @@
 //! best per attention, in the shape of the source papers' tables.
 //!
 //! The xtask builds `burn-lra` with the asked-for backend's feature and runs its binary once per
-//! (attention, seed); a seed whose run directory already holds `result.json` is skipped, so an
-//! interrupted sweep resumes where it stopped.
+//! (attention, seed); a seed whose run directory already holds `result.json` is skipped and one
+//! with a checkpoint continues from it (`--resume`), so an interrupted sweep resumes where it
+//! stopped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -12,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 const USAGE: &str = "\
-usage: cargo xtask lra --task <listops> [--seeds N] [--attention a,b,...] [--preset tiny|small|lra]
+usage: cargo xtask lra --task <listops|text|matching> [--seeds N] [--attention a,b,...] [--preset tiny|small|lra]
                        [--config FILE] [--backend flex|ndarray|tch|tch-cuda|wgpu|cuda]
                        [--data-dir DIR] [--out DIR]
        cargo xtask lra --list
@@ -240,6 +241,14 @@ fn lra(args: &[String]) -> Result<()> {
             };
             if let Some(dir) = &args.data_dir {
                 cmd.arg("--data-dir").arg(dir);
+            }
+            // A seed killed after a checkpoint continues from it.
+            if ["checkpoint", "checkpoint.old"]
+                .iter()
+                .any(|c| run_dir.join(c).join("state.json").is_file())
+            {
+                eprintln!("{attention} seed {seed}: resuming from its checkpoint");
+                cmd.arg("--resume");
             }
             if !cmd.status().context("cannot run burn-lra")?.success() {
                 failures.push(format!("{attention} seed {seed}"));

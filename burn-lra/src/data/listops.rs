@@ -349,7 +349,7 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
             bail!("{}:{lineno}: empty expression", path.display());
         }
         tokens.truncate(max_len);
-        examples.push(Example { tokens, label });
+        examples.push(Example::new(tokens, label));
     }
     Dataset::new(path.display().to_string(), examples, N_CLASSES)
 }

@@ -1,6 +1,9 @@
 //! Datasets: tokenized examples, splits and batching.
 
+pub mod bytes;
 pub mod listops;
+pub mod loader;
+pub mod matching;
 
 use std::path::Path;
 
@@ -12,8 +15,21 @@ use burn::prelude::*;
 pub struct Example {
     /// Token ids, already cut to the task's maximum length.
     pub tokens: Vec<u16>,
+    /// The second document of a matching pair.
+    pub pair: Option<Vec<u16>>,
     /// Class index.
     pub label: usize,
+}
+
+impl Example {
+    /// A single-sequence example.
+    pub fn new(tokens: Vec<u16>, label: usize) -> Self {
+        Self {
+            tokens,
+            pair: None,
+            label,
+        }
+    }
 }
 
 /// A split of a task: its examples and class count.
@@ -65,6 +81,32 @@ impl Dataset {
         max as f64 / self.len() as f64
     }
 
+    /// Moves `n` examples, drawn by a fixed shuffle (seed 0), out of this split into a new one
+    /// called `name` (a validation hold-out); the rest keep their order.
+    pub fn split_off_holdout(&mut self, n: usize, name: &str) -> Result<Dataset> {
+        if n >= self.len() {
+            bail!(
+                "{}: cannot hold out {n} of {} examples for validation",
+                self.source,
+                self.len()
+            );
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        crate::rng::Rng::new(0).shuffle(&mut order);
+        let mut held = vec![false; self.len()];
+        order[self.len() - n..].iter().for_each(|&i| held[i] = true);
+        let (mut kept, mut out) = (Vec::new(), Vec::new());
+        for (example, held) in std::mem::take(&mut self.examples).into_iter().zip(held) {
+            if held {
+                out.push(example)
+            } else {
+                kept.push(example)
+            }
+        }
+        self.examples = kept;
+        Dataset::new(format!("{} ({name})", self.source), out, self.n_classes)
+    }
+
     /// Longest example, in tokens.
     pub fn max_tokens(&self) -> usize {
         self.examples
@@ -75,41 +117,83 @@ impl Dataset {
     }
 }
 
+/// Padded token ids and their padding mask, `[batch, n]` each.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    /// Token ids, 0 = padding.
+    pub ids: Tensor<2, Int>,
+    /// Padding mask, `true` = padding.
+    pub mask_pad: Tensor<2, Bool>,
+}
+
 /// A batch on a device: tokens padded to the batch's longest example.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    /// Token ids `[batch, n]`, 0 = padding.
-    pub tokens: Tensor<2, Int>,
-    /// Padding mask `[batch, n]`, `true` = padding.
-    pub mask_pad: Tensor<2, Bool>,
+    /// The (first) documents.
+    pub tokens: Tokens,
+    /// The second documents of matching pairs.
+    pub pair: Option<Tokens>,
     /// Labels `[batch]`.
     pub labels: Tensor<1, Int>,
 }
 
-impl Batch {
-    /// Pads `examples` to the longest of them and moves them to `device`.
-    pub fn new(examples: &[&Example], device: &Device) -> Self {
-        let batch = examples.len();
-        let n = examples
+/// A batch on the host, built where the examples are (the loader thread): padded ids and labels.
+#[derive(Debug, Clone)]
+pub struct HostBatch {
+    tokens: TensorData,
+    pair: Option<TensorData>,
+    labels: TensorData,
+}
+
+fn pad(rows: &[&[u16]]) -> TensorData {
+    let n = rows.iter().map(|r| r.len()).max().unwrap_or(0).max(1);
+    let mut ids = vec![0i64; rows.len() * n];
+    for (row, tokens) in rows.iter().enumerate() {
+        for (j, &t) in tokens.iter().enumerate() {
+            ids[row * n + j] = t as i64;
+        }
+    }
+    TensorData::new(ids, [rows.len(), n])
+}
+
+impl HostBatch {
+    /// Pads `examples` (each document to the longest of its kind in the batch).
+    pub fn new(examples: &[&Example]) -> Self {
+        let firsts: Vec<&[u16]> = examples.iter().map(|e| e.tokens.as_slice()).collect();
+        let pair = examples
             .iter()
-            .map(|e| e.tokens.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut tokens = vec![0i64; batch * n];
-        for (row, e) in examples.iter().enumerate() {
-            for (j, &t) in e.tokens.iter().enumerate() {
-                tokens[row * n + j] = t as i64;
-            }
-        }
+            .map(|e| e.pair.as_deref())
+            .collect::<Option<Vec<&[u16]>>>()
+            .map(|seconds| pad(&seconds));
         let labels: Vec<i64> = examples.iter().map(|e| e.label as i64).collect();
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [batch, n]), device);
-        let mask_pad = tokens.clone().equal_elem(0);
         Self {
-            tokens,
-            mask_pad,
-            labels: Tensor::<1, Int>::from_data(TensorData::new(labels, [batch]), device),
+            tokens: pad(&firsts),
+            pair,
+            labels: TensorData::new(labels, [examples.len()]),
         }
+    }
+
+    /// Moves the batch to `device`.
+    pub fn to_device(self, device: &Device) -> Batch {
+        let tokens = |data: TensorData| {
+            let ids = Tensor::<2, Int>::from_data(data, device);
+            Tokens {
+                mask_pad: ids.clone().equal_elem(0),
+                ids,
+            }
+        };
+        Batch {
+            tokens: tokens(self.tokens),
+            pair: self.pair.map(tokens),
+            labels: Tensor::<1, Int>::from_data(self.labels, device),
+        }
+    }
+}
+
+impl Batch {
+    /// Pads `examples` and moves them to `device`.
+    pub fn new(examples: &[&Example], device: &Device) -> Self {
+        HostBatch::new(examples).to_device(device)
     }
 }
 

@@ -1,0 +1,211 @@
+//! Byte-level document matching in LRA's AAN format, and a generator of small files in that
+//! format.
+//!
+//! `new_aan_pairs.{train,eval,test}.tsv`: no header, no quoting, one pair per line,
+//! `label<TAB>id1<TAB>id2<TAB>text1<TAB>text2`, the label written as a float (`1.0`). Each text is
+//! cut to its first `doc_max_bytes` bytes (LRA: 10,000), then to the model's maximum length, and
+//! tokenized as bytes ([`byte_tokens`]).
+//!
+//! The AAN files come with the LRA release (`lra_release.gz`, folder `tsv_data/`, from the
+//! google-research/long-range-arena repository); they cannot be downloaded here.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+
+use super::bytes::{byte_tokens, parse_label};
+use super::{Dataset, Example, write_atomic};
+use crate::rng::Rng;
+
+/// The three files, by split.
+pub const SPLIT_FILES: [(&str, &str); 3] = [
+    ("train", "new_aan_pairs.train.tsv"),
+    ("val", "new_aan_pairs.eval.tsv"),
+    ("test", "new_aan_pairs.test.tsv"),
+];
+
+/// Reads one AAN-format file.
+pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dataset> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let keep = max_len.min(doc_max_bytes);
+    let mut examples = Vec::new();
+    let mut line = Vec::new();
+    let mut number = 0;
+    loop {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        number += 1;
+        let row = line.strip_suffix(b"\n").unwrap_or(&line);
+        let row = row.strip_suffix(b"\r").unwrap_or(row);
+        if row.is_empty() {
+            continue;
+        }
+        let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", path.display());
+        let fields: Vec<&[u8]> = row.splitn(5, |&b| b == b'\t').collect();
+        let [label, _id1, _id2, text1, text2] = fields.as_slice() else {
+            return Err(at(format!(
+                "expected 5 tab-separated fields (label, id1, id2, text1, text2), found {}",
+                fields.len()
+            )));
+        };
+        let label = parse_label(label, 2).map_err(at)?;
+        examples.push(Example {
+            tokens: byte_tokens(text1, keep),
+            pair: Some(byte_tokens(text2, keep)),
+            label,
+        });
+    }
+    Dataset::new(path.display().to_string(), examples, 2)
+}
+
+/// Reads the three AAN files from `dir`.
+pub fn read_splits(dir: &Path, max_len: usize, doc_max_bytes: usize) -> Result<[Dataset; 3]> {
+    if !dir.is_dir() {
+        bail!("data directory {} does not exist", dir.display());
+    }
+    let read = |i: usize| read_tsv(&dir.join(SPLIT_FILES[i].1), max_len, doc_max_bytes);
+    Ok([read(0)?, read(1)?, read(2)?])
+}
+
+/// Sizes and seed of a generated matching dataset.
+#[derive(Debug, Clone, Copy)]
+pub struct PairGeneratorConfig {
+    /// Training pairs.
+    pub n_train: usize,
+    /// Validation pairs.
+    pub n_val: usize,
+    /// Test pairs.
+    pub n_test: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+const TOPICS: usize = 8;
+
+/// Writes a synthetic matching dataset in the AAN format into `dir`: documents of lowercase
+/// words, each document on one of 8 topics (a topic draws most of its words' letters from its
+/// own 6-letter alphabet); a pair is labelled 1 when both documents share a topic, 0 otherwise
+/// (half each). Learnable from byte statistics, so a small model beats chance quickly: a
+/// harness check, not a benchmark.
+pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
+    let mut rng = Rng::new(cfg.seed);
+    let letters: Vec<u8> = (b'a'..=b'z').collect();
+    let alphabets: Vec<Vec<u8>> = (0..TOPICS)
+        .map(|_| {
+            let mut l = letters.clone();
+            rng.shuffle(&mut l);
+            l[..6].to_vec()
+        })
+        .collect();
+    let mut doc_id = 0usize;
+    let mut document = |rng: &mut Rng, topic: usize| -> (String, String) {
+        let words = rng.range_inclusive(10, 30);
+        let mut text = String::new();
+        for w in 0..words {
+            if w > 0 {
+                text.push(' ');
+            }
+            for _ in 0..rng.range_inclusive(2, 8) {
+                let c = if rng.uniform() < 0.7 {
+                    alphabets[topic][rng.below(6)]
+                } else {
+                    letters[rng.below(26)]
+                };
+                text.push(c as char);
+            }
+        }
+        doc_id += 1;
+        (format!("doc{doc_id}"), text)
+    };
+    for ((_, file), n) in SPLIT_FILES.iter().zip([cfg.n_train, cfg.n_val, cfg.n_test]) {
+        let mut out = String::new();
+        for i in 0..n {
+            let label = i % 2;
+            let topic_1 = rng.below(TOPICS);
+            let topic_2 = if label == 1 {
+                topic_1
+            } else {
+                (topic_1 + 1 + rng.below(TOPICS - 1)) % TOPICS
+            };
+            let (id1, text1) = document(&mut rng, topic_1);
+            let (id2, text2) = document(&mut rng, topic_2);
+            out.push_str(&format!("{label}.0\t{id1}\t{id2}\t{text1}\t{text2}\n"));
+        }
+        write_atomic(&dir.join(file), out.as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("burn-lra-aan-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn aan_rows_are_cut_then_tokenized() {
+        let dir = temp_dir("rows");
+        let path = dir.join("pairs.tsv");
+        std::fs::write(&path, "1.0\tid1\tid2\tabcdef\txy\n0\ta\tb\tq\tr\ts\n").unwrap();
+        // doc_max_bytes 4 then max_len 3: the first 3 bytes; the second row's text2 keeps its tab.
+        let data = read_tsv(&path, 3, 4).unwrap();
+        let t = |s: &str| s.bytes().map(|b| b as u16 + 1).collect::<Vec<_>>();
+        assert_eq!(data.examples[0].tokens, t("abc"));
+        assert_eq!(data.examples[0].pair, Some(t("xy")));
+        assert_eq!(data.examples[0].label, 1);
+        assert_eq!(data.examples[1].pair, Some(t("r\ts")));
+        assert_eq!(read_tsv(&path, 10, 2).unwrap().examples[0].tokens, t("ab"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_aan_rows_are_named() {
+        let dir = temp_dir("bad");
+        let path = dir.join("pairs.tsv");
+        std::fs::write(&path, "1.0\tid1\tid2\tabc\tdef\n1.0\tid1\tid2\tabc\n").unwrap();
+        let e = format!("{:#}", read_tsv(&path, 8, 8).unwrap_err());
+        assert!(
+            e.contains("pairs.tsv:2") && e.contains("5 tab-separated fields"),
+            "{e}"
+        );
+        std::fs::write(&path, "0.5\ta\tb\tc\td\n").unwrap();
+        let e = format!("{:#}", read_tsv(&path, 8, 8).unwrap_err());
+        assert!(
+            e.contains("pairs.tsv:1") && e.contains("out of range"),
+            "{e}"
+        );
+        let e = format!("{:#}", read_splits(&dir.join("none"), 8, 8).unwrap_err());
+        assert!(e.contains("does not exist"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn generated_files_read_back_balanced() {
+        let dir = temp_dir("gen");
+        let cfg = PairGeneratorConfig {
+            n_train: 40,
+            n_val: 10,
+            n_test: 20,
+            seed: 3,
+        };
+        generate(&dir, &cfg).unwrap();
+        let [train, val, test] = read_splits(&dir, 10_000, 10_000).unwrap();
+        assert_eq!([train.len(), val.len(), test.len()], [40, 10, 20]);
+        assert_eq!(train.label_counts(), vec![20, 20]);
+        assert!(train.examples.iter().all(|e| e.pair.is_some()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

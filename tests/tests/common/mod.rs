@@ -1,0 +1,54 @@
+//! Helpers shared by the harness test binaries.
+#![allow(dead_code)]
+
+use burn_lra::backend::BackendKind;
+use burn_lra::config::{RunConfig, Task};
+use burn_lra::train::TrainOptions;
+
+/// A fresh temporary directory for one test.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-lra-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The tiny ListOps preset shrunk to 200 / 40 / 40 examples and `steps` steps.
+pub fn short_listops(steps: usize) -> RunConfig {
+    let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+    let generate = config.data.generate.as_mut().unwrap();
+    (generate.n_train, generate.n_val, generate.n_test) = (200, 40, 40);
+    config.training.steps = steps;
+    config.training.eval_every = 10;
+    config.training.schedule = burn_lra::config::Schedule::OneCycle {
+        peak: 1e-3,
+        warmup: 5,
+    };
+    config
+}
+
+/// Options for a flex run of `attention` with seed 3 in `run_dir`.
+pub fn options(run_dir: std::path::PathBuf, attention: &str) -> TrainOptions {
+    TrainOptions {
+        attention: attention.into(),
+        seed: 3,
+        backend: BackendKind::Flex,
+        run_dir,
+        preset: "test".into(),
+        progress: false,
+        resume: false,
+        stop_after: None,
+    }
+}
+
+/// Every line of a run's `metrics.jsonl` without its wall-clock field.
+pub fn metrics_without_time(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("elapsed_s");
+            v
+        })
+        .collect()
+}
