@@ -11,6 +11,7 @@
 //! - [`backend`]: backends as cargo features, picked at run time.
 
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod data;
 pub mod model;

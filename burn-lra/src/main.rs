@@ -34,6 +34,9 @@ enum Command {
     },
     /// List the backends and which are compiled in.
     Backends,
+    /// Time one attention at one length (forward, forward + backward, peak memory) and print a
+    /// JSON line; `cargo xtask bench attention` drives it.
+    BenchAttention(burn_lra::bench::BenchArgs),
     /// Write a small synthetic matching dataset in LRA's AAN format
     /// (new_aan_pairs.{train,eval,test}.tsv) into a folder.
     GenerateMatching {
@@ -161,6 +164,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train_command(args),
+        Command::BenchAttention(args) => {
+            println!("{}", serde_json::to_string(&burn_lra::bench::run(&args)?)?);
+            Ok(())
+        }
         Command::GenerateMatching {
             out,
             n_train,

@@ -218,3 +218,39 @@ fn resume_without_checkpoint_is_an_error() {
     assert_one_line_error(&stderr, "no checkpoint to resume from");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench-attention` prints one JSON line with positive timings, for a quadratic and a linear
+/// variant (the numbers themselves belong to `cargo xtask bench`, not to tests).
+#[test]
+fn bench_attention_prints_one_json_line() {
+    for (attention, params) in [("softmax", "{}"), ("nystrom", r#"{"n_landmarks": 8}"#)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+            .args(["bench-attention", "--attention", attention, "--n", "64"])
+            .args([
+                "--d-model",
+                "32",
+                "--heads",
+                "2",
+                "--reps",
+                "2",
+                "--warmup",
+                "0",
+            ])
+            .args(["--params", params])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(v["attention"], attention);
+        assert_eq!(v["n"], 64);
+        for key in ["forward_ms", "forward_backward_ms"] {
+            assert!(v[key].as_f64().unwrap() > 0.0, "{line}");
+        }
+        assert!(v["peak_mib"].as_f64().unwrap() >= 0.0, "{line}");
+    }
+}

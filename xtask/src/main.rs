@@ -12,11 +12,14 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+mod bench;
+
 const USAGE: &str = "\
 usage: cargo xtask lra --task <listops|text|matching> [--seeds N] [--attention a,b,...] [--preset tiny|small|lra]
                        [--config FILE] [--backend flex|ndarray|tch|tch-cuda|wgpu|cuda]
                        [--data-dir DIR] [--out DIR]
        cargo xtask lra --list
+       cargo xtask bench setup | attention [...]   (cargo xtask bench for its flags)
 
   --seeds N        seeds 0..N-1 (default 5)
   --attention      comma-separated registry names (default: every registered attention)
@@ -31,9 +34,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("lra") => lra(&args[1..]),
-        Some("bench") => Err(anyhow::anyhow!(
-            "the efficiency benchmarks are not implemented yet"
-        )),
+        Some("bench") => bench::bench(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -109,7 +110,7 @@ fn parse(args: &[String]) -> Result<LraArgs> {
     Ok(parsed)
 }
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
@@ -125,7 +126,7 @@ fn cargo_feature(backend: &str) -> &str {
 }
 
 /// A private copy of the burn-lra binary, removed when the sweep ends.
-struct Harness(PathBuf);
+pub(crate) struct Harness(PathBuf);
 
 impl Drop for Harness {
     fn drop(&mut self) {
@@ -141,20 +142,22 @@ impl AsRef<std::ffi::OsStr> for Harness {
     }
 }
 
-/// Builds burn-lra with the backend's feature and returns a private copy of the binary.
-fn build_harness(backend: &str) -> Result<Harness> {
+/// Builds burn-lra with the backend's feature (in the release profile for benchmarks) and
+/// returns a private copy of the binary.
+pub(crate) fn build_harness(backend: &str, release: bool) -> Result<Harness> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--package",
-            "burn-lra",
-            "--features",
-            cargo_feature(backend),
-        ])
-        .status()
-        .context("cannot run cargo")?;
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root()).args([
+        "build",
+        "--package",
+        "burn-lra",
+        "--features",
+        cargo_feature(backend),
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("cannot run cargo")?;
     if !status.success() {
         bail!(
             "building burn-lra with feature `{}` failed",
@@ -173,14 +176,15 @@ fn build_harness(backend: &str) -> Result<Harness> {
     std::fs::create_dir_all(&private)
         .with_context(|| format!("cannot create {}", private.display()))?;
     let copy = private.join(&exe);
-    std::fs::copy(target.join("debug").join(&exe), &copy)
+    let profile = if release { "release" } else { "debug" };
+    std::fs::copy(target.join(profile).join(&exe), &copy)
         .with_context(|| format!("cannot copy the harness to {}", copy.display()))?;
     Ok(Harness(copy))
 }
 
 fn lra(args: &[String]) -> Result<()> {
     let args = parse(args)?;
-    let harness = build_harness(&args.backend)?;
+    let harness = build_harness(&args.backend, false)?;
     if args.list {
         let status = Command::new(&harness).arg("list").status()?;
         if !status.success() {

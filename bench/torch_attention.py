@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""One efficiency measurement of one PyTorch attention at one length, printed as a JSON line:
+the same protocol as `burn-lra bench-attention` (median forward and forward + backward time over
+`--reps` after `--warmup`, peak resident memory of this process above its level before the first
+input), so that `cargo xtask bench attention` can put the two side by side.
+
+Variants: softmax (four linear projections around torch's scaled_dot_product_attention), and the
+packages people use: linformer (LinformerSelfAttention), performer and performer-relu
+(performer-pytorch SelfAttention, FAVOR+ or its generalized ReLU kernel), nystrom
+(nystrom-attention NystromAttention). Installed by `cargo xtask bench setup`.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def proc_status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return float(line.split()[1])
+    return 0.0
+
+
+class Softmax(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        split = lambda t: t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        out = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        return self.o(out.transpose(1, 2).reshape(b, n, d))
+
+
+def build(name, dim, heads, n, params):
+    if name == "softmax":
+        return Softmax(dim, heads)
+    if name == "linformer":
+        from linformer import LinformerSelfAttention
+
+        return LinformerSelfAttention(dim, seq_len=n, k=params.get("k", 256), heads=heads)
+    if name in ("performer", "performer-relu"):
+        from performer_pytorch import SelfAttention
+
+        return SelfAttention(
+            dim,
+            heads=heads,
+            dim_head=dim // heads,
+            nb_features=params.get("n_features", 256),
+            generalized_attention=name == "performer-relu",
+        )
+    if name == "nystrom":
+        from nystrom_attention import NystromAttention
+
+        kernel = params.get("conv_kernel")
+        return NystromAttention(
+            dim,
+            dim_head=dim // heads,
+            heads=heads,
+            num_landmarks=params.get("n_landmarks", 64),
+            pinv_iterations=params.get("pinv_iterations", 6),
+            residual=kernel is not None,
+            residual_conv_kernel=kernel or 33,
+        )
+    raise SystemExit(f"error: no PyTorch implementation of `{name}` in this benchmark")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--attention", required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--params", default="{}")
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    module = build(a.attention, a.d_model, a.heads, a.n, json.loads(a.params))
+    rss_before = proc_status_kib("VmRSS:")
+    forward, both = [], []
+    for rep in range(a.warmup + a.reps):
+        x = torch.randn(a.batch, a.n, a.d_model)
+        start = time.perf_counter()
+        with torch.no_grad():
+            module(x).sum().item()
+        t_forward = (time.perf_counter() - start) * 1e3
+        x.requires_grad_(True)
+        start = time.perf_counter()
+        module(x).sum().backward()
+        x.grad.sum().item()
+        t_both = (time.perf_counter() - start) * 1e3
+        if rep >= a.warmup:
+            forward.append(t_forward)
+            both.append(t_both)
+    peak = proc_status_kib("VmHWM:")
+    print(
+        json.dumps(
+            {
+                "attention": a.attention,
+                "n": a.n,
+                "forward_ms": statistics.median(forward),
+                "forward_backward_ms": statistics.median(both),
+                "peak_mib": max(peak - rss_before, 0.0) / 1024.0,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,603 @@
+//! `cargo xtask bench attention`: forward and forward + backward time and peak memory of every
+//! attention at doubling lengths, on one backend, beside PyTorch's implementations measured in the
+//! same run on the same machine; tables in the Linformer paper's layout (speed-up and memory
+//! saving over softmax), the ratio ours / PyTorch, the growth per doubling of n, JSON and an SVG.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{Harness, build_harness, workspace_root};
+
+const USAGE: &str = "\
+usage: cargo xtask bench setup
+       cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
+                                   [--batch 1] [--heads 8] [--d-model 512] [--reps 5] [--warmup 2]
+                                   [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
+
+  setup       pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
+              nystrom-attention
+  attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
+              after --warmup; softmax-style cases whose score matrices would need more than
+              --max-quadratic-gib are skipped and marked so";
+
+/// The PyTorch packages of the comparison.
+const PIP_PACKAGES: &[&str] = &[
+    "torch==2.9.0",
+    "numpy",
+    "einops",
+    "linformer",
+    "performer-pytorch",
+    "nystrom-attention",
+];
+
+/// Attentions with a PyTorch counterpart in `bench/torch_attention.py`.
+const TORCH_VARIANTS: &[&str] = &[
+    "softmax",
+    "linformer",
+    "performer",
+    "performer-relu",
+    "nystrom",
+];
+
+/// Variants whose memory grows with n² (they keep an n × n score matrix per head).
+const QUADRATIC: &[&str] = &["softmax"];
+
+/// Parameters used for both sides, so that the two implementations do the same work.
+fn params(attention: &str) -> Value {
+    match attention {
+        "linformer" | "linformer-linear" => json!({"k": 256}),
+        "performer" => json!({"n_features": 256}),
+        "nystrom" => json!({"n_landmarks": 64}),
+        _ => json!({}),
+    }
+}
+
+struct Args {
+    backend: String,
+    attentions: Option<Vec<String>>,
+    lengths: Vec<usize>,
+    batch: usize,
+    heads: usize,
+    d_model: usize,
+    reps: usize,
+    warmup: usize,
+    torch: bool,
+    max_quadratic_gib: f64,
+    timeout: u64,
+    out: PathBuf,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut a = Args {
+        backend: "flex".into(),
+        attentions: None,
+        lengths: (0..6).map(|i| 512 << i).collect(),
+        batch: 1,
+        heads: 8,
+        d_model: 512,
+        reps: 5,
+        warmup: 2,
+        torch: true,
+        max_quadratic_gib: 6.0,
+        timeout: 600,
+        out: PathBuf::from("bench/results"),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        if flag == "--no-torch" {
+            a.torch = false;
+            continue;
+        }
+        let value = it
+            .next()
+            .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = |v: &str| -> Result<usize> {
+            v.parse()
+                .with_context(|| format!("{flag}: `{v}` is not a number"))
+        };
+        match flag.as_str() {
+            "--backend" => a.backend = value.clone(),
+            "--attention" => a.attentions = Some(value.split(',').map(String::from).collect()),
+            "--lengths" => a.lengths = value.split(',').map(number).collect::<Result<Vec<_>>>()?,
+            "--batch" => a.batch = number(value)?,
+            "--heads" => a.heads = number(value)?,
+            "--d-model" => a.d_model = number(value)?,
+            "--reps" => a.reps = number(value)?,
+            "--warmup" => a.warmup = number(value)?,
+            "--timeout" => a.timeout = number(value)? as u64,
+            "--max-quadratic-gib" => {
+                a.max_quadratic_gib = value
+                    .parse()
+                    .with_context(|| format!("{flag}: `{value}` is not a number"))?
+            }
+            "--out" => a.out = PathBuf::from(value),
+            other => bail!("unknown flag `{other}`\n{USAGE}"),
+        }
+    }
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    Ok(a)
+}
+
+/// Entry point of `cargo xtask bench ...`.
+pub fn bench(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("setup") => setup(),
+        Some("attention") => attention(&parse(&args[1..])?),
+        Some("lra") => {
+            bail!("`cargo xtask bench lra` (LRA's efficiency protocol) is not implemented yet")
+        }
+        _ => bail!("{USAGE}"),
+    }
+}
+
+fn setup() -> Result<()> {
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install"])
+        .args(PIP_PACKAGES)
+        .status()
+        .context("cannot run python3 -m pip")?;
+    if !status.success() {
+        bail!("pip install {} failed", PIP_PACKAGES.join(" "));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` with a time limit; its last stdout line parsed as JSON, or why there is none.
+fn run_case(mut cmd: Command, timeout: Duration) -> std::result::Result<Value, String> {
+    let out_path = std::env::temp_dir().join(format!("xtask-bench-{}.out", std::process::id()));
+    let err_path = out_path.with_extension("err");
+    let stdout = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
+    let stderr = std::fs::File::create(&err_path).map_err(|e| e.to_string())?;
+    let mut child = cmd
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("cannot start: {e}"))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("timed out after {} s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    if !status.success() {
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(format!("failed ({status}): {last}"));
+    }
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| "printed no result".to_string())
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": null, "commit": commit})
+}
+
+fn attention(args: &Args) -> Result<()> {
+    let harness: Harness = build_harness(&args.backend, true)?;
+    let names: Vec<String> = match &args.attentions {
+        Some(list) => list.clone(),
+        None => {
+            let out = Command::new(&harness).args(["list", "--names"]).output()?;
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(String::from)
+                .collect()
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let timeout = Duration::from_secs(args.timeout);
+    let script = workspace_root().join("bench").join("torch_attention.py");
+    let mut cases = Vec::new();
+    for name in &names {
+        for &n in &args.lengths {
+            let common = |cmd: &mut Command| {
+                cmd.args(["--attention", name, "--n", &n.to_string()])
+                    .args(["--batch", &args.batch.to_string()])
+                    .args(["--heads", &args.heads.to_string()])
+                    .args(["--d-model", &args.d_model.to_string()])
+                    .args(["--reps", &args.reps.to_string()])
+                    .args(["--warmup", &args.warmup.to_string()])
+                    .args(["--params", &params(name).to_string()]);
+            };
+            let scores_gib = (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
+            let ours = if QUADRATIC.contains(&name.as_str())
+                && 3.0 * scores_gib > args.max_quadratic_gib
+            {
+                Err(format!(
+                    "skipped: its score matrices need about {:.1} GiB (--max-quadratic-gib {})",
+                    3.0 * scores_gib,
+                    args.max_quadratic_gib
+                ))
+            } else {
+                let mut cmd = Command::new(&harness);
+                cmd.arg("bench-attention")
+                    .args(["--backend", &args.backend]);
+                common(&mut cmd);
+                run_case(cmd, timeout)
+            };
+            let torch = if args.torch && TORCH_VARIANTS.contains(&name.as_str()) {
+                let mut cmd = Command::new("python3");
+                cmd.arg(&script).args(["--threads", &threads.to_string()]);
+                common(&mut cmd);
+                Some(run_case(cmd, timeout))
+            } else {
+                None
+            };
+            let show = |r: &std::result::Result<Value, String>| match r {
+                Ok(v) => format!(
+                    "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
+                    v["forward_ms"].as_f64().unwrap_or(f64::NAN),
+                    v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
+                    v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+                ),
+                Err(e) => e.clone(),
+            };
+            eprintln!("{name:<16} n={n:<6} ours: {}", show(&ours));
+            if let Some(t) = &torch {
+                eprintln!("{:<16} {:<8} torch: {}", "", "", show(t));
+            }
+            let as_json = |r: std::result::Result<Value, String>| match r {
+                Ok(v) => v,
+                Err(e) => json!({"error": e}),
+            };
+            cases.push(json!({
+                "attention": name,
+                "n": n,
+                "params": params(name),
+                "ours": as_json(ours),
+                "torch": torch.map(as_json),
+            }));
+        }
+    }
+    let torch_version = cases
+        .iter()
+        .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
+    let report = json!({
+        "benchmark": "attention",
+        "backend": args.backend,
+        "machine": machine(),
+        "threads": threads,
+        "torch": torch_version,
+        "setup": {
+            "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
+            "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
+        },
+        "cases": cases,
+    });
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let stem = args.out.join(format!("attention-{}", args.backend));
+    write(
+        &stem.with_extension("json"),
+        &serde_json::to_string_pretty(&report)?,
+    )?;
+    let markdown = render_markdown(&report, &names, &args.lengths);
+    write(&stem.with_extension("md"), &markdown)?;
+    write(
+        &stem.with_extension("svg"),
+        &render_svg(&report, &names, &args.lengths),
+    )?;
+    println!("{markdown}");
+    println!("wrote {}.{{json,md,svg}}", stem.display());
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn case<'a>(report: &'a Value, name: &str, n: usize) -> Option<&'a Value> {
+    report["cases"]
+        .as_array()?
+        .iter()
+        .find(|c| c["attention"] == name && c["n"] == n)
+}
+
+fn metric(report: &Value, side: &str, name: &str, n: usize, key: &str) -> Option<f64> {
+    case(report, name, n)?[side][key].as_f64()
+}
+
+fn cell(x: Option<f64>, digits: usize) -> String {
+    x.map_or("–".to_string(), |x| format!("{x:.digits$}"))
+}
+
+fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> String {
+    let m = &report["machine"];
+    let s = &report["setup"];
+    let mut md = format!(
+        "# Attention efficiency, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
+         PyTorch {}. Batch {}, {} heads, d_model {}; median of {} runs after {} warm-up runs, one \
+         process per case; peak memory is the process's resident high-water mark above its \
+         level before the first input (Linux VmHWM - VmRSS).\n\n",
+        report["backend"].as_str().unwrap_or(""),
+        m["cpu"].as_str().unwrap_or(""),
+        m["cores"],
+        m["memory_gib"],
+        m["commit"].as_str().unwrap_or(""),
+        report["threads"],
+        report["torch"].as_str().unwrap_or("not measured"),
+        s["batch"],
+        s["heads"],
+        s["d_model"],
+        s["reps"],
+        s["warmup"],
+    );
+    let header = |md: &mut String, first: &str| {
+        md.push_str(&format!("| {first} |"));
+        for n in lengths {
+            md.push_str(&format!(" {n} |"));
+        }
+        md.push_str("\n|---|");
+        for _ in lengths {
+            md.push_str("---|");
+        }
+        md.push('\n');
+    };
+    for (title, key) in [
+        ("Forward + backward time, ms (ours)", "forward_backward_ms"),
+        ("Forward time, ms (ours)", "forward_ms"),
+        ("Peak memory, MiB (ours, forward + backward)", "peak_mib"),
+    ] {
+        md.push_str(&format!("## {title}\n\n"));
+        header(&mut md, "attention \\ n");
+        for name in names {
+            md.push_str(&format!("| {name} |"));
+            for &n in lengths {
+                md.push_str(&format!(
+                    " {} |",
+                    cell(metric(report, "ours", name, n, key), 1)
+                ));
+            }
+            md.push('\n');
+        }
+        md.push('\n');
+    }
+    md.push_str(
+        "## Speed-up and memory saving over softmax (ours), as in the Linformer paper's table\n\n\
+         Each cell: time(softmax) / time(variant) for forward + backward, then \
+         memory(softmax) / memory(variant).\n\n",
+    );
+    header(&mut md, "attention \\ n");
+    for name in names.iter().filter(|n| *n != "softmax") {
+        md.push_str(&format!("| {name} |"));
+        for &n in lengths {
+            let ratio = |key| {
+                Some(
+                    metric(report, "ours", "softmax", n, key)?
+                        / metric(report, "ours", name, n, key)?,
+                )
+            };
+            md.push_str(&format!(
+                " {}× / {}× |",
+                cell(ratio("forward_backward_ms"), 2),
+                cell(ratio("peak_mib"), 2)
+            ));
+        }
+        md.push('\n');
+    }
+    md.push_str("\n## Ours / PyTorch, forward + backward time (≤ 1 means ours is faster)\n\n");
+    header(&mut md, "attention \\ n");
+    for name in names
+        .iter()
+        .filter(|n| TORCH_VARIANTS.contains(&n.as_str()))
+    {
+        md.push_str(&format!("| {name} |"));
+        for &n in lengths {
+            let ratio = metric(report, "ours", name, n, "forward_backward_ms")
+                .zip(metric(report, "torch", name, n, "forward_backward_ms"))
+                .map(|(a, b)| a / b);
+            md.push_str(&format!(" {} |", cell(ratio, 2)));
+        }
+        md.push('\n');
+    }
+    md.push_str(
+        "\n## Growth per doubling of n (ours, forward + backward): time, then memory\n\n\
+         Linear cost shows as about 2×; quadratic as about 4×.\n\n",
+    );
+    md.push_str("| attention |");
+    for w in lengths.windows(2) {
+        md.push_str(&format!(" {}→{} |", w[0], w[1]));
+    }
+    md.push_str("\n|---|");
+    for _ in lengths.windows(2) {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for name in names {
+        md.push_str(&format!("| {name} |"));
+        for w in lengths.windows(2) {
+            let growth = |key| {
+                Some(
+                    metric(report, "ours", name, w[1], key)?
+                        / metric(report, "ours", name, w[0], key)?,
+                )
+            };
+            md.push_str(&format!(
+                " {} / {} |",
+                cell(growth("forward_backward_ms"), 2),
+                cell(growth("peak_mib"), 2)
+            ));
+        }
+        md.push('\n');
+    }
+    let skipped: Vec<String> = report["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            ["ours", "torch"].into_iter().filter_map(move |side| {
+                c[side]["error"].as_str().map(|e| {
+                    format!(
+                        "- {} n={} ({side}): {e}",
+                        c["attention"].as_str().unwrap_or(""),
+                        c["n"]
+                    )
+                })
+            })
+        })
+        .collect();
+    if !skipped.is_empty() {
+        md.push_str("\n## Not measured\n\n");
+        md.push_str(&skipped.join("\n"));
+        md.push('\n');
+    }
+    md
+}
+
+/// Two log-log panels, time and memory against n, one line per attention (ours solid, PyTorch
+/// dashed).
+fn render_svg(report: &Value, names: &[String], lengths: &[usize]) -> String {
+    const W: f64 = 460.0;
+    const H: f64 = 340.0;
+    const PAD: f64 = 55.0;
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39", "#7b4173",
+    ];
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        2.0 * W + 170.0,
+        H
+    );
+    let (n_min, n_max) = (
+        *lengths.iter().min().unwrap_or(&1) as f64,
+        *lengths.iter().max().unwrap_or(&2) as f64,
+    );
+    for (panel, (key, title)) in [
+        ("forward_backward_ms", "forward + backward time (ms)"),
+        ("peak_mib", "peak memory (MiB)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let x0 = panel as f64 * W;
+        let values: Vec<f64> = names
+            .iter()
+            .flat_map(|name| lengths.iter().map(move |&n| (name, n)))
+            .flat_map(|(name, n)| {
+                ["ours", "torch"]
+                    .into_iter()
+                    .filter_map(move |side| metric(report, side, name, n, key))
+            })
+            .filter(|v| *v > 0.0)
+            .collect();
+        let lo = values
+            .iter()
+            .cloned()
+            .fold(f64::INFINITY, f64::min)
+            .max(1e-3);
+        let hi = values.iter().cloned().fold(0.0, f64::max).max(lo * 10.0);
+        let px =
+            |n: f64| x0 + PAD + (n / n_min).ln() / (n_max / n_min).ln().max(1e-9) * (W - 2.0 * PAD);
+        let py = |v: f64| H - PAD - (v / lo).ln() / (hi / lo).ln() * (H - 2.0 * PAD);
+        svg.push_str(&format!(
+            "<rect x=\"{:.1}\" y=\"{PAD}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"#999\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{title} vs n (log-log)</text>\n",
+            x0 + PAD,
+            W - 2.0 * PAD,
+            H - 2.0 * PAD,
+            x0 + W / 2.0,
+            PAD - 12.0
+        ));
+        for &n in lengths {
+            svg.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>\n",
+                px(n as f64),
+                H - PAD + 15.0
+            ));
+        }
+        let mut tick = 10f64.powf(lo.log10().floor());
+        while tick <= hi {
+            if tick >= lo {
+                svg.push_str(&format!(
+                    "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+                    x0 + PAD - 4.0,
+                    py(tick) + 4.0,
+                    tick
+                ));
+            }
+            tick *= 10.0;
+        }
+        for (i, name) in names.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            for (side, dash) in [("ours", ""), ("torch", " stroke-dasharray=\"4 3\"")] {
+                let points: Vec<String> = lengths
+                    .iter()
+                    .filter_map(|&n| {
+                        metric(report, side, name, n, key)
+                            .filter(|v| *v > 0.0)
+                            .map(|v| format!("{:.1},{:.1}", px(n as f64), py(v)))
+                    })
+                    .collect();
+                if points.len() > 1 {
+                    svg.push_str(&format!(
+                        "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"{dash} points=\"{}\"/>\n",
+                        points.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+    for (i, name) in names.iter().enumerate() {
+        let y = PAD + 14.0 * i as f64;
+        svg.push_str(&format!(
+            "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>\n",
+            2.0 * W + 5.0,
+            2.0 * W + 25.0,
+            colors[i % colors.len()],
+            2.0 * W + 30.0,
+            y + 4.0
+        ));
+    }
+    svg.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\">solid: ours, dashed: PyTorch</text>\n</svg>\n",
+        2.0 * W + 5.0,
+        PAD + 14.0 * names.len() as f64 + 10.0
+    ));
+    svg
+}
