@@ -413,11 +413,10 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
                         / metric(report, "ours", name, n, key)?,
                 )
             };
-            md.push_str(&format!(
-                " {}× / {}× |",
-                cell(ratio("forward_backward_ms"), 2),
-                cell(ratio("peak_mib"), 2)
-            ));
+            md.push_str(&match (ratio("forward_backward_ms"), ratio("peak_mib")) {
+                (Some(t), Some(m)) => format!(" {t:.2}× / {m:.2}× |"),
+                _ => " – |".to_string(),
+            });
         }
         md.push('\n');
     }
