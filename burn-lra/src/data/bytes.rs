@@ -4,12 +4,12 @@
 //! Tokens are the UTF-8 bytes, id = byte + 1, 0 = padding (vocabulary 257; LRA.md).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::{Dataset, Example};
+use super::{Dataset, Example, for_each_row};
 
 /// Token vocabulary: 256 bytes and padding.
 pub const VOCAB_SIZE: usize = 257;
@@ -62,25 +62,8 @@ pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<Text
 /// Reads `label<TAB>text` lines (no header; the text is everything after the first tab, kept as
 /// bytes). Labels are integers in `0..n_classes`.
 pub fn read_labelled_tsv(path: &Path, max_len: usize, n_classes: usize) -> Result<Dataset> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader = BufReader::new(file);
     let mut examples = Vec::new();
-    let mut line = Vec::new();
-    let mut number = 0;
-    loop {
-        line.clear();
-        let read = reader
-            .read_until(b'\n', &mut line)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if read == 0 {
-            break;
-        }
-        number += 1;
-        let row = line.strip_suffix(b"\n").unwrap_or(&line);
-        let row = row.strip_suffix(b"\r").unwrap_or(row);
-        if row.is_empty() {
-            continue;
-        }
+    for_each_row(path, |number, row| {
         let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", path.display());
         let tab = row
             .iter()
@@ -88,7 +71,8 @@ pub fn read_labelled_tsv(path: &Path, max_len: usize, n_classes: usize) -> Resul
             .ok_or_else(|| at("expected `label<TAB>text`, found no tab".into()))?;
         let label = parse_label(&row[..tab], n_classes).map_err(at)?;
         examples.push(Example::new(byte_tokens(&row[tab + 1..], max_len), label));
-    }
+        Ok(())
+    })?;
     Dataset::new(path.display().to_string(), examples, n_classes)
 }
 

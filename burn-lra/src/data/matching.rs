@@ -9,14 +9,12 @@
 //! The AAN files come with the LRA release (`lra_release.gz`, folder `tsv_data/`, from the
 //! google-research/long-range-arena repository); they cannot be downloaded here.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use super::bytes::{byte_tokens, parse_label};
-use super::{Dataset, Example, write_atomic};
+use super::{Dataset, Example, for_each_row, write_atomic};
 use crate::rng::Rng;
 
 /// The three files, by split.
@@ -28,26 +26,9 @@ pub const SPLIT_FILES: [(&str, &str); 3] = [
 
 /// Reads one AAN-format file.
 pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dataset> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader = BufReader::new(file);
     let keep = max_len.min(doc_max_bytes);
     let mut examples = Vec::new();
-    let mut line = Vec::new();
-    let mut number = 0;
-    loop {
-        line.clear();
-        let read = reader
-            .read_until(b'\n', &mut line)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if read == 0 {
-            break;
-        }
-        number += 1;
-        let row = line.strip_suffix(b"\n").unwrap_or(&line);
-        let row = row.strip_suffix(b"\r").unwrap_or(row);
-        if row.is_empty() {
-            continue;
-        }
+    for_each_row(path, |number, row| {
         let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", path.display());
         let fields: Vec<&[u8]> = row.splitn(5, |&b| b == b'\t').collect();
         let [label, _id1, _id2, text1, text2] = fields.as_slice() else {
@@ -62,7 +43,8 @@ pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dat
             pair: Some(byte_tokens(text2, keep)),
             label,
         });
-    }
+        Ok(())
+    })?;
     Dataset::new(path.display().to_string(), examples, 2)
 }
 

@@ -197,6 +197,35 @@ impl Batch {
     }
 }
 
+/// Calls `row(line_number, line)` for every non-empty line of `path`, the line without its
+/// `\n` or `\r\n` (lines are bytes: text fields are tokenized as bytes, not decoded).
+pub(crate) fn for_each_row(
+    path: &Path,
+    mut row: impl FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    use std::io::BufRead;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    let mut number = 0;
+    loop {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if read == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if !text.is_empty() {
+            row(number, text)?;
+        }
+    }
+}
+
 /// Writes `contents` to `path` atomically: a temporary file beside it, then a rename, so a
 /// reader never sees half a file and a killed writer leaves the old one intact.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
