@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use burn_lra::backend::BackendKind;
 use burn_lra::config::{RunConfig, Task};
-use burn_lra::model::ParamBudget;
+use burn_lra::model::{ParamBudget, count_trainable};
 use burn_lra::task::load_splits;
 use burn_lra::train::{TrainOptions, train};
 use clap::{Parser, Subcommand};
@@ -200,15 +200,15 @@ fn run(cli: Cli) -> Result<()> {
             let device = backend.device()?;
             println!("{} / {preset}: trainable parameters", task.name());
             println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
+            let count =
+                |name| count_trainable(&config, name, task.vocab_size(), task.n_classes(), &device);
+            // The baseline is built once, not once per variant.
+            let softmax_params = count("softmax")?;
             for v in burn_attention::VARIANTS {
-                let budget = ParamBudget::count(
-                    &config,
-                    v.name,
-                    task.vocab_size(),
-                    task.n_classes(),
-                    &device,
-                )
-                .with_context(|| format!("attention `{}`", v.name))?;
+                let budget = ParamBudget {
+                    n_params: count(v.name).with_context(|| format!("attention `{}`", v.name))?,
+                    softmax_params,
+                };
                 let flag = if budget.increase() > 0.10 {
                     "  (over 10%)"
                 } else {

@@ -192,6 +192,19 @@ pub struct ParamBudget {
     pub softmax_params: usize,
 }
 
+/// Trainable parameters of the classifier for `config` with the attention called `attention`.
+pub fn count_trainable(
+    config: &RunConfig,
+    attention: &str,
+    vocab_size: usize,
+    n_classes: usize,
+    device: &Device,
+) -> Result<usize> {
+    Ok(num_trainable_params(&LraClassifier::new(
+        config, attention, vocab_size, n_classes, device,
+    )?))
+}
+
 impl ParamBudget {
     /// Counts `attention`'s model and the softmax baseline for `config`.
     pub fn count(
@@ -201,11 +214,7 @@ impl ParamBudget {
         n_classes: usize,
         device: &Device,
     ) -> Result<Self> {
-        let count = |name: &str| -> Result<usize> {
-            Ok(num_trainable_params(&LraClassifier::new(
-                config, name, vocab_size, n_classes, device,
-            )?))
-        };
+        let count = |name| count_trainable(config, name, vocab_size, n_classes, device);
         Ok(Self {
             n_params: count(attention)?,
             softmax_params: count("softmax")?,

@@ -436,6 +436,8 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     let eval_device = base_device.clone();
     let mut state = TrainState::default();
     let mut best_model: Option<LraClassifier> = None;
+    // Validation accuracy of the final weights, when this process validated them.
+    let mut last_val_accuracy: Option<f64> = None;
     if let Some(dir) = &checkpoint {
         let text = std::fs::read_to_string(dir.join("state.json"))
             .with_context(|| format!("cannot read {}", dir.join("state.json").display()))?;
@@ -552,6 +554,9 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
                 let valid = model.valid();
                 let (val_acc, val_loss) =
                     evaluate(&valid, validation, cfg.batch_size, &eval_device);
+                if step == cfg.steps {
+                    last_val_accuracy = Some(val_acc);
+                }
                 let train_loss = state.loss_sum / state.seen as f64;
                 let train_acc = state.correct as f64 / state.seen as f64;
                 let line = json!({
@@ -608,8 +613,18 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     save_weights(&last, &run_dir.join("model-last.bpk"))?;
     let (best_val_accuracy, best_val_step) = state.best.expect("the last step validates");
     let best_model = best_model.expect("the best weights are kept");
-    let (test_last, _) = evaluate(&last, &data.test, cfg.batch_size, &eval_device);
-    let (test_best, _) = evaluate(&best_model, &data.test, cfg.batch_size, &eval_device);
+    let test = |model: &LraClassifier| evaluate(model, &data.test, cfg.batch_size, &eval_device).0;
+    // When the test split is also the validation split, both weights were just measured on it.
+    let validated_on_test = data.val.is_none();
+    let test_last = match last_val_accuracy {
+        Some(acc) if validated_on_test => acc,
+        _ => test(&last),
+    };
+    let test_best = if validated_on_test {
+        best_val_accuracy
+    } else {
+        test(&best_model)
+    };
     let result = RunResult {
         task: config.task.name().to_string(),
         attention: opts.attention.clone(),
@@ -633,7 +648,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         test_majority_rate: data.test.majority_rate(),
         split_sizes: data.sizes(),
         validation_source: validation.source.clone(),
-        validated_on_test: data.val.is_none(),
+        validated_on_test,
         train_seconds,
     };
     write_atomic(
