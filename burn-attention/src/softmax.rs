@@ -7,6 +7,8 @@
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
 
 use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
@@ -91,6 +93,10 @@ pub fn softmax_attention(
 
 /// Softmax attention with optional dropout on the weights; shared by the variants that end in
 /// an exact softmax over (possibly projected) keys.
+///
+/// Without autodiff (inference) it calls Burn's fused attention operation, which each backend
+/// implements with its own kernel (flash attention on `flex`: the `n × n` scores are never
+/// stored); with autodiff it composes the steps, whose backward Burn derives.
 pub(crate) fn attend(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -99,8 +105,20 @@ pub(crate) fn attend(
     causal: bool,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
-    let [batch, _, n_q, d] = q.dims();
+    let [batch, heads, n_q, d] = q.dims();
     let n_k = k.dims()[2];
+    if !q.is_autodiff() {
+        // Dropout is the identity without autodiff, so the fused operation computes the same.
+        let mask = mask_pad.map(|m| {
+            m.reshape([batch, 1, 1, n_k])
+                .expand([batch, heads, n_q, n_k])
+        });
+        let options = AttentionModuleOptions {
+            is_causal: causal,
+            ..Default::default()
+        };
+        return attention(q, k, v, mask, None, options);
+    }
     let mut scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
     if let Some(mask) = mask_pad {
         scores = scores.mask_fill(mask.reshape([batch, 1, 1, n_k]), MASK_FILL);

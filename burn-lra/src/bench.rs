@@ -2,6 +2,9 @@
 //! of the forward pass and of forward + backward, and the process's peak resident memory during
 //! them. `cargo xtask bench attention` runs one process per (attention, length) so that each
 //! peak belongs to one case, and compares the variants with softmax and with PyTorch.
+//!
+//! As on the PyTorch side: dropout off (the PyPI packages default to none), the forward pass
+//! alone runs without autodiff (PyTorch's `no_grad`), forward + backward with it.
 
 use std::time::Instant;
 
@@ -89,11 +92,13 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     let params: Map<String, Value> = serde_json::from_str(&args.params)
         .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
     let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
-        .with_params(&params)?;
+        .with_params(&params)?
+        .with_dropout(0.0);
     config.check_input(args.n, false)?;
     let device = args.backend.device()?.autodiff();
     device.seed(0);
     let attention = config.init(&device);
+    let inference = attention.valid();
     let shape = [args.batch, args.n, args.d_model];
     let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
     let sync = |t: Tensor<3>| t.sum().into_scalar::<f64>();
@@ -103,7 +108,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     for rep in 0..args.warmup + args.reps {
         let x = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let started = Instant::now();
-        let y = attention.forward(AttentionInput::new(x.clone().detach()));
+        let y = inference.forward(AttentionInput::new(x.clone().inner()));
         sync(y);
         let t_forward = started.elapsed().as_secs_f64() * 1e3;
 
@@ -125,6 +130,148 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
         n: args.n,
         forward_ms: median(forward),
         forward_backward_ms: median(forward_backward),
+        peak_mib: (peak - rss_before).max(0.0) / 1024.0,
+    })
+}
+
+/// What to measure in one case of LRA's efficiency protocol.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainBenchArgs {
+    /// Attention, by registry name.
+    #[arg(long)]
+    pub attention: String,
+    /// Sequence length (the Text task's maximum length).
+    #[arg(long)]
+    pub n: usize,
+    /// Text-task preset whose model is trained (its `[attention.*]` parameters too).
+    #[arg(long, default_value = "lra")]
+    pub preset: String,
+    /// Batch size (LRA's protocol: 32).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Timed training steps (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub backend: BackendKind,
+    /// Print the resolved model, optimiser and attention parameters as JSON instead of
+    /// measuring (the PyTorch side builds the same model from them).
+    #[arg(long)]
+    pub describe: bool,
+}
+
+/// One LRA efficiency measurement, printed as a JSON line.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainBenchResult {
+    /// Attention name.
+    pub attention: String,
+    /// Sequence length.
+    pub n: usize,
+    /// Batch size.
+    pub batch: usize,
+    /// Trainable parameters of the model.
+    pub n_params: usize,
+    /// Median time of one training step (forward, backward, optimiser), milliseconds.
+    pub step_ms: f64,
+    /// Training steps per second, `1000 / step_ms`.
+    pub steps_per_s: f64,
+    /// Peak resident memory during the steps minus the resident memory once the model was
+    /// built, MiB (Linux `VmHWM` - `VmRSS`).
+    pub peak_mib: f64,
+}
+
+/// Runs LRA's efficiency protocol for one attention at one length: the Text task's model of the
+/// preset, trained on full-length random byte sequences (the time of a step does not depend on
+/// the bytes), attention dropout off as on the PyTorch side.
+pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
+    let config = train_bench_config(args)?;
+    measure_training(args, &config)
+}
+
+/// The run configuration a [`TrainBenchArgs`] case trains.
+pub fn train_bench_config(args: &TrainBenchArgs) -> Result<crate::config::RunConfig> {
+    use crate::config::{RunConfig, Task};
+    let mut config = RunConfig::preset(Task::Text, &args.preset)?;
+    config.data.max_len = args.n;
+    config.model.attention_dropout = 0.0;
+    config.training.batch_size = args.batch;
+    config.validate()?;
+    Ok(config)
+}
+
+/// What `--describe` prints: the model and optimiser tables and the attention's parameters.
+pub fn describe_train(args: &TrainBenchArgs) -> Result<Value> {
+    let config = train_bench_config(args)?;
+    Ok(serde_json::json!({
+        "model": config.model,
+        "optimizer": config.training.optimizer,
+        "params": config.attention.get(&args.attention).cloned().unwrap_or_default(),
+    }))
+}
+
+fn measure_training(
+    args: &TrainBenchArgs,
+    config: &crate::config::RunConfig,
+) -> Result<TrainBenchResult> {
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::optim::GradientsParams;
+
+    use crate::config::Task;
+    use crate::data::Tokens;
+    use crate::model::LraClassifier;
+    use crate::train::{adamw, objective};
+
+    let device = args.backend.device()?.autodiff();
+    device.seed(0);
+    let (vocab, classes) = (Task::Text.vocab_size(), Task::Text.n_classes());
+    let mut model = LraClassifier::new(config, &args.attention, vocab, classes, &device)?;
+    let n_params = burn_attention::num_trainable_params(&model);
+    let mut optim = adamw(&config.training.optimizer).init();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let sync = |device: &Device| {
+        device
+            .sync()
+            .map_err(|e| anyhow::anyhow!("the backend failed: {e:?}"))
+    };
+    sync(&device)?;
+    let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
+    let mut times = Vec::new();
+    for step in 0..args.warmup + args.steps {
+        let ids = Tensor::<2, Int>::random(
+            [args.batch, args.n],
+            Distribution::Uniform(1.0, vocab as f64),
+            &device,
+        );
+        let labels = Tensor::<1, Int>::random(
+            [args.batch],
+            Distribution::Uniform(0.0, classes as f64),
+            &device,
+        );
+        let mask_pad = ids.clone().equal_elem(0);
+        sync(&device)?;
+        let started = Instant::now();
+        let logits = model.forward(Tokens { ids, mask_pad }, None);
+        let (loss, _) = objective(&model, logits, labels, &loss_fn);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-4, model, grads);
+        sync(&device)?;
+        if step >= args.warmup {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let peak = proc_status_kib("VmHWM:").unwrap_or(0.0);
+    let step_ms = median(times);
+    Ok(TrainBenchResult {
+        attention: args.attention.clone(),
+        n: args.n,
+        batch: args.batch,
+        n_params,
+        step_ms,
+        steps_per_s: 1e3 / step_ms,
         peak_mib: (peak - rss_before).max(0.0) / 1024.0,
     })
 }

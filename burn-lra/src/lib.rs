@@ -14,6 +14,7 @@ pub mod backend;
 pub mod bench;
 pub mod config;
 pub mod data;
+pub mod memory;
 pub mod model;
 pub mod rng;
 pub mod task;

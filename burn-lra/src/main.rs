@@ -37,6 +37,9 @@ enum Command {
     /// Time one attention at one length (forward, forward + backward, peak memory) and print a
     /// JSON line; `cargo xtask bench attention` drives it.
     BenchAttention(burn_lra::bench::BenchArgs),
+    /// Time training steps of the Text model at one length (LRA's efficiency protocol: steps per
+    /// second, peak memory) and print a JSON line; `cargo xtask bench lra` drives it.
+    BenchTrain(burn_lra::bench::TrainBenchArgs),
     /// Write a small synthetic matching dataset in LRA's AAN format
     /// (new_aan_pairs.{train,eval,test}.tsv) into a folder.
     GenerateMatching {
@@ -115,6 +118,7 @@ struct TrainArgs {
 }
 
 fn main() -> ExitCode {
+    burn_lra::memory::keep_freed_memory();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -166,6 +170,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train_command(args),
         Command::BenchAttention(args) => {
             println!("{}", serde_json::to_string(&burn_lra::bench::run(&args)?)?);
+            Ok(())
+        }
+        Command::BenchTrain(args) if args.describe => {
+            println!("{}", burn_lra::bench::describe_train(&args)?);
+            Ok(())
+        }
+        Command::BenchTrain(args) => {
+            println!(
+                "{}",
+                serde_json::to_string(&burn_lra::bench::run_train(&args)?)?
+            );
             Ok(())
         }
         Command::GenerateMatching {

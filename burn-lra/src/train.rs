@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::backend::BackendKind;
-use crate::config::{RunConfig, Selection};
+use crate::config::{OptimizerConfig, RunConfig, Selection};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget};
@@ -328,6 +328,31 @@ fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
     write_atomic(path, kept.as_bytes())
 }
 
+/// The AdamW optimiser of a run configuration (Adam with decoupled weight decay).
+pub fn adamw(o: &OptimizerConfig) -> AdamWConfig {
+    AdamWConfig::new()
+        .with_beta_1(o.beta1)
+        .with_beta_2(o.beta2)
+        .with_epsilon(o.epsilon)
+        .with_weight_decay(o.weight_decay)
+}
+
+/// The training objective of one batch: the cross-entropy plus the attentions' regularisers
+/// (the orthogonality penalty), and the cross-entropy alone.
+pub fn objective(
+    model: &LraClassifier,
+    logits: Tensor<2>,
+    labels: Tensor<1, Int>,
+    loss_fn: &CrossEntropyLoss,
+) -> (Tensor<1>, Tensor<1>) {
+    let loss = loss_fn.forward(logits, labels);
+    let objective = match model.penalty() {
+        Some(penalty) => loss.clone() + penalty,
+        None => loss.clone(),
+    };
+    (objective, loss)
+}
+
 /// Trains one model and writes its run directory (or continues it, with `opts.resume`).
 pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
     let cfg = &config.training;
@@ -426,13 +451,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         data.train.n_classes,
         &device,
     )?;
-    let o = &cfg.optimizer;
-    let mut optim = AdamWConfig::new()
-        .with_beta_1(o.beta1)
-        .with_beta_2(o.beta2)
-        .with_epsilon(o.epsilon)
-        .with_weight_decay(o.weight_decay)
-        .init();
+    let mut optim = adamw(&cfg.optimizer).init();
     let eval_device = base_device.clone();
     let mut state = TrainState::default();
     let mut best_model: Option<LraClassifier> = None;
@@ -511,13 +530,9 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
                     .to_device(&device);
                 let take = batch.labels.dims()[0];
                 let logits = model.forward(batch.tokens, batch.pair);
-                let loss = loss_fn.forward(logits.clone(), batch.labels.clone());
-                // The objective adds the attentions' regularisers (the orthogonality penalty);
-                // the reported loss stays the cross-entropy, comparable across variants.
-                let objective = match model.penalty() {
-                    Some(penalty) => loss.clone() + penalty,
-                    None => loss.clone(),
-                };
+                // The reported loss stays the cross-entropy, comparable across variants.
+                let (objective, loss) =
+                    objective(&model, logits.clone(), batch.labels.clone(), &loss_fn);
                 let objective = objective.div_scalar(accumulation as f32);
                 accumulator.accumulate(
                     &model,

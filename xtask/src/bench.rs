@@ -17,12 +17,18 @@ usage: cargo xtask bench setup
        cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
                                    [--batch 1] [--heads 8] [--d-model 512] [--reps 5] [--warmup 2]
                                    [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
+       cargo xtask bench lra [--backend flex] [--attention a,b,...] [--lengths 1024,2048,3072,4096]
+                             [--batch 32] [--preset lra] [--reps 5] [--warmup 2]
+                             [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
 
   setup       pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
               nystrom-attention
   attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
               after --warmup; softmax-style cases whose score matrices would need more than
-              --max-quadratic-gib are skipped and marked so";
+              --max-quadratic-gib are skipped and marked so
+  lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
+              task's model (the preset's, at each length) with each attention, batch 32 unless
+              --batch says otherwise; --reps timed steps after --warmup, one process per case";
 
 /// The PyTorch packages of the comparison.
 const PIP_PACKAGES: &[&str] = &[
@@ -69,23 +75,42 @@ struct Args {
     max_quadratic_gib: f64,
     timeout: u64,
     out: PathBuf,
+    /// Text-task preset of `bench lra`.
+    preset: String,
 }
 
-fn parse(args: &[String]) -> Result<Args> {
-    let mut a = Args {
-        backend: "flex".into(),
-        attentions: None,
-        lengths: (0..6).map(|i| 512 << i).collect(),
-        batch: 1,
-        heads: 8,
-        d_model: 512,
-        reps: 5,
-        warmup: 2,
-        torch: true,
-        max_quadratic_gib: 6.0,
-        timeout: 600,
-        out: PathBuf::from("bench/results"),
-    };
+impl Args {
+    /// The defaults of `bench attention`: the Linformer paper's lengths, one sequence.
+    fn attention() -> Self {
+        Args {
+            backend: "flex".into(),
+            attentions: None,
+            lengths: (0..6).map(|i| 512 << i).collect(),
+            batch: 1,
+            heads: 8,
+            d_model: 512,
+            reps: 5,
+            warmup: 2,
+            torch: true,
+            max_quadratic_gib: 6.0,
+            timeout: 600,
+            out: PathBuf::from("bench/results"),
+            preset: "lra".into(),
+        }
+    }
+
+    /// The defaults of `bench lra`: LRA's Table 2 (lengths 1K to 4K, batch 32).
+    fn lra() -> Self {
+        Args {
+            lengths: vec![1024, 2048, 3072, 4096],
+            batch: 32,
+            ..Self::attention()
+        }
+    }
+}
+
+fn parse(args: &[String], defaults: Args) -> Result<Args> {
+    let mut a = defaults;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--no-torch" {
@@ -115,6 +140,7 @@ fn parse(args: &[String]) -> Result<Args> {
                     .with_context(|| format!("{flag}: `{value}` is not a number"))?
             }
             "--out" => a.out = PathBuf::from(value),
+            "--preset" => a.preset = value.clone(),
             other => bail!("unknown flag `{other}`\n{USAGE}"),
         }
     }
@@ -128,10 +154,8 @@ fn parse(args: &[String]) -> Result<Args> {
 pub fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("setup") => setup(),
-        Some("attention") => attention(&parse(&args[1..])?),
-        Some("lra") => {
-            bail!("`cargo xtask bench lra` (LRA's efficiency protocol) is not implemented yet")
-        }
+        Some("attention") => attention(&parse(&args[1..], Args::attention())?),
+        Some("lra") => lra(&parse(&args[1..], Args::lra())?),
         _ => bail!("{USAGE}"),
     }
 }
@@ -207,27 +231,52 @@ fn machine() -> Value {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut commit = git(&["rev-parse", "--short", "HEAD"]);
+    if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        commit.push_str("-dirty");
+    }
+    let gpu = Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
         .output()
         .ok()
+        .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": null, "commit": commit})
+        .filter(|name| !name.is_empty());
+    json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": gpu, "commit": commit})
 }
 
-fn attention(args: &Args) -> Result<()> {
-    let harness: Harness = build_harness(&args.backend, true)?;
-    let names: Vec<String> = match &args.attentions {
+/// The attentions asked for, or every registered one.
+fn attention_names(args: &Args, harness: &Harness) -> Result<Vec<String>> {
+    Ok(match &args.attentions {
         Some(list) => list.clone(),
         None => {
-            let out = Command::new(&harness).args(["list", "--names"]).output()?;
+            let out = Command::new(harness).args(["list", "--names"]).output()?;
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .map(String::from)
                 .collect()
         }
-    };
+    })
+}
+
+fn as_json(r: std::result::Result<Value, String>) -> Value {
+    match r {
+        Ok(v) => v,
+        Err(e) => json!({"error": e}),
+    }
+}
+
+fn attention(args: &Args) -> Result<()> {
+    let harness: Harness = build_harness(&args.backend, true)?;
+    let names = attention_names(args, &harness)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let timeout = Duration::from_secs(args.timeout);
     let script = workspace_root().join("bench").join("torch_attention.py");
@@ -280,10 +329,6 @@ fn attention(args: &Args) -> Result<()> {
             if let Some(t) = &torch {
                 eprintln!("{:<16} {:<8} torch: {}", "", "", show(t));
             }
-            let as_json = |r: std::result::Result<Value, String>| match r {
-                Ok(v) => v,
-                Err(e) => json!({"error": e}),
-            };
             cases.push(json!({
                 "attention": name,
                 "n": n,
@@ -319,11 +364,306 @@ fn attention(args: &Args) -> Result<()> {
     write(&stem.with_extension("md"), &markdown)?;
     write(
         &stem.with_extension("svg"),
-        &render_svg(&report, &names, &args.lengths),
+        &render_svg(
+            &report,
+            &names,
+            &args.lengths,
+            [
+                ("forward_backward_ms", "forward + backward time (ms)"),
+                ("peak_mib", "peak memory (MiB)"),
+            ],
+        ),
     )?;
     println!("{markdown}");
     println!("wrote {}.{{json,md,svg}}", stem.display());
     Ok(())
+}
+
+/// LRA's Table 2 (Tay et al. 2021; TPU v3, batch 32, Text task): steps per second and peak
+/// memory in GB at 1K, 2K, 3K, 4K, as quoted in LRA.md.
+const LRA_TABLE2: &[(&str, [f64; 4], [f64; 4])] = &[
+    (
+        "Transformer",
+        [8.1, 4.9, 2.3, 1.4],
+        [0.85, 2.65, 5.51, 9.48],
+    ),
+    ("Linformer", [9.3, 9.1, 8.5, 7.7], [0.37, 0.55, 0.99, 0.99]),
+    ("Performer", [9.5, 9.4, 8.7, 8.0], [0.37, 0.59, 0.82, 1.06]),
+    (
+        "Linear Trans.",
+        [9.1, 9.3, 8.6, 7.8],
+        [0.37, 0.57, 0.80, 1.03],
+    ),
+];
+
+fn lra(args: &Args) -> Result<()> {
+    let harness: Harness = build_harness(&args.backend, true)?;
+    let names = attention_names(args, &harness)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let timeout = Duration::from_secs(args.timeout);
+    let script = workspace_root().join("bench").join("torch_lra.py");
+    let mut cases = Vec::new();
+    for name in &names {
+        for &n in &args.lengths {
+            let common = |cmd: &mut Command| {
+                cmd.args(["--attention", name, "--n", &n.to_string()])
+                    .args(["--batch", &args.batch.to_string()])
+                    .args(["--warmup", &args.warmup.to_string()]);
+            };
+            let mut describe = Command::new(&harness);
+            describe
+                .args(["bench-train", "--describe", "--preset", &args.preset])
+                .args(["--backend", &args.backend]);
+            common(&mut describe);
+            let described =
+                run_case(describe, timeout).map_err(|e| anyhow::anyhow!("{name} at n={n}: {e}"))?;
+            let model = &described["model"];
+            let (layers, heads) = (
+                model["n_layers"].as_u64().unwrap_or(1) as f64,
+                model["n_heads"].as_u64().unwrap_or(1) as f64,
+            );
+            // Training keeps about three n × n tensors per head and layer for the backward.
+            let scores_gib =
+                3.0 * layers * heads * (args.batch * n * n * 4) as f64 / (1u64 << 30) as f64;
+            let ours = if QUADRATIC.contains(&name.as_str()) && scores_gib > args.max_quadratic_gib
+            {
+                Err(format!(
+                    "skipped: its score matrices need about {scores_gib:.1} GiB \
+                     (--max-quadratic-gib {})",
+                    args.max_quadratic_gib
+                ))
+            } else {
+                let mut cmd = Command::new(&harness);
+                cmd.args(["bench-train", "--preset", &args.preset])
+                    .args(["--backend", &args.backend])
+                    .args(["--steps", &args.reps.to_string()]);
+                common(&mut cmd);
+                run_case(cmd, timeout)
+            };
+            let torch = if args.torch && TORCH_VARIANTS.contains(&name.as_str()) {
+                let mut cmd = Command::new("python3");
+                cmd.arg(&script)
+                    .args(["--threads", &threads.to_string()])
+                    .args(["--steps", &args.reps.to_string()])
+                    .args(["--model", &described["model"].to_string()])
+                    .args(["--optimizer", &described["optimizer"].to_string()])
+                    .args(["--params", &described["params"].to_string()]);
+                common(&mut cmd);
+                Some(run_case(cmd, timeout))
+            } else {
+                None
+            };
+            let show = |r: &std::result::Result<Value, String>| match r {
+                Ok(v) => format!(
+                    "{:.2} steps/s ({:.0} ms/step), peak {:.0} MiB",
+                    v["steps_per_s"].as_f64().unwrap_or(f64::NAN),
+                    v["step_ms"].as_f64().unwrap_or(f64::NAN),
+                    v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+                ),
+                Err(e) => e.clone(),
+            };
+            eprintln!("{name:<16} n={n:<6} ours: {}", show(&ours));
+            if let Some(t) = &torch {
+                eprintln!("{:<16} {:<8} torch: {}", "", "", show(t));
+            }
+            cases.push(json!({
+                "attention": name,
+                "n": n,
+                "params": described["params"],
+                "ours": as_json(ours),
+                "torch": torch.map(as_json),
+            }));
+        }
+    }
+    let torch_version = cases
+        .iter()
+        .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
+    let report = json!({
+        "benchmark": "lra",
+        "backend": args.backend,
+        "machine": machine(),
+        "threads": threads,
+        "torch": torch_version,
+        "setup": {
+            "task": "text", "preset": args.preset, "batch": args.batch,
+            "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
+        },
+        "cases": cases,
+    });
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let stem = args.out.join(format!("lra-{}", args.backend));
+    write(
+        &stem.with_extension("json"),
+        &serde_json::to_string_pretty(&report)?,
+    )?;
+    let markdown = render_lra_markdown(&report, &names, &args.lengths);
+    write(&stem.with_extension("md"), &markdown)?;
+    write(
+        &stem.with_extension("svg"),
+        &render_svg(
+            &report,
+            &names,
+            &args.lengths,
+            [
+                ("step_ms", "time per training step (ms)"),
+                ("peak_mib", "peak memory (MiB)"),
+            ],
+        ),
+    )?;
+    println!("{markdown}");
+    println!("wrote {}.{{json,md,svg}}", stem.display());
+    Ok(())
+}
+
+/// A markdown table header: `first`, then one column per length.
+fn table_header(md: &mut String, first: &str, lengths: &[usize]) {
+    md.push_str(&format!("| {first} |"));
+    for n in lengths {
+        md.push_str(&format!(" {n} |"));
+    }
+    md.push_str("\n|---|");
+    for _ in lengths {
+        md.push_str("---|");
+    }
+    md.push('\n');
+}
+
+/// One table row per name: `value(name, n)` in each length's column.
+fn table_rows(
+    md: &mut String,
+    names: &[&String],
+    lengths: &[usize],
+    value: impl Fn(&str, usize) -> String,
+) {
+    for name in names {
+        md.push_str(&format!("| {name} |"));
+        for &n in lengths {
+            md.push_str(&format!(" {} |", value(name, n)));
+        }
+        md.push('\n');
+    }
+    md.push('\n');
+}
+
+fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> String {
+    let m = &report["machine"];
+    let s = &report["setup"];
+    let gpu = m["gpu"]
+        .as_str()
+        .map_or(String::new(), |g| format!(", GPU {g}"));
+    let mut md = format!(
+        "# LRA efficiency (Text task), backend `{}`\n\n{} ({} cores, {} GiB{gpu}), commit {}, {} \
+         threads; PyTorch {}. The `{}` preset's Text model at each length, batch {}, full-length \
+         random bytes, attention dropout off on both sides; median time of {} training steps \
+         (forward, backward, AdamW) after {} warm-up steps, one process per case; peak memory \
+         is the process's resident high-water mark above its level once the model was built \
+         (Linux VmHWM - VmRSS). Our model applies its padding mask at every layer; the PyTorch \
+         packages take none.\n\n",
+        report["backend"].as_str().unwrap_or(""),
+        m["cpu"].as_str().unwrap_or(""),
+        m["cores"],
+        m["memory_gib"],
+        m["commit"].as_str().unwrap_or(""),
+        report["threads"],
+        report["torch"].as_str().unwrap_or("not measured"),
+        s["preset"].as_str().unwrap_or(""),
+        s["batch"],
+        s["reps"],
+        s["warmup"],
+    );
+    let all: Vec<&String> = names.iter().collect();
+    let with_torch: Vec<&String> = names
+        .iter()
+        .filter(|n| TORCH_VARIANTS.contains(&n.as_str()))
+        .collect();
+    let others: Vec<&String> = names.iter().filter(|n| *n != "softmax").collect();
+    md.push_str("## Training steps per second (ours)\n\n");
+    table_header(&mut md, "attention \\ n", lengths);
+    table_rows(&mut md, &all, lengths, |name, n| {
+        cell(metric(report, "ours", name, n, "steps_per_s"), 2)
+    });
+    md.push_str("## Peak memory, MiB (ours)\n\n");
+    table_header(&mut md, "attention \\ n", lengths);
+    table_rows(&mut md, &all, lengths, |name, n| {
+        cell(metric(report, "ours", name, n, "peak_mib"), 0)
+    });
+    md.push_str(
+        "## Relative to softmax (ours), as in LRA's Table 2\n\nEach cell: steps/s(variant) / \
+         steps/s(softmax), then memory(variant) / memory(softmax).\n\n",
+    );
+    table_header(&mut md, "attention \\ n", lengths);
+    table_rows(&mut md, &others, lengths, |name, n| {
+        let speed = metric(report, "ours", name, n, "steps_per_s")
+            .zip(metric(report, "ours", "softmax", n, "steps_per_s"))
+            .map(|(a, b)| a / b);
+        let memory = metric(report, "ours", name, n, "peak_mib")
+            .zip(metric(report, "ours", "softmax", n, "peak_mib"))
+            .map(|(a, b)| a / b);
+        match (speed, memory) {
+            (Some(t), Some(m)) => format!("{t:.2}× / {m:.2}×"),
+            _ => "–".into(),
+        }
+    });
+    md.push_str("## PyTorch: training steps per second\n\n");
+    table_header(&mut md, "attention \\ n", lengths);
+    table_rows(&mut md, &with_torch, lengths, |name, n| {
+        cell(metric(report, "torch", name, n, "steps_per_s"), 2)
+    });
+    md.push_str("## Ours / PyTorch, time per training step (≤ 1 means ours is faster)\n\n");
+    table_header(&mut md, "attention \\ n", lengths);
+    table_rows(&mut md, &with_torch, lengths, |name, n| {
+        let ratio = metric(report, "ours", name, n, "step_ms")
+            .zip(metric(report, "torch", name, n, "step_ms"))
+            .map(|(a, b)| a / b);
+        cell(ratio, 2)
+    });
+    md.push_str(
+        "## For reference: LRA's Table 2 (Tay et al. 2021, TPU v3, batch 32)\n\nSteps per \
+         second, then peak memory in GB, at 1K / 2K / 3K / 4K; other hardware, so compare the \
+         shapes (how each row falls with n), not the figures.\n\n| model | steps/s | peak GB |\n\
+         |---|---|---|\n",
+    );
+    for (model, steps, gb) in LRA_TABLE2 {
+        let join = |xs: &[f64; 4], digits: usize| {
+            xs.iter()
+                .map(|x| format!("{x:.digits$}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        md.push_str(&format!(
+            "| {model} | {} | {} |\n",
+            join(steps, 1),
+            join(gb, 2)
+        ));
+    }
+    md.push_str(&not_measured(report));
+    md
+}
+
+/// The "Not measured" section: every case that failed, timed out or was skipped, and why.
+fn not_measured(report: &Value) -> String {
+    let skipped: Vec<String> = report["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            ["ours", "torch"].into_iter().filter_map(move |side| {
+                c[side]["error"].as_str().map(|e| {
+                    format!(
+                        "- {} n={} ({side}): {e}",
+                        c["attention"].as_str().unwrap_or(""),
+                        c["n"]
+                    )
+                })
+            })
+        })
+        .collect();
+    if skipped.is_empty() {
+        String::new()
+    } else {
+        format!("\n## Not measured\n\n{}\n", skipped.join("\n"))
+    }
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
@@ -465,33 +805,18 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
         }
         md.push('\n');
     }
-    let skipped: Vec<String> = report["cases"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|c| {
-            ["ours", "torch"].into_iter().filter_map(move |side| {
-                c[side]["error"].as_str().map(|e| {
-                    format!(
-                        "- {} n={} ({side}): {e}",
-                        c["attention"].as_str().unwrap_or(""),
-                        c["n"]
-                    )
-                })
-            })
-        })
-        .collect();
-    if !skipped.is_empty() {
-        md.push_str("\n## Not measured\n\n");
-        md.push_str(&skipped.join("\n"));
-        md.push('\n');
-    }
+    md.push_str(&not_measured(report));
     md
 }
 
 /// Two log-log panels, time and memory against n, one line per attention (ours solid, PyTorch
 /// dashed).
-fn render_svg(report: &Value, names: &[String], lengths: &[usize]) -> String {
+fn render_svg(
+    report: &Value,
+    names: &[String],
+    lengths: &[usize],
+    panels: [(&str, &str); 2],
+) -> String {
     const W: f64 = 460.0;
     const H: f64 = 340.0;
     const PAD: f64 = 55.0;
@@ -508,13 +833,7 @@ fn render_svg(report: &Value, names: &[String], lengths: &[usize]) -> String {
         *lengths.iter().min().unwrap_or(&1) as f64,
         *lengths.iter().max().unwrap_or(&2) as f64,
     );
-    for (panel, (key, title)) in [
-        ("forward_backward_ms", "forward + backward time (ms)"),
-        ("peak_mib", "peak memory (MiB)"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (panel, (key, title)) in panels.into_iter().enumerate() {
         let x0 = panel as f64 * W;
         let values: Vec<f64> = names
             .iter()

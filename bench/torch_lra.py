@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""One case of LRA's efficiency protocol in PyTorch, printed as a JSON line: the same model and
+measurement as `burn-lra bench-train` (Text task model of a preset, full-length random bytes,
+median time of a training step over `--steps` after `--warmup`, peak resident memory above the
+level once the model was built), with the attention taken from the PyPI packages of
+`torch_attention.py`. `cargo xtask bench lra` runs it beside ours.
+
+The model mirrors burn-lra's classifier: byte embedding, a zero-initialised CLS token, sinusoidal
+positions, pre-LN blocks `x + Dropout(Attn(LN(x)))`, `x + Dropout(Dense(GELU(Dense(LN(x)))))`, a
+final LayerNorm, CLS pooling, `Dense(d_mlp) ReLU Dense(2)`; AdamW with the preset's betas,
+epsilon and weight decay. Attention dropout is off on both sides.
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_attention import build, proc_status_kib
+
+
+def sinusoidal(n, d):
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    i = torch.arange(0, d, 2, dtype=torch.float32)
+    angle = pos / torch.pow(10000.0, i / d)
+    table = torch.zeros(n, d)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table
+
+
+class Block(nn.Module):
+    def __init__(self, attention, d, d_ff, dropout):
+        super().__init__()
+        self.attn, self.drop = attention, nn.Dropout(dropout)
+        self.norm_attn, self.norm_ff = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+        self.ff_in, self.ff_out = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(self, x):
+        x = x + self.drop(self.attn(self.norm_attn(x)))
+        h = self.ff_out(self.drop(F.gelu(self.ff_in(self.norm_ff(x)))))
+        return x + self.drop(h)
+
+
+class Classifier(nn.Module):
+    def __init__(self, attention, n, m, params):
+        super().__init__()
+        d = m["d_model"]
+        self.embedding = nn.Embedding(257, d)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.register_buffer("positions", sinusoidal(n + 1, d))
+        self.drop = nn.Dropout(m["dropout"])
+        self.blocks = nn.ModuleList(
+            Block(build(attention, d, m["n_heads"], n + 1, params), d, m["d_ff"], m["dropout"])
+            for _ in range(m["n_layers"])
+        )
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.hidden, self.out = nn.Linear(d, m["d_mlp"]), nn.Linear(m["d_mlp"], 2)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], 1) + self.positions
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(F.relu(self.hidden(self.norm(x)[:, 0])))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--attention", required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--model", required=True, help="the preset's [model] table as JSON")
+    p.add_argument("--optimizer", required=True, help="the preset's optimiser table as JSON")
+    p.add_argument("--params", default="{}")
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    m, o = json.loads(a.model), json.loads(a.optimizer)
+    model = Classifier(a.attention, a.n, m, json.loads(a.params))
+    optim = torch.optim.AdamW(
+        model.parameters(),
+        lr=1e-4,
+        betas=(o["beta1"], o["beta2"]),
+        eps=o["epsilon"],
+        weight_decay=o["weight_decay"],
+    )
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    rss_before = proc_status_kib("VmRSS:")
+    times = []
+    for step in range(a.warmup + a.steps):
+        tokens = torch.randint(1, 257, (a.batch, a.n))
+        labels = torch.randint(0, 2, (a.batch,))
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(tokens), labels)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        if step >= a.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    peak = proc_status_kib("VmHWM:")
+    step_ms = statistics.median(times)
+    print(
+        json.dumps(
+            {
+                "attention": a.attention,
+                "n": a.n,
+                "batch": a.batch,
+                "n_params": n_params,
+                "step_ms": step_ms,
+                "steps_per_s": 1e3 / step_ms,
+                "peak_mib": max(peak - rss_before, 0.0) / 1024.0,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
