@@ -94,9 +94,10 @@ pub fn softmax_attention(
 /// Softmax attention with optional dropout on the weights; shared by the variants that end in
 /// an exact softmax over (possibly projected) keys.
 ///
-/// Without autodiff (inference) it calls Burn's fused attention operation, which each backend
-/// implements with its own kernel (flash attention on `flex`: the `n × n` scores are never
-/// stored); with autodiff it composes the steps, whose backward Burn derives.
+/// Without autodiff (inference) and without a padding mask it calls Burn's fused attention
+/// operation, which each backend implements with its own kernel (flash attention on `flex`,
+/// libtorch's `scaled_dot_product_attention` on `tch`: the `n × n` scores are never stored);
+/// otherwise it composes the steps, whose backward Burn derives.
 pub(crate) fn attend(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -105,19 +106,18 @@ pub(crate) fn attend(
     causal: bool,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
-    let [batch, heads, n_q, d] = q.dims();
+    let [batch, _, n_q, d] = q.dims();
     let n_k = k.dims()[2];
-    if !q.is_autodiff() {
+    if !q.is_autodiff() && mask_pad.is_none() {
         // Dropout is the identity without autodiff, so the fused operation computes the same.
-        let mask = mask_pad.map(|m| {
-            m.reshape([batch, 1, 1, n_k])
-                .expand([batch, heads, n_q, n_k])
-        });
+        // Padding masks take the composed path: Burn's masks mean `true` = masked, and
+        // burn-tch 0.22.1 hands them unchanged to libtorch's scaled_dot_product_attention,
+        // where `true` means attend (caught by the backend-agreement test).
         let options = AttentionModuleOptions {
             is_causal: causal,
             ..Default::default()
         };
-        return attention(q, k, v, mask, None, options);
+        return attention(q, k, v, None, None, options);
     }
     let mut scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
     if let Some(mask) = mask_pad {

@@ -149,23 +149,35 @@ fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3
 }
 
 /// Check 4 for softmax: the functional form against the float64 formula, with and without a
-/// padding mask; tolerance 1e-4 relative. Outputs are weighted averages of unit-variance values
+/// padding mask, with and without the causal mask, on a plain device (without a padding mask:
+/// Burn's fused attention operation, flash attention on flex) and an autodiff device (the
+/// composed steps); tolerance 1e-4 relative. Outputs are weighted averages of unit-variance values
 /// (magnitude ~0.1-1) and f32 round-off leaves absolute errors near 1e-7, so the error is taken
 /// relative to max(|expected|, 0.01): entries near zero are held to 1e-6 absolute instead of
 /// letting a 1e-5-sized entry inflate the ratio (seen with a 1e-3 floor: 1.6e-4 from round-off).
 #[test]
 fn check_4_softmax_matches_float64_reference() {
-    let device = device();
-    let [q, k, v] = qkv(2, 3, 10, 8, &device);
-    let lengths = [10, 6];
-    let mask = padding_mask_from_lengths(&lengths, 10, &device);
-    let out = softmax_attention(q.clone(), k.clone(), v.clone(), Some(mask), false);
-    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
-    for b in 0..2 {
-        for h in 0..3 {
-            let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |_, j| j >= lengths[b]);
-            let err = max_rel_err(&out[b][h], &expected, 1e-2);
-            assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
+    for device in [device(), device().autodiff()] {
+        for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {
+            let [q, k, v] = qkv(2, 3, 10, 8, &device);
+            let lengths = if padded { [10, 6] } else { [10, 10] };
+            let mask = padded.then(|| padding_mask_from_lengths(&lengths, 10, &device));
+            let out = softmax_attention(q.clone(), k.clone(), v.clone(), mask, causal);
+            let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+            for b in 0..2 {
+                for h in 0..3 {
+                    let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |i, j| {
+                        j >= lengths[b] || (causal && j > i)
+                    });
+                    let err = max_rel_err(&out[b][h], &expected, 1e-2);
+                    assert!(
+                        err < 1e-4,
+                        "autodiff {} causal {causal} padded {padded} batch {b} head {h}: \
+                         relative error {err}",
+                        device.is_autodiff()
+                    );
+                }
+            }
         }
     }
 }

@@ -254,3 +254,58 @@ fn bench_attention_prints_one_json_line() {
         assert!(v["peak_mib"].as_f64().unwrap() >= 0.0, "{line}");
     }
 }
+
+/// `bench-train` (one case of `cargo xtask bench lra`) trains the Text model at the requested
+/// length and batch and prints one JSON line whose rate is the inverse of its step time and whose
+/// parameter count is the one `burn-lra params` reports for the same preset; `--describe` prints
+/// the resolved model, optimiser and attention parameters the PyTorch side is built from.
+#[test]
+fn bench_train_prints_one_json_line() {
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+            .args(["bench-train", "--attention", "nystrom", "--preset", "tiny"])
+            .args(["--n", "48", "--batch", "2", "--steps", "2", "--warmup", "0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        serde_json::from_str::<serde_json::Value>(line.trim()).unwrap()
+    };
+    let v = run(&[]);
+    assert_eq!(
+        (
+            v["attention"].as_str(),
+            v["n"].as_u64(),
+            v["batch"].as_u64()
+        ),
+        (Some("nystrom"), Some(48), Some(2))
+    );
+    let (rate, ms) = (
+        v["steps_per_s"].as_f64().unwrap(),
+        v["step_ms"].as_f64().unwrap(),
+    );
+    assert!(ms > 0.0 && (rate * ms - 1000.0).abs() < 1e-6, "{v}");
+    assert!(v["peak_mib"].as_f64().unwrap() >= 0.0, "{v}");
+
+    let params = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+        .args(["params", "--task", "text", "--preset", "tiny"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&params.stdout);
+    let count = v["n_params"].as_u64().unwrap();
+    assert!(
+        listed.contains(&count.to_string()),
+        "bench-train counted {count} parameters; burn-lra params printed:\n{listed}"
+    );
+
+    let d = run(&["--describe"]);
+    assert_eq!(d["model"]["d_model"].as_u64(), Some(64), "{d}");
+    assert_eq!(d["model"]["attention_dropout"].as_f64(), Some(0.0), "{d}");
+    assert!(d["optimizer"]["beta2"].as_f64().is_some(), "{d}");
+    assert!(d["params"].is_object(), "{d}");
+}
