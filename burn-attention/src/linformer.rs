@@ -317,10 +317,18 @@ pub fn linformer_linear_attention(
 
 /// Projects the sequence axis: `P[:, :, :n] X` for `P: [p, k, n_max]`, `X: [b, h, n, d]`.
 pub(crate) fn project_sequence(p: Tensor<3>, x: Tensor<4>) -> Tensor<4> {
-    let [batch, heads, n, _] = x.dims();
+    let [batch, heads, n, d] = x.dims();
     let [count, k, _] = p.dims();
-    let p = p.slice([0..count, 0..k, 0..n]).unsqueeze::<4>();
-    p.expand([batch, heads, k, n]).matmul(x)
+    let p = p.slice([0..count, 0..k, 0..n]);
+    if count == 1 {
+        // One projection for every head: a single `[k, n] @ [n, heads·d]` product per sequence
+        // instead of one thin product per head (the heads are a view of the `[batch, n,
+        // heads·d]` projection output, so undoing the split costs nothing).
+        let x = x.swap_dims(1, 2).reshape([batch, n, heads * d]);
+        let y = p.expand([batch, k, n]).matmul(x);
+        return y.reshape([batch, k, heads, d]).swap_dims(1, 2);
+    }
+    p.unsqueeze::<4>().expand([batch, heads, k, n]).matmul(x)
 }
 
 /// Zeroes the padded rows of `x: [b, h, n, d]`.

@@ -236,11 +236,25 @@ pub fn nystrom_attention(
     let m = n_landmarks;
     let scale = (d as f32).powf(-0.25);
     let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
-    let segments = landmark_segments(mask_pad.clone(), batch, n, m, &q.device())
-        .unsqueeze_dim::<4>(1)
-        .expand([batch, heads, m, n]);
-    let q_land = segments.clone().matmul(q.clone()); // [b, h, m, d]
-    let k_land = segments.matmul(k.clone());
+    let (q_land, k_land) = if mask_pad.is_none() && n >= m && n % m == 0 {
+        // Without padding and with m dividing n the segments are equal consecutive blocks:
+        // their means come from a reshape, not from an `[m, n]` averaging product per head
+        // (which would cost as much as the attention products themselves).
+        let means = |x: Tensor<4>| {
+            x.reshape([batch, heads, m, n / m, d])
+                .mean_dim(3)
+                .reshape([batch, heads, m, d])
+        };
+        (means(q.clone()), means(k.clone()))
+    } else {
+        let segments = landmark_segments(mask_pad.clone(), batch, n, m, &q.device())
+            .unsqueeze_dim::<4>(1)
+            .expand([batch, heads, m, n]);
+        (
+            segments.clone().matmul(q.clone()), // [b, h, m, d]
+            segments.matmul(k.clone()),
+        )
+    };
     let kernel_1 = softmax(q.matmul(k_land.clone().swap_dims(2, 3)), 3); // [b, h, n, m]
     let kernel_2 = softmax(q_land.clone().matmul(k_land.swap_dims(2, 3)), 3); // [b, h, m, m]
     let scores_3 = q_land.matmul(k.swap_dims(2, 3)); // [b, h, m, n]

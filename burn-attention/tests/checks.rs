@@ -203,36 +203,40 @@ fn linformer_case(
 ) -> f64 {
     let device = device();
     let (b, h, n, d, kp, n_max) = (2, 2, 9, 8, 4, 12);
-    let [q, k, v] = qkv(b, h, n, d, &device);
-    let e = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
-    let f = Tensor::<3>::random([h, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
-    let lengths = [9, 5];
-    let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let out = attention(
-        q.clone(),
-        k.clone(),
-        v.clone(),
-        e.clone(),
-        f.clone(),
-        Some(mask),
-    );
-    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
-    let (e, f) = (
-        to_heads(&e.unsqueeze())[0].clone(),
-        to_heads(&f.unsqueeze())[0].clone(),
-    );
     let mut worst = 0.0f64;
-    for bi in 0..b {
-        for hi in 0..h {
-            let expected = reference(
-                &q[bi][hi],
-                &k[bi][hi],
-                &v[bi][hi],
-                &e[hi],
-                &f[hi],
-                lengths[bi],
-            );
-            worst = worst.max(max_rel_err(&out[bi][hi], &expected, 1e-2));
+    // Projections per head, and one shared by the heads (the default `headwise` sharing, which
+    // takes a single product over all heads).
+    for count in [h, 1] {
+        let [q, k, v] = qkv(b, h, n, d, &device);
+        let e = Tensor::<3>::random([count, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+        let f = Tensor::<3>::random([count, kp, n_max], Distribution::Normal(0.0, 0.5), &device);
+        let lengths = [9, 5];
+        let mask = padding_mask_from_lengths(&lengths, n, &device);
+        let out = attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            e.clone(),
+            f.clone(),
+            Some(mask),
+        );
+        let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+        let (e, f) = (
+            to_heads(&e.unsqueeze())[0].clone(),
+            to_heads(&f.unsqueeze())[0].clone(),
+        );
+        for bi in 0..b {
+            for hi in 0..h {
+                let expected = reference(
+                    &q[bi][hi],
+                    &k[bi][hi],
+                    &v[bi][hi],
+                    &e[hi % count],
+                    &f[hi % count],
+                    lengths[bi],
+                );
+                worst = worst.max(max_rel_err(&out[bi][hi], &expected, 1e-2));
+            }
         }
     }
     worst

@@ -89,32 +89,42 @@ fn nystrom_f64(
     )
 }
 
-/// Check 4: the functional form against the float64 formula with padding, for lengths that
-/// divide by `m` (the paper's case) and lengths that do not; 1e-4 relative (floor 0.01, see
-/// `max_rel_err`), on the real positions.
+/// Check 4: the functional form against the float64 formula, with padding (the averaging
+/// matrix of `landmark_segments`) and without (`n` a multiple of `m`: block means by reshape;
+/// `n` not a multiple: the averaging matrix again), for lengths that divide by `m` (the paper's
+/// case) and lengths that do not; 1e-4 relative (floor 0.01, see `max_rel_err`), on the real
+/// positions.
 #[test]
 fn nystrom_matches_float64_reference() {
     let device = device();
     device.seed(11);
-    let (b, h, n, d, m) = (3, 2, 12, 8, 4);
-    let lengths = [12, 9, 3];
-    let [q, k, v] = qkv(b, h, n, d, &device);
-    let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let out = to_heads(&nystrom_attention(
-        q.clone(),
-        k.clone(),
-        v.clone(),
-        Some(mask),
-        m,
-        6,
-    ));
-    let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
-    for bi in 0..b {
-        for hi in 0..h {
-            let len = lengths[bi];
-            let expected = nystrom_f64(&qh[bi][hi], &kh[bi][hi], &vh[bi][hi], len, m, 6);
-            let err = max_rel_err(&out[bi][hi][..len], &expected, 1e-2);
-            assert!(err < 1e-4, "batch {bi} (length {len}) head {hi}: {err}");
+    let (b, h, d, m) = (3, 2, 8, 4);
+    for (n, lengths, padded) in [
+        (12, [12, 9, 3], true),
+        (12, [12, 12, 12], false),
+        (10, [10, 10, 10], false),
+    ] {
+        let [q, k, v] = qkv(b, h, n, d, &device);
+        let mask = padded.then(|| padding_mask_from_lengths(&lengths, n, &device));
+        let out = to_heads(&nystrom_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            mask,
+            m,
+            6,
+        ));
+        let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
+        for bi in 0..b {
+            for hi in 0..h {
+                let len = lengths[bi];
+                let expected = nystrom_f64(&qh[bi][hi], &kh[bi][hi], &vh[bi][hi], len, m, 6);
+                let err = max_rel_err(&out[bi][hi][..len], &expected, 1e-2);
+                assert!(
+                    err < 1e-4,
+                    "n {n} padded {padded} batch {bi} (length {len}) head {hi}: {err}"
+                );
+            }
         }
     }
 }
