@@ -6,8 +6,8 @@
 /// short-lived. glibc serves each such request with a fresh `mmap` and unmaps it on free, so
 /// every step pays for the kernel zeroing the same pages again: profiled with `perf` on the
 /// softmax benchmark at n = 2048, page clearing and faults took a third of the time. Serving
-/// them from the heap and never trimming it lets later steps reuse the pages. The peak resident
-/// memory is unchanged (freed memory is reused, not added to).
+/// them from the heap and never trimming it lets later steps reuse the pages. The cost: the
+/// process's resident size stays near its peak between steps instead of falling back.
 ///
 /// Call it first thing in `main`, before other threads start. A no-op off Linux/glibc.
 pub fn keep_freed_memory() {

@@ -17,6 +17,7 @@ usage: cargo xtask bench setup
        cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
                                    [--batch 1] [--heads 8] [--d-model 512] [--reps 5] [--warmup 2]
                                    [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
+       cargo xtask bench report bench/results/<name>.json
        cargo xtask bench lra [--backend flex] [--attention a,b,...] [--lengths 1024,2048,3072,4096]
                              [--batch 32] [--preset lra] [--reps 5] [--warmup 2]
                              [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
@@ -26,6 +27,7 @@ usage: cargo xtask bench setup
   attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
               after --warmup; softmax-style cases whose score matrices would need more than
               --max-quadratic-gib are skipped and marked so
+  report      re-renders the markdown and SVG of a results JSON (after a change of layout)
   lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
               task's model (the preset's, at each length) with each attention, batch 32 unless
               --batch says otherwise; --reps timed steps after --warmup, one process per case";
@@ -156,6 +158,14 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some("setup") => setup(),
         Some("attention") => attention(&parse(&args[1..], Args::attention())?),
         Some("lra") => lra(&parse(&args[1..], Args::lra())?),
+        Some("report") => match args.get(1) {
+            Some(path) => {
+                render_files(Path::new(path))?;
+                println!("re-rendered {path} as .md and .svg");
+                Ok(())
+            }
+            None => bail!("{USAGE}"),
+        },
         _ => bail!("{USAGE}"),
     }
 }
@@ -360,20 +370,7 @@ fn attention(args: &Args) -> Result<()> {
         &stem.with_extension("json"),
         &serde_json::to_string_pretty(&report)?,
     )?;
-    let markdown = render_markdown(&report, &names, &args.lengths);
-    write(&stem.with_extension("md"), &markdown)?;
-    write(
-        &stem.with_extension("svg"),
-        &render_svg(
-            &report,
-            &names,
-            &args.lengths,
-            [
-                ("forward_backward_ms", "forward + backward time (ms)"),
-                ("peak_mib", "peak memory (MiB)"),
-            ],
-        ),
-    )?;
+    let markdown = render_files(&stem.with_extension("json"))?;
     println!("{markdown}");
     println!("wrote {}.{{json,md,svg}}", stem.display());
     Ok(())
@@ -497,20 +494,7 @@ fn lra(args: &Args) -> Result<()> {
         &stem.with_extension("json"),
         &serde_json::to_string_pretty(&report)?,
     )?;
-    let markdown = render_lra_markdown(&report, &names, &args.lengths);
-    write(&stem.with_extension("md"), &markdown)?;
-    write(
-        &stem.with_extension("svg"),
-        &render_svg(
-            &report,
-            &names,
-            &args.lengths,
-            [
-                ("step_ms", "time per training step (ms)"),
-                ("peak_mib", "peak memory (MiB)"),
-            ],
-        ),
-    )?;
+    let markdown = render_files(&stem.with_extension("json"))?;
     println!("{markdown}");
     println!("wrote {}.{{json,md,svg}}", stem.display());
     Ok(())
@@ -639,6 +623,51 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
     }
     md.push_str(&not_measured(report));
     md
+}
+
+/// Renders `<stem>.md` and `<stem>.svg` beside a results JSON; returns the markdown.
+fn render_files(path: &Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let report: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a benchmark report", path.display()))?;
+    let mut names: Vec<String> = Vec::new();
+    for case in report["cases"].as_array().into_iter().flatten() {
+        if let Some(name) = case["attention"].as_str()
+            && !names.iter().any(|n| n == name)
+        {
+            names.push(name.to_string());
+        }
+    }
+    let lengths: Vec<usize> = report["setup"]["lengths"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_u64().map(|n| n as usize))
+        .collect();
+    let (markdown, panels) = match report["benchmark"].as_str() {
+        Some("attention") => (
+            render_markdown(&report, &names, &lengths),
+            [
+                ("forward_backward_ms", "forward + backward time (ms)"),
+                ("peak_mib", "peak memory (MiB)"),
+            ],
+        ),
+        Some("lra") => (
+            render_lra_markdown(&report, &names, &lengths),
+            [
+                ("step_ms", "time per training step (ms)"),
+                ("peak_mib", "peak memory (MiB)"),
+            ],
+        ),
+        _ => bail!("{}: `benchmark` is neither attention nor lra", path.display()),
+    };
+    write(&path.with_extension("md"), &markdown)?;
+    write(
+        &path.with_extension("svg"),
+        &render_svg(&report, &names, &lengths, panels),
+    )?;
+    Ok(markdown)
 }
 
 /// The "Not measured" section: every case that failed, timed out or was skipped, and why.
@@ -775,32 +804,56 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
         }
         md.push('\n');
     }
+    // The long-sequence span over which linear cost is judged: from 2,048 to the longest n.
+    let span = lengths
+        .iter()
+        .copied()
+        .filter(|&n| n >= 2048)
+        .fold(None, |acc: Option<(usize, usize)>, n| match acc {
+            None => Some((n, n)),
+            Some((lo, hi)) => Some((lo.min(n), hi.max(n))),
+        })
+        .filter(|(lo, hi)| hi > lo);
     md.push_str(
         "\n## Growth per doubling of n (ours, forward + backward): time, then memory\n\n\
-         Linear cost shows as about 2×; quadratic as about 4×.\n\n",
+         Linear cost shows as about 2×; quadratic as about 4×. The last column is the \
+         per-doubling factor over the whole long-sequence span (the geometric mean of the \
+         doublings in it), which one noisy timing cannot swing.\n\n",
     );
     md.push_str("| attention |");
     for w in lengths.windows(2) {
         md.push_str(&format!(" {}→{} |", w[0], w[1]));
     }
+    if let Some((lo, hi)) = span {
+        md.push_str(&format!(" {lo}→{hi}, per doubling |"));
+    }
     md.push_str("\n|---|");
     for _ in lengths.windows(2) {
+        md.push_str("---|");
+    }
+    if span.is_some() {
         md.push_str("---|");
     }
     md.push('\n');
     for name in names {
         md.push_str(&format!("| {name} |"));
+        let growth = |from: usize, to: usize, key| {
+            let ratio = metric(report, "ours", name, to, key)?
+                / metric(report, "ours", name, from, key)?;
+            Some(ratio.powf(1.0 / (to as f64 / from as f64).log2()))
+        };
         for w in lengths.windows(2) {
-            let growth = |key| {
-                Some(
-                    metric(report, "ours", name, w[1], key)?
-                        / metric(report, "ours", name, w[0], key)?,
-                )
-            };
             md.push_str(&format!(
                 " {} / {} |",
-                cell(growth("forward_backward_ms"), 2),
-                cell(growth("peak_mib"), 2)
+                cell(growth(w[0], w[1], "forward_backward_ms"), 2),
+                cell(growth(w[0], w[1], "peak_mib"), 2)
+            ));
+        }
+        if let Some((lo, hi)) = span {
+            md.push_str(&format!(
+                " {} / {} |",
+                cell(growth(lo, hi, "forward_backward_ms"), 2),
+                cell(growth(lo, hi, "peak_mib"), 2)
             ));
         }
         md.push('\n');
