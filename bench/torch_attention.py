@@ -73,21 +73,32 @@ def build(name, dim, heads, n, params):
     raise SystemExit(f"error: no PyTorch implementation of `{name}` in this benchmark")
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
+def case_parser(description, batch, repeats):
+    """The flags of one case, shared with torch_lra.py; `repeats` names the timed runs' flag."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--attention", required=True)
     p.add_argument("--n", type=int, required=True)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument(repeats, type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--params", default="{}")
     p.add_argument("--threads", type=int, default=0)
-    a = p.parse_args()
+    return p
+
+
+def set_up(a):
+    """Thread count and seed, before anything is built."""
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+
+
+def main():
+    p = case_parser(__doc__, batch=1, repeats="--reps")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=512)
+    a = p.parse_args()
+    set_up(a)
     module = build(a.attention, a.d_model, a.heads, a.n, json.loads(a.params))
     rss_before = proc_status_kib("VmRSS:")
     forward, both = [], []

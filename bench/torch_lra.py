@@ -10,7 +10,6 @@ positions, pre-LN blocks `x + Dropout(Attn(LN(x)))`, `x + Dropout(Dense(GELU(Den
 final LayerNorm, CLS pooling, `Dense(d_mlp) ReLU Dense(2)`; AdamW with the preset's betas,
 epsilon and weight decay. Attention dropout is off on both sides.
 """
-import argparse
 import json
 import math
 import statistics
@@ -20,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_attention import build, proc_status_kib
+from torch_attention import build, case_parser, proc_status_kib, set_up
 
 
 def sinusoidal(n, d):
@@ -71,20 +70,11 @@ class Classifier(nn.Module):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--attention", required=True)
-    p.add_argument("--n", type=int, required=True)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p = case_parser(__doc__, batch=32, repeats="--steps")
     p.add_argument("--model", required=True, help="the preset's [model] table as JSON")
     p.add_argument("--optimizer", required=True, help="the preset's optimiser table as JSON")
-    p.add_argument("--params", default="{}")
-    p.add_argument("--threads", type=int, default=0)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    set_up(a)
     m, o = json.loads(a.model), json.loads(a.optimizer)
     model = Classifier(a.attention, a.n, m, json.loads(a.params))
     optim = torch.optim.AdamW(

@@ -219,6 +219,16 @@ fn resume_without_checkpoint_is_an_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The JSON line a successful benchmark command printed.
+fn json_line(out: std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
+}
+
 /// `bench-attention` prints one JSON line with positive timings, for a quadratic and a linear
 /// variant (the numbers themselves belong to `cargo xtask bench`, not to tests).
 #[test]
@@ -239,13 +249,8 @@ fn bench_attention_prints_one_json_line() {
             .args(["--params", params])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = String::from_utf8_lossy(&out.stdout);
-        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        let v = json_line(out);
+        let line = v.to_string();
         assert_eq!(v["attention"], attention);
         assert_eq!(v["n"], 64);
         for key in ["forward_ms", "forward_backward_ms"] {
@@ -268,13 +273,7 @@ fn bench_train_prints_one_json_line() {
             .args(extra)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = String::from_utf8_lossy(&out.stdout).to_string();
-        serde_json::from_str::<serde_json::Value>(line.trim()).unwrap()
+        json_line(out)
     };
     let v = run(&[]);
     assert_eq!(

@@ -326,54 +326,21 @@ fn attention(args: &Args) -> Result<()> {
             } else {
                 None
             };
-            let show = |r: &std::result::Result<Value, String>| match r {
-                Ok(v) => format!(
+            record_case(&mut cases, (name, n, params(name)), ours, torch, |v| {
+                format!(
                     "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
                     v["forward_ms"].as_f64().unwrap_or(f64::NAN),
                     v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
                     v["peak_mib"].as_f64().unwrap_or(f64::NAN)
-                ),
-                Err(e) => e.clone(),
-            };
-            eprintln!("{name:<16} n={n:<6} ours: {}", show(&ours));
-            if let Some(t) = &torch {
-                eprintln!("{:<16} {:<8} torch: {}", "", "", show(t));
-            }
-            cases.push(json!({
-                "attention": name,
-                "n": n,
-                "params": params(name),
-                "ours": as_json(ours),
-                "torch": torch.map(as_json),
-            }));
+                )
+            });
         }
     }
-    let torch_version = cases
-        .iter()
-        .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
-    let report = json!({
-        "benchmark": "attention",
-        "backend": args.backend,
-        "machine": machine(),
-        "threads": threads,
-        "torch": torch_version,
-        "setup": {
-            "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
-            "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
-        },
-        "cases": cases,
+    let setup = json!({
+        "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
+        "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
     });
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let stem = args.out.join(format!("attention-{}", args.backend));
-    write(
-        &stem.with_extension("json"),
-        &serde_json::to_string_pretty(&report)?,
-    )?;
-    let markdown = render_files(&stem.with_extension("json"))?;
-    println!("{markdown}");
-    println!("wrote {}.{{json,md,svg}}", stem.display());
-    Ok(())
+    finish(args, "attention", setup, cases)
 }
 
 /// LRA's Table 2 (Tay et al. 2021; TPU v3, batch 32, Text task): steps per second and peak
@@ -450,46 +417,42 @@ fn lra(args: &Args) -> Result<()> {
             } else {
                 None
             };
-            let show = |r: &std::result::Result<Value, String>| match r {
-                Ok(v) => format!(
+            let params = described["params"].clone();
+            record_case(&mut cases, (name, n, params), ours, torch, |v| {
+                format!(
                     "{:.2} steps/s ({:.0} ms/step), peak {:.0} MiB",
                     v["steps_per_s"].as_f64().unwrap_or(f64::NAN),
                     v["step_ms"].as_f64().unwrap_or(f64::NAN),
                     v["peak_mib"].as_f64().unwrap_or(f64::NAN)
-                ),
-                Err(e) => e.clone(),
-            };
-            eprintln!("{name:<16} n={n:<6} ours: {}", show(&ours));
-            if let Some(t) = &torch {
-                eprintln!("{:<16} {:<8} torch: {}", "", "", show(t));
-            }
-            cases.push(json!({
-                "attention": name,
-                "n": n,
-                "params": described["params"],
-                "ours": as_json(ours),
-                "torch": torch.map(as_json),
-            }));
+                )
+            });
         }
     }
+    let setup = json!({
+        "task": "text", "preset": args.preset, "batch": args.batch,
+        "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
+    });
+    finish(args, "lra", setup, cases)
+}
+
+/// Writes `<out>/<benchmark>-<backend>.json` with the machine and setup, renders its markdown
+/// and SVG beside it, and prints the markdown.
+fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Result<()> {
     let torch_version = cases
         .iter()
         .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
     let report = json!({
-        "benchmark": "lra",
+        "benchmark": benchmark,
         "backend": args.backend,
         "machine": machine(),
-        "threads": threads,
+        "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
         "torch": torch_version,
-        "setup": {
-            "task": "text", "preset": args.preset, "batch": args.batch,
-            "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
-        },
+        "setup": setup,
         "cases": cases,
     });
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let stem = args.out.join(format!("lra-{}", args.backend));
+    let stem = args.out.join(format!("{benchmark}-{}", args.backend));
     write(
         &stem.with_extension("json"),
         &serde_json::to_string_pretty(&report)?,
@@ -498,6 +461,31 @@ fn lra(args: &Args) -> Result<()> {
     println!("{markdown}");
     println!("wrote {}.{{json,md,svg}}", stem.display());
     Ok(())
+}
+
+/// Prints one case's two sides (`show` formats a measurement) and adds the case to `cases`.
+fn record_case(
+    cases: &mut Vec<Value>,
+    (name, n, params): (&str, usize, Value),
+    ours: std::result::Result<Value, String>,
+    torch: Option<std::result::Result<Value, String>>,
+    show: impl Fn(&Value) -> String,
+) {
+    let text = |r: &std::result::Result<Value, String>| match r {
+        Ok(v) => show(v),
+        Err(e) => e.clone(),
+    };
+    eprintln!("{name:<16} n={n:<6} ours: {}", text(&ours));
+    if let Some(t) = &torch {
+        eprintln!("{:<16} {:<8} torch: {}", "", "", text(t));
+    }
+    cases.push(json!({
+        "attention": name,
+        "n": n,
+        "params": params,
+        "ours": as_json(ours),
+        "torch": torch.map(as_json),
+    }));
 }
 
 /// A markdown table header: `first`, then one column per length.
@@ -660,7 +648,10 @@ fn render_files(path: &Path) -> Result<String> {
                 ("peak_mib", "peak memory (MiB)"),
             ],
         ),
-        _ => bail!("{}: `benchmark` is neither attention nor lra", path.display()),
+        _ => bail!(
+            "{}: `benchmark` is neither attention nor lra",
+            path.display()
+        ),
     };
     write(&path.with_extension("md"), &markdown)?;
     write(
@@ -838,8 +829,8 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
     for name in names {
         md.push_str(&format!("| {name} |"));
         let growth = |from: usize, to: usize, key| {
-            let ratio = metric(report, "ours", name, to, key)?
-                / metric(report, "ours", name, from, key)?;
+            let ratio =
+                metric(report, "ours", name, to, key)? / metric(report, "ours", name, from, key)?;
             Some(ratio.powf(1.0 / (to as f64 / from as f64).log2()))
         };
         for w in lengths.windows(2) {
