@@ -277,6 +277,30 @@ fn attention_names(args: &Args, harness: &Harness) -> Result<Vec<String>> {
     })
 }
 
+/// What both benchmark commands set up before their cases: the release harness, the attentions,
+/// the thread count given to PyTorch, the per-case time limit and the PyTorch script.
+struct Session {
+    harness: Harness,
+    names: Vec<String>,
+    threads: usize,
+    timeout: Duration,
+    script: PathBuf,
+}
+
+impl Session {
+    fn start(args: &Args, script: &str) -> Result<Self> {
+        let harness = build_harness(&args.backend, true)?;
+        let names = attention_names(args, &harness)?;
+        Ok(Session {
+            harness,
+            names,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            timeout: Duration::from_secs(args.timeout),
+            script: workspace_root().join("bench").join(script),
+        })
+    }
+}
+
 fn as_json(r: std::result::Result<Value, String>) -> Value {
     match r {
         Ok(v) => v,
@@ -285,11 +309,13 @@ fn as_json(r: std::result::Result<Value, String>) -> Value {
 }
 
 fn attention(args: &Args) -> Result<()> {
-    let harness: Harness = build_harness(&args.backend, true)?;
-    let names = attention_names(args, &harness)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let timeout = Duration::from_secs(args.timeout);
-    let script = workspace_root().join("bench").join("torch_attention.py");
+    let Session {
+        harness,
+        names,
+        threads,
+        timeout,
+        script,
+    } = Session::start(args, "torch_attention.py")?;
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
@@ -361,11 +387,13 @@ const LRA_TABLE2: &[(&str, [f64; 4], [f64; 4])] = &[
 ];
 
 fn lra(args: &Args) -> Result<()> {
-    let harness: Harness = build_harness(&args.backend, true)?;
-    let names = attention_names(args, &harness)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let timeout = Duration::from_secs(args.timeout);
-    let script = workspace_root().join("bench").join("torch_lra.py");
+    let Session {
+        harness,
+        names,
+        threads,
+        timeout,
+        script,
+    } = Session::start(args, "torch_lra.py")?;
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
