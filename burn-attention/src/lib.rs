@@ -29,6 +29,7 @@ pub mod efficient;
 mod encoder;
 mod error;
 pub mod feedforward;
+mod flash;
 mod heads;
 mod input;
 pub mod linear;

@@ -17,7 +17,11 @@
 //! - The scale of `Z₀` is taken per matrix (per example and head), not over the whole batch, so
 //!   one example cannot change another's output.
 //!
-//! Cost: O(n m d + m³) time, O(n m + m²) memory per head. Masks: padding. Causal: not defined
+//! The products are taken as `K₁ (pinv(K₂) (K₃ V))`: `K₃ V` and `K₁ Z` are softmax attentions
+//! (over keys `K` and over the landmarks), so on `flex` they run on the fused kernel and the
+//! `[n, m]` and `[m, n]` weights are never stored, in the forward or the backward pass.
+//!
+//! Cost: O(n m d + m³) time, O(n m + m²) memory per head (O(n d + m²) on `flex`). Masks: padding. Causal: not defined
 //! (landmarks average over the whole sequence), so asking for it is an error.
 
 use burn::nn::PaddingConfig2d;
@@ -29,7 +33,7 @@ use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
 use crate::linformer::zero_padded;
-use crate::softmax::MASK_FILL;
+use crate::softmax::attend_scaled;
 
 const NAME: &str = "nystrom";
 
@@ -255,15 +259,12 @@ pub fn nystrom_attention(
             segments.matmul(k.clone()),
         )
     };
-    let kernel_1 = softmax(q.matmul(k_land.clone().swap_dims(2, 3)), 3); // [b, h, n, m]
-    let kernel_2 = softmax(q_land.clone().matmul(k_land.swap_dims(2, 3)), 3); // [b, h, m, m]
-    let scores_3 = q_land.matmul(k.swap_dims(2, 3)); // [b, h, m, n]
-    let scores_3 = match mask_pad {
-        Some(mask) => scores_3.mask_fill(mask.reshape([batch, 1, 1, n]), MASK_FILL),
-        None => scores_3,
-    };
-    let kernel_3 = softmax(scores_3, 3);
-    kernel_1
-        .matmul(iterative_pinv(kernel_2, pinv_iterations))
-        .matmul(kernel_3.matmul(v))
+    // out = K₁ pinv(K₂) K₃ V with K₁ = softmax(Q K̃ᵀ), K₃ = softmax(Q̃ Kᵀ): K₃ V and K₁ Z are
+    // softmax attentions (keys K, values V; keys K̃, values Z = pinv(K₂) K₃ V), so they take the
+    // fused kernel where there is one and neither the [n, m] nor the [m, n] weights are stored.
+    // q and k carry the whole 1/√d already.
+    let kernel_2 = softmax(q_land.clone().matmul(k_land.clone().swap_dims(2, 3)), 3); // [b, h, m, m]
+    let context = attend_scaled(q_land, k, v, mask_pad, false, None, 1.0); // [b, h, m, d]
+    let z = iterative_pinv(kernel_2, pinv_iterations).matmul(context);
+    attend_scaled(q, k_land, z, None, false, None, 1.0)
 }

@@ -11,6 +11,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
 use crate::error::{AttentionError, check_heads};
+use crate::flash;
 use crate::heads::QkvoProjection;
 use crate::input::{AttentionInput, causal_mask};
 
@@ -106,8 +107,34 @@ pub(crate) fn attend(
     causal: bool,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
-    let [batch, _, n_q, d] = q.dims();
+    let scale = 1.0 / (q.dims()[3] as f32).sqrt();
+    attend_scaled(q, k, v, mask_pad, causal, dropout, scale)
+}
+
+/// [`attend`] with the factor on `q kᵀ` given (Nyströmformer scales `q` and `k` itself).
+///
+/// On `flex` (f32, no active weight dropout) it runs the fused kernel of [`crate::flash`], whose
+/// backward recomputes the weights tile by tile; elsewhere, without autodiff and without a
+/// padding mask, Burn's fused attention operation; otherwise the composed steps.
+pub(crate) fn attend_scaled(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+    dropout: Option<&Dropout>,
+    scale: f32,
+) -> Tensor<4> {
+    let [batch, _, n_q, _] = q.dims();
     let n_k = k.dims()[2];
+    // Dropout on the weights is only active while training with a non-zero rate; the fused
+    // kernel has none (as PyTorch's CPU flash attention has none).
+    let weight_dropout = q.is_autodiff() && dropout.is_some_and(|dropout| dropout.prob > 0.0);
+    if !weight_dropout
+        && let Some(out) = flash::try_attention(&q, &k, &v, mask_pad.as_ref(), causal, scale)
+    {
+        return out;
+    }
     if !q.is_autodiff() && mask_pad.is_none() {
         // Dropout is the identity without autodiff, so the fused operation computes the same.
         // Padding masks take the composed path: Burn's masks mean `true` = masked, and
@@ -115,11 +142,12 @@ pub(crate) fn attend(
         // where `true` means attend (caught by the backend-agreement test).
         let options = AttentionModuleOptions {
             is_causal: causal,
+            scale: Some(scale as f64),
             ..Default::default()
         };
         return attention(q, k, v, None, None, options);
     }
-    let mut scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d as f32).sqrt());
+    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
     if let Some(mask) = mask_pad {
         scores = scores.mask_fill(mask.reshape([batch, 1, 1, n_k]), MASK_FILL);
     }

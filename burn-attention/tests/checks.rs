@@ -182,6 +182,97 @@ fn check_4_softmax_matches_float64_reference() {
     }
 }
 
+/// Gradients of `Σ G ∘ softmax(Q Kᵀ/√d) V` for one head in float64, with masked keys dropped
+/// from each row: `(dQ, dK, dV)`. The textbook chain: `P` the weights, `dV = Pᵀ G`,
+/// `dP = G Vᵀ`, `dS = P ∘ (dP - rowsum(P ∘ dP))`, `dQ = dS K/√d`, `dK = dSᵀ Q/√d`.
+fn softmax_head_grads(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    g: &[Vec<f64>],
+    masked: impl Fn(usize, usize) -> bool,
+) -> [Vec<Vec<f64>>; 3] {
+    let (n_q, n_k, d) = (q.len(), k.len(), q[0].len());
+    let s = 1.0 / (d as f64).sqrt();
+    let zeros = |rows: usize, cols: usize| vec![vec![0.0f64; cols]; rows];
+    let (mut dq, mut dk, mut dv) = (zeros(n_q, d), zeros(n_k, d), zeros(n_k, v[0].len()));
+    for i in 0..n_q {
+        let keep: Vec<usize> = (0..n_k).filter(|&j| !masked(i, j)).collect();
+        let scores: Vec<f64> = keep
+            .iter()
+            .map(|&j| q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>() * s)
+            .collect();
+        let p = &softmax_rows(&[scores])[0];
+        let dp: Vec<f64> = keep
+            .iter()
+            .map(|&j| g[i].iter().zip(&v[j]).map(|(a, b)| a * b).sum())
+            .collect();
+        let row: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+        for (t, &j) in keep.iter().enumerate() {
+            let ds = p[t] * (dp[t] - row) * s;
+            for c in 0..d {
+                dq[i][c] += ds * k[j][c];
+                dk[j][c] += ds * q[i][c];
+            }
+            for (c, gc) in g[i].iter().enumerate() {
+                dv[j][c] += p[t] * gc;
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// Check 4 for softmax training: outputs and the gradients of `q`, `k`, `v` on an autodiff
+/// device against the float64 formula ([`softmax_head_grads`]), at a length that spans several
+/// query and key tiles of the fused kernel (300, neither a multiple of its 128-row nor its
+/// 256-key tiles), with and without padding and causal masks. The loss weights the output with
+/// a random `G`, so every gradient entry is exercised. The inputs are per-head views of
+/// `[batch, n, heads, d]` storage, as the modules make them. Gradients are sums over 300 keys of
+/// unit-scale terms; their error is taken relative to max(|expected|, 0.01) as above, 1e-4.
+#[test]
+fn check_4_softmax_gradients_match_float64_reference() {
+    let device = device().autodiff();
+    let (b, h, n, d) = (2, 2, 300, 8);
+    for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {
+        // Per-head views of `[b, n, h, d]` storage, as the modules' head split makes them.
+        let [q, k, v] = [0, 1, 2].map(|_| {
+            Tensor::<4>::random([b, n, h, d], Distribution::Normal(0.0, 1.0), &device)
+                .swap_dims(1, 2)
+                .require_grad()
+        });
+        let g = Tensor::<4>::random([b, h, n, d], Distribution::Normal(0.0, 1.0), &device);
+        let lengths = if padded { [n, 170] } else { [n, n] };
+        let mask = padded.then(|| padding_mask_from_lengths(&lengths, n, &device));
+        let out = softmax_attention(q.clone(), k.clone(), v.clone(), mask, causal);
+        let grads = (out.clone() * g.clone()).sum().backward();
+        let got = [&q, &k, &v].map(|t| to_heads(&t.grad(&grads).unwrap()));
+        let (qh, kh, vh, gh, out) = (
+            to_heads(&q.inner()),
+            to_heads(&k.inner()),
+            to_heads(&v.inner()),
+            to_heads(&g.inner()),
+            to_heads(&out.inner()),
+        );
+        for bi in 0..b {
+            for hi in 0..h {
+                let masked = |i: usize, j: usize| j >= lengths[bi] || (causal && j > i);
+                let (q, k, v, g) = (&qh[bi][hi], &kh[bi][hi], &vh[bi][hi], &gh[bi][hi]);
+                let expected = softmax_head(q, k, v, masked);
+                let err = max_rel_err(&out[bi][hi], &expected, 1e-2);
+                assert!(err < 1e-4, "output, causal {causal} padded {padded}: {err}");
+                let want = softmax_head_grads(q, k, v, g, masked);
+                for (name, (got, want)) in ["q", "k", "v"].iter().zip(got.iter().zip(&want)) {
+                    let err = max_rel_err(&got[bi][hi], want, 1e-2);
+                    assert!(
+                        err < 1e-4,
+                        "d{name}, causal {causal} padded {padded} batch {bi} head {hi}: {err}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Random inputs for the Linformer references: 2 sequences of 9 (the second padded after 5),
 /// 2 heads of width 8, per-head projections `E`, `F` with k = 4 and `n_max` = 12 > n.
 type LinformerFn =

@@ -1,0 +1,629 @@
+//! Tiled ("flash") softmax attention on the CPU: forward with the per-row log-sum-exp, and the
+//! backward that recomputes the weights tile by tile from it (Dao et al. 2022, arXiv 2205.14135;
+//! the loop order of FlashAttention-2, arXiv 2307.08691).
+//!
+//! Tensors are contiguous row-major `f32` slices: `q` `[bh, n_q, d]`, `k` `[bh, n_k, d]`,
+//! `v` `[bh, n_k, d_v]`, where `bh` runs over batch × heads. A key-padding mask holds one flag
+//! per batch row and key (`[batch, n_k]`, `true` = padding). Masked scores are *replaced* by
+//! [`MASK_FILL`] after scaling, exactly as the composed [`softmax_attention`](crate::softmax_attention)
+//! does, and pass no gradient. With a causal mask and no padding mask, tiles that lie wholly in
+//! the future are skipped; every row keeps its own key 0, so the skipped weights are exactly
+//! zero in `f32` as well.
+//!
+//! Products run on the `gemm` crate (the one Burn's `flex` backend uses) on tiles that stay in
+//! cache; the exponentials on a polynomial that the compiler vectorises (AVX-512 or AVX2 where
+//! the CPU has them, picked at run time). Work is spread over batch × heads (and query tiles in
+//! the forward pass) with rayon. Memory beyond inputs and outputs: `O(n)` per row block.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::softmax::MASK_FILL;
+
+/// Query rows per tile.
+const BLOCK_Q: usize = 128;
+/// Keys per tile.
+const BLOCK_K: usize = 256;
+
+/// Sizes of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    /// Batch size.
+    pub batch: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Query rows.
+    pub n_q: usize,
+    /// Keys.
+    pub n_k: usize,
+    /// Query and key width.
+    pub d: usize,
+    /// Value width.
+    pub d_v: usize,
+}
+
+impl Dims {
+    fn bh(&self) -> usize {
+        self.batch * self.heads
+    }
+}
+
+/// Score options shared by the forward and backward passes.
+#[derive(Debug, Clone, Copy)]
+pub struct Scoring<'a> {
+    /// Multiplies `q kᵀ` (usually `1/√d`).
+    pub scale: f32,
+    /// Key `j` is masked for query `i` when `j > i`.
+    pub causal: bool,
+    /// Key-padding flags `[batch, n_k]`, `true` = padding.
+    pub key_padding: Option<&'a [bool]>,
+}
+
+impl Scoring<'_> {
+    /// Whether the tile of queries `rows` and keys from `k0` has any unmasked score that
+    /// matters; only wholly-future causal tiles are skipped, and only without padding.
+    fn skip(&self, rows: &std::ops::Range<usize>, k0: usize) -> bool {
+        self.causal && self.key_padding.is_none() && k0 > rows.end - 1
+    }
+
+    /// Applies the masks to one score tile `s` (`rows × keys`, row stride `BLOCK_K`).
+    fn mask_tile(
+        &self,
+        s: &mut [f32],
+        batch: usize,
+        n_k: usize,
+        rows: &std::ops::Range<usize>,
+        keys: &std::ops::Range<usize>,
+    ) {
+        let padding = self
+            .key_padding
+            .map(|mask| &mask[batch * n_k + keys.start..batch * n_k + keys.end]);
+        for (r, i) in rows.clone().enumerate() {
+            let row = &mut s[r * BLOCK_K..r * BLOCK_K + keys.len()];
+            if let Some(padding) = padding {
+                for (score, &pad) in row.iter_mut().zip(padding) {
+                    if pad {
+                        *score = MASK_FILL;
+                    }
+                }
+            }
+            if self.causal && keys.end > i + 1 {
+                let from = (i + 1).saturating_sub(keys.start);
+                row[from..].fill(MASK_FILL);
+            }
+        }
+    }
+
+    /// Whether the score of query `i` and key `j` (batch `b`) was masked.
+    fn masked(&self, b: usize, n_k: usize, i: usize, j: usize) -> bool {
+        (self.causal && j > i) || self.key_padding.is_some_and(|mask| mask[b * n_k + j])
+    }
+
+    fn any_mask(&self) -> bool {
+        self.causal || self.key_padding.is_some()
+    }
+}
+
+/// `dst (m×n) = alpha·dst + beta·lhs (m×k) · rhs (k×n)`, row-major with the given strides
+/// (`(row stride, column stride)` per matrix). `alpha` is ignored when `accumulate` is false.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Bounds of the furthest element each operand is read or written at.
+    assert!(dst.len() > (m - 1) * dst_rs + (n - 1));
+    if k > 0 {
+        assert!(lhs.len() > (m - 1) * lhs_strides.0 + (k - 1) * lhs_strides.1);
+        assert!(rhs.len() > (k - 1) * rhs_strides.0 + (n - 1) * rhs_strides.1);
+    }
+    // SAFETY: the asserts above keep every access of the m×n×k product inside the slices, and
+    // `dst` is borrowed mutably, so it aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_strides.1 as isize,
+            lhs_strides.0 as isize,
+            rhs.as_ptr(),
+            rhs_strides.1 as isize,
+            rhs_strides.0 as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// Forward pass: returns the output `[bh, n_q, d_v]` and the log-sum-exp of every score row
+/// `[bh, n_q]`, which the backward pass needs.
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: Dims,
+    scoring: Scoring<'_>,
+) -> (Vec<f32>, Vec<f32>) {
+    let Dims {
+        n_q, n_k, d, d_v, ..
+    } = dims;
+    assert_eq!(q.len(), dims.bh() * n_q * d, "query length");
+    assert_eq!(k.len(), dims.bh() * n_k * d, "key length");
+    assert_eq!(v.len(), dims.bh() * n_k * d_v, "value length");
+    let mut out = vec![0.0f32; dims.bh() * n_q * d_v];
+    let mut lse = vec![0.0f32; dims.bh() * n_q];
+    if n_q == 0 {
+        return (out, lse);
+    }
+    // One task per (batch·head, query tile): each owns its rows of `out` and `lse`.
+    out.par_chunks_mut(n_q * d_v)
+        .zip(lse.par_chunks_mut(n_q))
+        .enumerate()
+        .flat_map_iter(|(h, (out, lse))| {
+            out.chunks_mut(BLOCK_Q * d_v)
+                .zip(lse.chunks_mut(BLOCK_Q))
+                .enumerate()
+                .map(move |(t, chunk)| (h, t, chunk))
+        })
+        .for_each_init(
+            || {
+                (
+                    vec![0.0f32; BLOCK_Q * BLOCK_K],
+                    vec![0.0f32; BLOCK_Q],
+                    vec![0.0f32; BLOCK_Q],
+                )
+            },
+            |(s, m, l), (h, t, (out, lse))| {
+                let rows = t * BLOCK_Q..(t * BLOCK_Q + BLOCK_Q).min(n_q);
+                let b = h / dims.heads;
+                let q = &q[(h * n_q + rows.start) * d..(h * n_q + rows.end) * d];
+                let k = &k[h * n_k * d..(h + 1) * n_k * d];
+                let v = &v[h * n_k * d_v..(h + 1) * n_k * d_v];
+                forward_tile(q, k, v, out, lse, s, m, l, &rows, b, dims, &scoring);
+            },
+        );
+    (out, lse)
+}
+
+/// One query tile of the forward pass: online softmax over the key tiles.
+#[allow(clippy::too_many_arguments)]
+fn forward_tile(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+    s: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    rows: &std::ops::Range<usize>,
+    b: usize,
+    dims: Dims,
+    scoring: &Scoring<'_>,
+) {
+    let Dims { n_k, d, d_v, .. } = dims;
+    let bq = rows.len();
+    out.fill(0.0);
+    m[..bq].fill(f32::NEG_INFINITY);
+    l[..bq].fill(0.0);
+    for k0 in (0..n_k).step_by(BLOCK_K) {
+        if scoring.skip(rows, k0) {
+            break;
+        }
+        let keys = k0..(k0 + BLOCK_K).min(n_k);
+        let bk = keys.len();
+        matmul(
+            bq,
+            bk,
+            d,
+            s,
+            BLOCK_K,
+            false,
+            q,
+            (d, 1),
+            &k[k0 * d..],
+            (1, d),
+            scoring.scale,
+        );
+        if scoring.any_mask() {
+            scoring.mask_tile(s, b, n_k, rows, &keys);
+        }
+        for r in 0..bq {
+            let row = &mut s[r * BLOCK_K..r * BLOCK_K + bk];
+            let new_max = m[r].max(simd::max(row));
+            let sum = simd::exp_shift_sum(row, new_max);
+            let rescale = (m[r] - new_max).exp();
+            l[r] = l[r] * rescale + sum;
+            m[r] = new_max;
+            if rescale != 1.0 {
+                for x in &mut out[r * d_v..(r + 1) * d_v] {
+                    *x *= rescale;
+                }
+            }
+        }
+        matmul(
+            bq,
+            d_v,
+            bk,
+            out,
+            d_v,
+            true,
+            s,
+            (BLOCK_K, 1),
+            &v[k0 * d_v..],
+            (d_v, 1),
+            1.0,
+        );
+    }
+    for r in 0..bq {
+        let inv = 1.0 / l[r];
+        for x in &mut out[r * d_v..(r + 1) * d_v] {
+            *x *= inv;
+        }
+        lse[r] = m[r] + l[r].ln();
+    }
+}
+
+/// Gradients of the forward pass with respect to `q`, `k` and `v`, given the output `o`, its
+/// log-sum-exp rows `lse` and the output gradient `d_o`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    dims: Dims,
+    scoring: Scoring<'_>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let Dims {
+        n_q, n_k, d, d_v, ..
+    } = dims;
+    let bh = dims.bh();
+    assert_eq!(o.len(), bh * n_q * d_v, "output length");
+    assert_eq!(d_o.len(), bh * n_q * d_v, "output-gradient length");
+    assert_eq!(lse.len(), bh * n_q, "log-sum-exp length");
+    let mut dq = vec![0.0f32; bh * n_q * d];
+    let mut dk = vec![0.0f32; bh * n_k * d];
+    let mut dv = vec![0.0f32; bh * n_k * d_v];
+    if n_q == 0 || n_k == 0 {
+        return (dq, dk, dv);
+    }
+    // One task per batch·head: it owns that head's dq, dk and dv.
+    dq.par_chunks_mut(n_q * d)
+        .zip(dk.par_chunks_mut(n_k * d))
+        .zip(dv.par_chunks_mut(n_k * d_v))
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    vec![0.0f32; BLOCK_Q * BLOCK_K],
+                    vec![0.0f32; BLOCK_Q * BLOCK_K],
+                    vec![0.0f32; n_q],
+                )
+            },
+            |(p, dp, delta), (h, ((dq, dk), dv))| {
+                let b = h / dims.heads;
+                let q = &q[h * n_q * d..(h + 1) * n_q * d];
+                let k = &k[h * n_k * d..(h + 1) * n_k * d];
+                let v = &v[h * n_k * d_v..(h + 1) * n_k * d_v];
+                let o = &o[h * n_q * d_v..(h + 1) * n_q * d_v];
+                let d_o = &d_o[h * n_q * d_v..(h + 1) * n_q * d_v];
+                let lse = &lse[h * n_q..(h + 1) * n_q];
+                // delta_i = Σ_c dO_ic O_ic = Σ_j P_ij dP_ij, the softmax backward's row term.
+                for (i, delta) in delta.iter_mut().enumerate() {
+                    *delta = simd::dot(&o[i * d_v..(i + 1) * d_v], &d_o[i * d_v..(i + 1) * d_v]);
+                }
+                for k0 in (0..n_k).step_by(BLOCK_K) {
+                    let keys = k0..(k0 + BLOCK_K).min(n_k);
+                    let bk = keys.len();
+                    for q0 in (0..n_q).step_by(BLOCK_Q) {
+                        let rows = q0..(q0 + BLOCK_Q).min(n_q);
+                        if scoring.skip(&rows, k0) {
+                            continue;
+                        }
+                        let bq = rows.len();
+                        // P = exp(scale·Q Kᵀ (masked) - lse).
+                        matmul(
+                            bq,
+                            bk,
+                            d,
+                            p,
+                            BLOCK_K,
+                            false,
+                            &q[q0 * d..],
+                            (d, 1),
+                            &k[k0 * d..],
+                            (1, d),
+                            scoring.scale,
+                        );
+                        if scoring.any_mask() {
+                            scoring.mask_tile(p, b, n_k, &rows, &keys);
+                        }
+                        for r in 0..bq {
+                            simd::exp_shift(&mut p[r * BLOCK_K..r * BLOCK_K + bk], lse[q0 + r]);
+                        }
+                        // dV += Pᵀ dO.
+                        matmul(
+                            bk,
+                            d_v,
+                            bq,
+                            &mut dv[k0 * d_v..],
+                            d_v,
+                            true,
+                            p,
+                            (1, BLOCK_K),
+                            &d_o[q0 * d_v..],
+                            (d_v, 1),
+                            1.0,
+                        );
+                        // dP = dO Vᵀ.
+                        matmul(
+                            bq,
+                            bk,
+                            d_v,
+                            dp,
+                            BLOCK_K,
+                            false,
+                            &d_o[q0 * d_v..],
+                            (d_v, 1),
+                            &v[k0 * d_v..],
+                            (1, d_v),
+                            1.0,
+                        );
+                        // dS = P ∘ (dP - delta), scaled once for both products below.
+                        for r in 0..bq {
+                            let at = r * BLOCK_K..r * BLOCK_K + bk;
+                            simd::softmax_grad(
+                                &mut dp[at.clone()],
+                                &p[at],
+                                delta[q0 + r],
+                                scoring.scale,
+                            );
+                            if scoring.any_mask() {
+                                let i = q0 + r;
+                                for (c, j) in keys.clone().enumerate() {
+                                    if scoring.masked(b, n_k, i, j) {
+                                        dp[r * BLOCK_K + c] = 0.0;
+                                    }
+                                }
+                            }
+                        }
+                        // dQ += dS K;  dK += dSᵀ Q.
+                        matmul(
+                            bq,
+                            d,
+                            bk,
+                            &mut dq[q0 * d..],
+                            d,
+                            true,
+                            dp,
+                            (BLOCK_K, 1),
+                            &k[k0 * d..],
+                            (d, 1),
+                            1.0,
+                        );
+                        matmul(
+                            bk,
+                            d,
+                            bq,
+                            &mut dk[k0 * d..],
+                            d,
+                            true,
+                            dp,
+                            (1, BLOCK_K),
+                            &q[q0 * d..],
+                            (d, 1),
+                            1.0,
+                        );
+                    }
+                }
+            },
+        );
+    (dq, dk, dv)
+}
+
+/// Row kernels, compiled for AVX-512 and AVX2 beside the portable build and picked at run time.
+mod simd {
+    /// Lanes the loops are written over; the compiler maps them onto vector registers.
+    const LANES: usize = 16;
+
+    /// `exp(x)` for `f32`, to about 2 ulp: `2^n · p(r)` with `x = n ln 2 + r`, `|r| <= ln2/2`,
+    /// `p` the degree-6 Taylor polynomial. Inputs below -87.3 give about 1e-38 (not 0), above
+    /// 88.7 a large finite value; attention only feeds it scores minus their row maximum.
+    #[inline(always)]
+    fn exp(x: f32) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_145_75;
+        const LN2_LO: f32 = 1.428_606_8e-6;
+        // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
+        const ROUND: f32 = 12_582_912.0;
+        let x = x.clamp(-87.3, 88.7);
+        let n = (x * LOG2E + ROUND) - ROUND;
+        let r = x - n * LN2_HI - n * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5
+                    + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+        f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    }
+
+    macro_rules! kernels {
+        ($($(#[$attr:meta])* $vis:vis unsafe fn $name:ident $args:tt -> $ret:ty $body:block)*) => {
+            /// The portable build of every kernel.
+            mod portable {
+                #[allow(unused_imports)]
+                use super::*;
+                $(#[inline(always)] pub fn $name $args -> $ret $body)*
+            }
+            #[cfg(target_arch = "x86_64")]
+            mod avx512 {
+                #[allow(unused_imports)]
+                use super::*;
+                $(
+                    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                    pub unsafe fn $name $args -> $ret $body
+                )*
+            }
+            #[cfg(target_arch = "x86_64")]
+            mod avx2 {
+                #[allow(unused_imports)]
+                use super::*;
+                $(
+                    #[target_feature(enable = "avx2,fma")]
+                    pub unsafe fn $name $args -> $ret $body
+                )*
+            }
+        };
+    }
+
+    kernels! {
+        unsafe fn max_impl(row: &[f32]) -> f32 {
+            let mut acc = [f32::NEG_INFINITY; LANES];
+            let mut chunks = row.chunks_exact(LANES);
+            for chunk in &mut chunks {
+                for (a, &x) in acc.iter_mut().zip(chunk) {
+                    *a = if x > *a { x } else { *a };
+                }
+            }
+            let mut best = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            for a in acc {
+                best = best.max(a);
+            }
+            best
+        }
+
+        unsafe fn exp_shift_sum_impl(row: &mut [f32], shift: f32) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let mut chunks = row.chunks_exact_mut(LANES);
+            for chunk in &mut chunks {
+                for (a, x) in acc.iter_mut().zip(chunk) {
+                    *x = exp(*x - shift);
+                    *a += *x;
+                }
+            }
+            let mut sum = 0.0;
+            for x in chunks.into_remainder() {
+                *x = exp(*x - shift);
+                sum += *x;
+            }
+            sum + acc.iter().sum::<f32>()
+        }
+
+        unsafe fn exp_shift_impl(row: &mut [f32], shift: f32) -> () {
+            for x in row {
+                *x = exp(*x - shift);
+            }
+        }
+
+        unsafe fn softmax_grad_impl(dp: &mut [f32], p: &[f32], delta: f32, scale: f32) -> () {
+            for (g, &p) in dp.iter_mut().zip(p) {
+                *g = p * (*g - delta) * scale;
+            }
+        }
+
+        unsafe fn dot_impl(a: &[f32], b: &[f32]) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let mut ca = a.chunks_exact(LANES);
+            let mut cb = b.chunks_exact(LANES);
+            for (x, y) in (&mut ca).zip(&mut cb) {
+                for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+                    *s += x * y;
+                }
+            }
+            let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+            rest + acc.iter().sum::<f32>()
+        }
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Level {
+        Portable,
+        #[cfg(target_arch = "x86_64")]
+        Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Avx512,
+    }
+
+    fn level() -> Level {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+            *LEVEL.get_or_init(|| {
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    Level::Avx512
+                } else if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    Level::Avx2
+                } else {
+                    Level::Portable
+                }
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Level::Portable
+    }
+
+    macro_rules! dispatch {
+        ($name:ident => $impl_name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+            pub(super) fn $name($($arg: $ty),*) -> $ret {
+                match level() {
+                    // SAFETY: `level` checked that the CPU has the features each build enables.
+                    #[cfg(target_arch = "x86_64")]
+                    Level::Avx512 => unsafe { avx512::$impl_name($($arg),*) },
+                    #[cfg(target_arch = "x86_64")]
+                    Level::Avx2 => unsafe { avx2::$impl_name($($arg),*) },
+                    Level::Portable => portable::$impl_name($($arg),*),
+                }
+            }
+        };
+    }
+
+    dispatch!(max => max_impl(row: &[f32]) -> f32);
+    dispatch!(exp_shift_sum => exp_shift_sum_impl(row: &mut [f32], shift: f32) -> f32);
+    dispatch!(exp_shift => exp_shift_impl(row: &mut [f32], shift: f32) -> ());
+    dispatch!(softmax_grad => softmax_grad_impl(dp: &mut [f32], p: &[f32], delta: f32, scale: f32) -> ());
+    dispatch!(dot => dot_impl(a: &[f32], b: &[f32]) -> f32);
+
+    #[cfg(test)]
+    mod tests {
+        /// The polynomial against the standard library over the range attention uses.
+        #[test]
+        fn exp_matches_std() {
+            let mut worst = 0.0f64;
+            for i in 0..=200_000 {
+                let x = -87.0 + 97.0 * i as f32 / 200_000.0;
+                let want = (x as f64).exp();
+                let got = super::exp(x) as f64;
+                worst = worst.max(((got - want) / want).abs());
+            }
+            assert!(worst < 5e-7, "worst relative error {worst}");
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Fused softmax attention with its own backward pass, for training on the `flex` backend.
+//!
+//! Burn's fused `attention` operation has no backward of its own: under autodiff Burn derives
+//! one from the composed steps, which stores the `n × n` weights and walks them several times.
+//! This module registers a Burn backend extension whose forward keeps only the log-sum-exp of
+//! each score row and whose backward recomputes the weights tile by tile ([`kernel`]), as
+//! FlashAttention does and as PyTorch's CPU `scaled_dot_product_attention` does. Time is the
+//! same `O(n² d)`; memory beyond the inputs drops from `O(n²)` to `O(n)` per head.
+//!
+//! [`try_attention`] is the entry point: it answers `None` wherever the fused path does not
+//! apply (another backend, a dtype other than `f32`), and the caller composes the steps.
+
+#[cfg(feature = "flex")]
+mod kernel;
+
+use std::sync::Arc;
+
+use burn::prelude::*;
+
+/// Key-padding flags shared between the forward and backward passes (`[batch, n_k]`,
+/// `true` = padding).
+pub(crate) type KeyPadding = Option<Arc<[bool]>>;
+
+/// Fused softmax attention `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors
+/// when the backend has the fused kernel, `None` otherwise (the caller then composes the steps).
+///
+/// Masked scores are replaced by [`MASK_FILL`](crate::softmax::MASK_FILL), as in the composed
+/// path, so the two agree to rounding, masks included.
+pub(crate) fn try_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    mask_pad: Option<&Tensor<2, Bool>>,
+    causal: bool,
+    scale: f32,
+) -> Option<Tensor<4>> {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        let device = q.device();
+        let on_flex = matches!(
+            device.as_dispatch().clone().inner(),
+            DispatchDevice::Flex(_)
+        );
+        let all_f32 = [q, k, v]
+            .iter()
+            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        let n_q = q.dims()[2];
+        let n_k = k.dims()[2];
+        if !on_flex || !all_f32 || n_q == 0 || n_k == 0 {
+            return None;
+        }
+        let key_padding: KeyPadding = mask_pad.map(|mask| {
+            let data = mask.clone().into_data();
+            let flags: Vec<bool> = data.iter::<bool>().collect();
+            Arc::from(flags)
+        });
+        let out = <burn::backend::Dispatch as flex::FlashAttention>::flash_attention(
+            q.clone().into_dispatch(),
+            k.clone().into_dispatch(),
+            v.clone().into_dispatch(),
+            key_padding,
+            scale,
+            causal,
+        );
+        Some(Tensor::from_dispatch(out))
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (q, k, v, mask_pad, causal, scale);
+        None
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex {
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+    use burn::tensor::TensorData;
+
+    use super::KeyPadding;
+    use super::kernel::{self, Dims, Scoring};
+
+    /// The backend extension: fused attention whose autodiff form has a handwritten backward.
+    #[backend_extension(Flex, Autodiff)]
+    pub trait FlashAttention: Backend {
+        /// `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors.
+        fn flash_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_padding: KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
+    /// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`
+    /// at a time, not element by element.
+    fn host(tensor: FloatTensor<Flex>) -> (Vec<f32>, Vec<usize>) {
+        let layout = tensor.layout();
+        let shape = layout.shape().to_vec();
+        if let Some(values) = tensor.as_slice::<f32>() {
+            return (values.to_vec(), shape);
+        }
+        let strides = layout.strides();
+        if shape.len() == 4 && strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
+            let storage = tensor.storage::<f32>();
+            let [s0, s1, s2] = [0, 1, 2].map(|i| strides[i] as usize);
+            let row = shape[3];
+            let mut values = Vec::with_capacity(shape.iter().product());
+            for a in 0..shape[0] {
+                for b in 0..shape[1] {
+                    for c in 0..shape[2] {
+                        let start = layout.start_offset() + a * s0 + b * s1 + c * s2;
+                        values.extend_from_slice(&storage[start..start + row]);
+                    }
+                }
+            }
+            return (values, shape);
+        }
+        let values = tensor
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("the fused attention path is only taken for f32 tensors");
+        (values, shape)
+    }
+
+    fn device_tensor(values: Vec<f32>, shape: Vec<usize>) -> FloatTensor<Flex> {
+        burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+    }
+
+    /// Inputs of one call on the host.
+    #[derive(Debug, Clone)]
+    struct Host {
+        q: Arc<Vec<f32>>,
+        k: Arc<Vec<f32>>,
+        v: Arc<Vec<f32>>,
+        dims: Dims,
+        q_shape: Vec<usize>,
+        k_shape: Vec<usize>,
+        v_shape: Vec<usize>,
+    }
+
+    use std::sync::Arc;
+
+    impl Host {
+        fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
+            let (q, q_shape) = host(q);
+            let (k, k_shape) = host(k);
+            let (v, v_shape) = host(v);
+            let dims = Dims {
+                batch: q_shape[0],
+                heads: q_shape[1],
+                n_q: q_shape[2],
+                n_k: k_shape[2],
+                d: q_shape[3],
+                d_v: v_shape[3],
+            };
+            Self {
+                q: Arc::new(q),
+                k: Arc::new(k),
+                v: Arc::new(v),
+                dims,
+                q_shape,
+                k_shape,
+                v_shape,
+            }
+        }
+
+        fn out_shape(&self) -> Vec<usize> {
+            let mut shape = self.q_shape.clone();
+            shape[3] = self.dims.d_v;
+            shape
+        }
+
+        fn forward(
+            &self,
+            key_padding: &KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> (Vec<f32>, Vec<f32>) {
+            kernel::forward(
+                &self.q,
+                &self.k,
+                &self.v,
+                self.dims,
+                Scoring {
+                    scale,
+                    causal,
+                    key_padding: key_padding.as_deref(),
+                },
+            )
+        }
+    }
+
+    impl FlashAttention for Flex {
+        fn flash_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_padding: KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> FloatTensor<Self> {
+            let host = Host::new(q, k, v);
+            let (out, _) = host.forward(&key_padding, scale, causal);
+            device_tensor(out, host.out_shape())
+        }
+    }
+
+    /// What the backward pass keeps: the inputs, the output and its log-sum-exp rows.
+    #[derive(Debug, Clone)]
+    struct Saved {
+        host: Host,
+        out: Arc<Vec<f32>>,
+        lse: Arc<Vec<f32>>,
+        key_padding: KeyPadding,
+        scale: f32,
+        causal: bool,
+    }
+
+    #[derive(Debug)]
+    struct FlashBackward;
+
+    impl Backward<Flex, 3> for FlashBackward {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [node_q, node_k, node_v] = ops.parents;
+            let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
+            let saved = ops.state;
+            let host = &saved.host;
+            let (dq, dk, dv) = kernel::backward(
+                &host.q,
+                &host.k,
+                &host.v,
+                &saved.out,
+                &saved.lse,
+                &d_out,
+                host.dims,
+                Scoring {
+                    scale: saved.scale,
+                    causal: saved.causal,
+                    key_padding: saved.key_padding.as_deref(),
+                },
+            );
+            if let Some(node) = node_q {
+                grads.register::<Flex>(node.id, device_tensor(dq, host.q_shape.clone()));
+            }
+            if let Some(node) = node_k {
+                grads.register::<Flex>(node.id, device_tensor(dk, host.k_shape.clone()));
+            }
+            if let Some(node) = node_v {
+                grads.register::<Flex>(node.id, device_tensor(dv, host.v_shape.clone()));
+            }
+        }
+    }
+
+    impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
+        fn flash_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_padding: KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> FloatTensor<Self> {
+            match FlashBackward
+                .prepare::<C>([q.node(), k.node(), v.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let host = Host::new(
+                        q.primitive().clone(),
+                        k.primitive().clone(),
+                        v.primitive().clone(),
+                    );
+                    let (out, lse) = host.forward(&key_padding, scale, causal);
+                    let shape = host.out_shape();
+                    let output = device_tensor(out.clone(), shape);
+                    let saved = Saved {
+                        host,
+                        out: Arc::new(out),
+                        lse: Arc::new(lse),
+                        key_padding,
+                        scale,
+                        causal,
+                    };
+                    prep.finish(saved, output)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(Flex::flash_attention(
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    key_padding,
+                    scale,
+                    causal,
+                )),
+            }
+        }
+    }
+}
