@@ -229,9 +229,23 @@ fn softmax_head_grads(
 /// a random `G`, so every gradient entry is exercised. The inputs are per-head views of
 /// `[batch, n, heads, d]` storage, as the modules make them. Gradients are sums over 300 keys of
 /// unit-scale terms; their error is taken relative to max(|expected|, 0.01) as above, 1e-4.
+///
+/// Runs on `flex` (the fused kernel of this crate) and, when compiled in, on `tch` (libtorch's
+/// own flash-attention kernels behind the same extension) and `ndarray` (the composed steps).
 #[test]
+#[allow(deprecated)] // burn-tch and burn-ndarray, still backends of this project
 fn check_4_softmax_gradients_match_float64_reference() {
-    let device = device().autodiff();
+    let mut devices = vec![device()];
+    #[cfg(feature = "tch")]
+    devices.push(Device::libtorch());
+    #[cfg(feature = "ndarray")]
+    devices.push(Device::ndarray());
+    for device in devices {
+        softmax_gradients_case(device.autodiff());
+    }
+}
+
+fn softmax_gradients_case(device: Device) {
     let (b, h, n, d) = (2, 2, 300, 8);
     for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {
         // Per-head views of `[b, n, h, d]` storage, as the modules' head split makes them.
@@ -259,13 +273,17 @@ fn check_4_softmax_gradients_match_float64_reference() {
                 let (q, k, v, g) = (&qh[bi][hi], &kh[bi][hi], &vh[bi][hi], &gh[bi][hi]);
                 let expected = softmax_head(q, k, v, masked);
                 let err = max_rel_err(&out[bi][hi], &expected, 1e-2);
-                assert!(err < 1e-4, "output, causal {causal} padded {padded}: {err}");
+                assert!(
+                    err < 1e-4,
+                    "{device:?} output, causal {causal} padded {padded}: {err}"
+                );
                 let want = softmax_head_grads(q, k, v, g, masked);
                 for (name, (got, want)) in ["q", "k", "v"].iter().zip(got.iter().zip(&want)) {
                     let err = max_rel_err(&got[bi][hi], want, 1e-2);
                     assert!(
                         err < 1e-4,
-                        "d{name}, causal {causal} padded {padded} batch {bi} head {hi}: {err}"
+                        "{device:?} d{name}, causal {causal} padded {padded} batch {bi} head {hi}: \
+                         {err}"
                     );
                 }
             }

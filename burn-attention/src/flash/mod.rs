@@ -1,11 +1,12 @@
-//! Fused softmax attention with its own backward pass, for training on the `flex` backend.
+//! Fused softmax attention with its own backward pass, for training on `flex` and on `tch` (CPU).
 //!
 //! Burn's fused `attention` operation has no backward of its own: under autodiff Burn derives
 //! one from the composed steps, which stores the `n × n` weights and walks them several times.
 //! This module registers a Burn backend extension whose forward keeps only the log-sum-exp of
 //! each score row and whose backward recomputes the weights tile by tile ([`kernel`]), as
 //! FlashAttention does and as PyTorch's CPU `scaled_dot_product_attention` does. Time is the
-//! same `O(n² d)`; memory beyond the inputs drops from `O(n²)` to `O(n)` per head.
+//! same `O(n² d)`; memory beyond the inputs drops from `O(n²)` to `O(n)` per head. On `tch`
+//! (CPU) the same extension calls libtorch's own flash-attention forward and backward.
 //!
 //! [`try_attention`] is the entry point: it answers `None` wherever the fused path does not
 //! apply (another backend, a dtype other than `f32`), and the caller composes the steps.
@@ -34,20 +35,14 @@ pub(crate) fn try_attention(
     causal: bool,
     scale: f32,
 ) -> Option<Tensor<4>> {
-    #[cfg(feature = "flex")]
+    #[cfg(any(feature = "flex", feature = "tch"))]
     {
-        use burn::backend::DispatchDevice;
-        let device = q.device();
-        let on_flex = matches!(
-            device.as_dispatch().clone().inner(),
-            DispatchDevice::Flex(_)
-        );
         let all_f32 = [q, k, v]
             .iter()
             .all(|t| t.dtype() == burn::tensor::DType::F32);
         let n_q = q.dims()[2];
         let n_k = k.dims()[2];
-        if !on_flex || !all_f32 || n_q == 0 || n_k == 0 {
+        if !has_kernel(&q.device()) || !all_f32 || n_q == 0 || n_k == 0 {
             return None;
         }
         let key_padding: KeyPadding = mask_pad.map(|mask| {
@@ -55,7 +50,7 @@ pub(crate) fn try_attention(
             let flags: Vec<bool> = data.iter::<bool>().collect();
             Arc::from(flags)
         });
-        let out = <burn::backend::Dispatch as flex::FlashAttention>::flash_attention(
+        let out = <burn::backend::Dispatch as FlashAttention>::flash_attention(
             q.clone().into_dispatch(),
             k.clone().into_dispatch(),
             v.clone().into_dispatch(),
@@ -65,28 +60,41 @@ pub(crate) fn try_attention(
         );
         Some(Tensor::from_dispatch(out))
     }
-    #[cfg(not(feature = "flex"))]
+    #[cfg(not(any(feature = "flex", feature = "tch")))]
     {
         let _ = (q, k, v, mask_pad, causal, scale);
         None
     }
 }
 
-#[cfg(feature = "flex")]
-mod flex {
-    use burn::backend::autodiff::checkpoint::base::Checkpointer;
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+/// Whether `device` (or the device an autodiff device wraps) has the fused kernel: `flex`, and
+/// libtorch on the CPU (its own flash-attention kernels).
+#[cfg(any(feature = "flex", feature = "tch"))]
+#[allow(deprecated)] // burn-tch's device, see the `libtorch` module
+fn has_kernel(device: &Device) -> bool {
+    use burn::backend::DispatchDevice;
+    match device.as_dispatch().clone().inner() {
+        #[cfg(feature = "flex")]
+        DispatchDevice::Flex(_) => true,
+        #[cfg(feature = "tch")]
+        DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu) => true,
+        _ => false,
+    }
+}
+
+#[cfg(any(feature = "flex", feature = "tch"))]
+use extension::FlashAttention;
+
+#[cfg(any(feature = "flex", feature = "tch"))]
+#[allow(deprecated)] // burn-tch's backend, see the `libtorch` module
+mod extension {
     use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Autodiff, Backend, Flex, backend_extension};
-    use burn::tensor::TensorData;
+    use burn::backend::{Backend, backend_extension};
 
     use super::KeyPadding;
-    use super::kernel::{self, Dims, Scoring};
 
     /// The backend extension: fused attention whose autodiff form has a handwritten backward.
-    #[backend_extension(Flex, Autodiff)]
+    #[backend_extension(Flex: cfg(feature = "flex"), LibTorch: cfg(feature = "tch"), Autodiff)]
     pub trait FlashAttention: Backend {
         /// `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors.
         fn flash_attention(
@@ -98,6 +106,20 @@ mod flex {
             causal: bool,
         ) -> FloatTensor<Self>;
     }
+}
+
+#[cfg(feature = "flex")]
+mod flex {
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::TensorData;
+
+    use super::kernel::{self, Dims, Scoring};
+    use super::{FlashAttention, KeyPadding};
 
     /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
     /// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`
@@ -296,6 +318,171 @@ mod flex {
                     prep.finish(saved, output)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(Flex::flash_attention(
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    key_padding,
+                    scale,
+                    causal,
+                )),
+            }
+        }
+    }
+}
+
+/// libtorch on the CPU: its own flash-attention kernels (`_scaled_dot_product_flash_attention_for_cpu`
+/// and its backward, what PyTorch's `scaled_dot_product_attention` runs there), so that training
+/// on `tch` keeps the log-sum-exp instead of the `n × n` weights, as PyTorch does.
+// burn-tch is marked deprecated in Burn 0.22 but is the project's `tch` backend.
+#[cfg(feature = "tch")]
+#[allow(deprecated)]
+mod libtorch {
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::libtorch::TchTensor;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Autodiff, LibTorch};
+
+    use super::{FlashAttention, KeyPadding};
+    use crate::softmax::MASK_FILL;
+
+    /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
+    /// A row with at least one real key gets the same weights as replacing its padded scores;
+    /// padded scores lie some 10⁴ below the real ones, so their weights underflow to zero.
+    fn additive_mask(
+        key_padding: &KeyPadding,
+        q: &TchTensor,
+        k: &TchTensor,
+    ) -> Option<tch::Tensor> {
+        key_padding.as_ref().map(|flags| {
+            let batch = q.tensor.size()[0];
+            let n_k = k.tensor.size()[2];
+            let values: Vec<f32> = flags
+                .iter()
+                .map(|&pad| if pad { MASK_FILL } else { 0.0 })
+                .collect();
+            tch::Tensor::from_slice(&values)
+                .reshape([batch, 1, 1, n_k])
+                .to_device(q.tensor.device())
+        })
+    }
+
+    fn forward(
+        q: &TchTensor,
+        k: &TchTensor,
+        v: &TchTensor,
+        mask: Option<&tch::Tensor>,
+        scale: f32,
+        causal: bool,
+    ) -> (tch::Tensor, tch::Tensor) {
+        tch::Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
+            &q.tensor,
+            &k.tensor,
+            &v.tensor,
+            0.0,
+            causal,
+            mask,
+            scale as f64,
+        )
+    }
+
+    impl FlashAttention for LibTorch {
+        fn flash_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_padding: KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> FloatTensor<Self> {
+            let mask = additive_mask(&key_padding, &q, &k);
+            let (out, _) = forward(&q, &k, &v, mask.as_ref(), scale, causal);
+            TchTensor::new(out)
+        }
+    }
+
+    /// What the backward pass keeps: inputs, output, log-sum-exp and mask.
+    #[derive(Debug, Clone)]
+    struct Saved {
+        q: TchTensor,
+        k: TchTensor,
+        v: TchTensor,
+        out: TchTensor,
+        lse: TchTensor,
+        mask: Option<TchTensor>,
+        scale: f32,
+        causal: bool,
+    }
+
+    #[derive(Debug)]
+    struct TorchFlashBackward;
+
+    impl Backward<LibTorch, 3> for TorchFlashBackward {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [node_q, node_k, node_v] = ops.parents;
+            let grad = grads.consume::<LibTorch>(&ops.node);
+            let s = ops.state;
+            let (dq, dk, dv) =
+                tch::Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
+                    &grad.tensor,
+                    &s.q.tensor,
+                    &s.k.tensor,
+                    &s.v.tensor,
+                    &s.out.tensor,
+                    &s.lse.tensor,
+                    0.0,
+                    s.causal,
+                    s.mask.as_ref().map(|m| &m.tensor),
+                    s.scale as f64,
+                );
+            for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+                if let Some(node) = node {
+                    grads.register::<LibTorch>(node.id, TchTensor::new(grad));
+                }
+            }
+        }
+    }
+
+    impl<C: CheckpointStrategy> FlashAttention for Autodiff<LibTorch, C> {
+        fn flash_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            key_padding: KeyPadding,
+            scale: f32,
+            causal: bool,
+        ) -> FloatTensor<Self> {
+            match TorchFlashBackward
+                .prepare::<C>([q.node(), k.node(), v.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let (q, k, v) = (
+                        q.primitive().clone(),
+                        k.primitive().clone(),
+                        v.primitive().clone(),
+                    );
+                    let mask = additive_mask(&key_padding, &q, &k);
+                    let (out, lse) = forward(&q, &k, &v, mask.as_ref(), scale, causal);
+                    let out = TchTensor::new(out);
+                    let saved = Saved {
+                        q,
+                        k,
+                        v,
+                        out: out.clone(),
+                        lse: TchTensor::new(lse),
+                        mask: mask.map(TchTensor::new),
+                        scale,
+                        causal,
+                    };
+                    prep.finish(saved, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(LibTorch::flash_attention(
                     q.into_primitive(),
                     k.into_primitive(),
                     v.into_primitive(),
