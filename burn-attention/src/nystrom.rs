@@ -238,8 +238,10 @@ pub fn nystrom_attention(
 ) -> Tensor<4> {
     let [batch, heads, n, d] = q.dims();
     let m = n_landmarks;
-    let scale = (d as f32).powf(-0.25);
-    let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
+    // The paper scales q and k by d^{-1/4} each; landmarks are means, so the scale commutes
+    // with them and is applied once, as 1/√d, to each product of scores (this also spares two
+    // element-wise passes over the per-head views of q and k, forward and backward).
+    let scale = 1.0 / (d as f32).sqrt();
     let (q_land, k_land) = if mask_pad.is_none() && n >= m && n % m == 0 {
         // Without padding and with m dividing n the segments are equal consecutive blocks:
         // their means come from a reshape, not from an `[m, n]` averaging product per head
@@ -262,9 +264,9 @@ pub fn nystrom_attention(
     // out = K₁ pinv(K₂) K₃ V with K₁ = softmax(Q K̃ᵀ), K₃ = softmax(Q̃ Kᵀ): K₃ V and K₁ Z are
     // softmax attentions (keys K, values V; keys K̃, values Z = pinv(K₂) K₃ V), so they take the
     // fused kernel where there is one and neither the [n, m] nor the [m, n] weights are stored.
-    // q and k carry the whole 1/√d already.
-    let kernel_2 = softmax(q_land.clone().matmul(k_land.clone().swap_dims(2, 3)), 3); // [b, h, m, m]
-    let context = attend_scaled(q_land, k, v, mask_pad, false, None, 1.0); // [b, h, m, d]
+    let scores_2 = q_land.clone().matmul(k_land.clone().swap_dims(2, 3)); // [b, h, m, m]
+    let kernel_2 = softmax(scores_2.mul_scalar(scale), 3);
+    let context = attend_scaled(q_land, k, v, mask_pad, false, None, scale); // [b, h, m, d]
     let z = iterative_pinv(kernel_2, pinv_iterations).matmul(context);
-    attend_scaled(q, k_land, z, None, false, None, 1.0)
+    attend_scaled(q, k_land, z, None, false, None, scale)
 }

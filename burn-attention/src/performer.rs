@@ -222,10 +222,19 @@ pub fn favor_attention(
     let [batch, heads, n, d] = q.dims();
     let m = w.dims()[0];
     let scale = (d as f32).powf(-0.25);
-    let wt = w.transpose().unsqueeze::<4>().expand([batch, heads, d, m]);
+    // (x s) Wᵀ = x (s Wᵀ) and |x s|²/2 = |x|² s²/2: the scale goes onto the small [d, m]
+    // matrix and the [b, h, n, 1] norms, not onto the per-head views of q and k.
+    let wt = w
+        .transpose()
+        .mul_scalar(scale)
+        .unsqueeze::<4>()
+        .expand([batch, heads, d, m]);
     let project = |x: Tensor<4>| {
-        let x = x.mul_scalar(scale);
-        let sq = x.clone().powi_scalar(2).sum_dim(3).mul_scalar(0.5); // [b, h, n, 1]
+        let sq = x
+            .clone()
+            .powi_scalar(2)
+            .sum_dim(3)
+            .mul_scalar(0.5 * scale * scale); // [b, h, n, 1]
         (x.matmul(wt.clone()), sq)
     };
     let (qw, qsq) = project(q);
