@@ -235,6 +235,7 @@ fn softmax_head_grads(
 #[test]
 #[allow(deprecated)] // burn-tch and burn-ndarray, still backends of this project
 fn check_4_softmax_gradients_match_float64_reference() {
+    #[allow(unused_mut)] // only pushed to when another CPU backend is compiled in
     let mut devices = vec![device()];
     #[cfg(feature = "tch")]
     devices.push(Device::libtorch());
