@@ -20,6 +20,7 @@ use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AttentionError, check_heads};
+use crate::flash;
 use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
 use crate::linear::kernelized_attention;
@@ -241,7 +242,8 @@ pub fn favor_attention(
     let (kw, ksq) = project(k);
     let norm = (m as f32).sqrt().recip();
     let q_stab = qw.clone().max_dim(3); // per query row
-    let phi_q = (qw - qsq - q_stab).exp().mul_scalar(norm);
+    // exp(a) / √m = exp(a - ln √m): the normaliser rides on the small stabiliser tensors.
+    let phi_q = flash::exp(qw - qsq - q_stab.sub_scalar(norm.ln()));
     // Over real rows and features: padded keys must not move the shared scale.
     let k_stab = match &mask_pad {
         Some(mask) => kw
@@ -250,7 +252,8 @@ pub fn favor_attention(
         None => kw.clone(),
     }
     .max_dim(3)
-    .max_dim(2);
-    let phi_k = (kw - ksq - k_stab).exp().mul_scalar(norm);
+    .max_dim(2)
+    .sub_scalar(norm.ln());
+    let phi_k = flash::exp(kw - ksq - k_stab);
     kernelized_attention(phi_q, phi_k, v, mask_pad, causal)
 }

@@ -67,6 +67,26 @@ pub(crate) fn try_attention(
     }
 }
 
+/// `x.exp()`, on `flex` (f32) through the vectorised exponential of the fused kernel, whose
+/// inputs are clamped to [-87.3, 88.7]; for callers whose arguments are at most 0 (stabilised
+/// random features), where the clamp only turns results below 1e-38 into about 1e-38.
+pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::DispatchDevice;
+        let on_flex = matches!(
+            x.device().as_dispatch().clone().inner(),
+            DispatchDevice::Flex(_)
+        );
+        if on_flex && x.dtype() == burn::tensor::DType::F32 {
+            return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_exp(
+                x.into_dispatch(),
+            ));
+        }
+    }
+    x.exp()
+}
+
 /// Whether `device` (or the device an autodiff device wraps) has the fused kernel: `flex`, and
 /// libtorch on the CPU (its own flash-attention kernels).
 #[cfg(any(feature = "flex", feature = "tch"))]
@@ -105,6 +125,13 @@ mod extension {
             scale: f32,
             causal: bool,
         ) -> FloatTensor<Self>;
+
+        /// Element-wise `exp`. On `flex`, a vectorised exponential (about 2 ulp, inputs
+        /// clamped to [-87.3, 88.7]) in place of the backend's scalar `expf`; elsewhere the
+        /// backend's own.
+        fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            Self::float_exp(x)
+        }
     }
 }
 
@@ -114,6 +141,7 @@ mod flex {
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::ops::FloatTensorOps;
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Autodiff, Flex};
     use burn::tensor::TensorData;
@@ -234,6 +262,35 @@ mod flex {
             let (out, _) = host.forward(&key_padding, scale, causal);
             device_tensor(out, host.out_shape())
         }
+
+        fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            let shape = x.layout().shape().to_vec();
+            let mut values = match x.as_slice::<f32>() {
+                Some(values) => values.to_vec(),
+                None => x
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("vector_exp is only called on f32 tensors"),
+            };
+            kernel::exp_in_place(&mut values);
+            device_tensor(values, shape)
+        }
+    }
+
+    /// `d exp(x) = exp(x) dx`: the backward keeps the output.
+    #[derive(Debug)]
+    struct ExpBackward;
+
+    impl Backward<Flex, 1> for ExpBackward {
+        type State = FloatTensor<Flex>;
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [node] = ops.parents;
+            let grad = grads.consume::<Flex>(&ops.node);
+            if let Some(node) = node {
+                grads.register::<Flex>(node.id, Flex::float_mul(grad, ops.state));
+            }
+        }
     }
 
     /// What the backward pass keeps: the inputs, the output and its log-sum-exp rows.
@@ -325,6 +382,20 @@ mod flex {
                     scale,
                     causal,
                 )),
+            }
+        }
+
+        fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            match ExpBackward
+                .prepare::<C>([x.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let out = Flex::vector_exp(x.primitive().clone());
+                    prep.finish(out.clone(), out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(Flex::vector_exp(x.into_primitive())),
             }
         }
     }
@@ -491,6 +562,47 @@ mod libtorch {
                     causal,
                 )),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+
+    /// [`super::exp`] on an autodiff `flex` device: values against float64 `exp`, and the
+    /// gradient of `Σ g ∘ exp(x)`, which is `g ∘ exp(x)`, on inputs in [-30, 5].
+    #[test]
+    fn exp_values_and_gradient_match_float64() {
+        let device = Device::flex().autodiff();
+        let x = Tensor::<2>::random([7, 300], Distribution::Uniform(-30.0, 5.0), &device)
+            .require_grad();
+        let g = Tensor::<2>::random([7, 300], Distribution::Normal(0.0, 1.0), &device);
+        let y = super::exp(x.clone());
+        let grads = (y.clone() * g.clone()).sum().backward();
+        let dx = x.grad(&grads).unwrap();
+        let values = |t: Tensor<2>| t.into_data().iter::<f32>().collect::<Vec<_>>();
+        let (x, g, y, dx) = (
+            values(x.inner()),
+            values(g.inner()),
+            values(y.inner()),
+            values(dx),
+        );
+        for i in 0..x.len() {
+            let want = (x[i] as f64).exp();
+            assert!(
+                ((y[i] as f64 - want) / want).abs() < 1e-6,
+                "exp({}) = {}",
+                x[i],
+                y[i]
+            );
+            let want = g[i] as f64 * want;
+            assert!(
+                (dx[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-6),
+                "grad at {}",
+                x[i]
+            );
         }
     }
 }
