@@ -33,7 +33,7 @@ use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
 use crate::linformer::zero_padded;
-use crate::softmax::attend_scaled;
+use crate::softmax::attend;
 
 const NAME: &str = "nystrom";
 
@@ -266,7 +266,7 @@ pub fn nystrom_attention(
     // fused kernel where there is one and neither the [n, m] nor the [m, n] weights are stored.
     let scores_2 = q_land.clone().matmul(k_land.clone().swap_dims(2, 3)); // [b, h, m, m]
     let kernel_2 = softmax(scores_2.mul_scalar(scale), 3);
-    let context = attend_scaled(q_land, k, v, mask_pad, false, None, scale); // [b, h, m, d]
+    let context = attend(q_land, k, v, mask_pad, false, None); // [b, h, m, d]
     let z = iterative_pinv(kernel_2, pinv_iterations).matmul(context);
-    attend_scaled(q, k_land, z, None, false, None, scale)
+    attend(q, k_land, z, None, false, None)
 }

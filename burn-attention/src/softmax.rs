@@ -93,12 +93,12 @@ pub fn softmax_attention(
 }
 
 /// Softmax attention with optional dropout on the weights; shared by the variants that end in
-/// an exact softmax over (possibly projected) keys.
+/// an exact softmax over (possibly projected) keys or over landmarks.
 ///
-/// Without autodiff (inference) and without a padding mask it calls Burn's fused attention
-/// operation, which each backend implements with its own kernel (flash attention on `flex`,
-/// libtorch's `scaled_dot_product_attention` on `tch`: the `n × n` scores are never stored);
-/// otherwise it composes the steps, whose backward Burn derives.
+/// On `flex`, and `tch` on a CPU (f32, no active weight dropout), it runs the fused operation of
+/// [`crate::flash`], whose backward recomputes the weights tile by tile; elsewhere, without
+/// autodiff and without a padding mask, Burn's fused attention operation; otherwise the composed
+/// steps, whose backward Burn derives.
 pub(crate) fn attend(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -108,23 +108,6 @@ pub(crate) fn attend(
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
-    attend_scaled(q, k, v, mask_pad, causal, dropout, scale)
-}
-
-/// [`attend`] with the factor on `q kᵀ` given (Nyströmformer scales `q` and `k` itself).
-///
-/// On `flex` (f32, no active weight dropout) it runs the fused kernel of [`crate::flash`], whose
-/// backward recomputes the weights tile by tile; elsewhere, without autodiff and without a
-/// padding mask, Burn's fused attention operation; otherwise the composed steps.
-pub(crate) fn attend_scaled(
-    q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
-    mask_pad: Option<Tensor<2, Bool>>,
-    causal: bool,
-    dropout: Option<&Dropout>,
-    scale: f32,
-) -> Tensor<4> {
     let [batch, _, n_q, _] = q.dims();
     let n_k = k.dims()[2];
     // Dropout on the weights is only active while training with a non-zero rate; the fused

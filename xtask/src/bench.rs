@@ -62,6 +62,16 @@ fn stores_scores(attention: &str, backend: &str) -> bool {
     QUADRATIC.contains(&attention) && backend != "flex"
 }
 
+/// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
+fn quadratic_skip(attention: &str, args: &Args, scores_gib: f64) -> Option<String> {
+    (stores_scores(attention, &args.backend) && scores_gib > args.max_quadratic_gib).then(|| {
+        format!(
+            "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
+            args.max_quadratic_gib
+        )
+    })
+}
+
 /// Parameters used for both sides, so that the two implementations do the same work.
 fn params(attention: &str) -> Value {
     match attention {
@@ -336,15 +346,11 @@ fn attention(args: &Args) -> Result<()> {
                     .args(["--warmup", &args.warmup.to_string()])
                     .args(["--params", &params(name).to_string()]);
             };
-            let scores_gib = (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours = if stores_scores(name, &args.backend)
-                && 3.0 * scores_gib > args.max_quadratic_gib
-            {
-                Err(format!(
-                    "skipped: its score matrices need about {:.1} GiB (--max-quadratic-gib {})",
-                    3.0 * scores_gib,
-                    args.max_quadratic_gib
-                ))
+            // Forward + backward keeps about three n × n tensors per head.
+            let scores_gib =
+                3.0 * (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
+            let ours = if let Some(reason) = quadratic_skip(name, args, scores_gib) {
+                Err(reason)
             } else {
                 let mut cmd = Command::new(&harness);
                 cmd.arg("bench-attention")
@@ -425,13 +431,8 @@ fn lra(args: &Args) -> Result<()> {
             // Training keeps about three n × n tensors per head and layer for the backward.
             let scores_gib =
                 3.0 * layers * heads * (args.batch * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours = if stores_scores(name, &args.backend) && scores_gib > args.max_quadratic_gib
-            {
-                Err(format!(
-                    "skipped: its score matrices need about {scores_gib:.1} GiB \
-                     (--max-quadratic-gib {})",
-                    args.max_quadratic_gib
-                ))
+            let ours = if let Some(reason) = quadratic_skip(name, args, scores_gib) {
+                Err(reason)
             } else {
                 let mut cmd = Command::new(&harness);
                 cmd.args(["bench-train", "--preset", &args.preset])

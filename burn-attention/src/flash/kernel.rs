@@ -46,6 +46,26 @@ impl Dims {
     fn bh(&self) -> usize {
         self.batch * self.heads
     }
+
+    /// `[batch, heads, n_q, d]`.
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.n_q, self.d]
+    }
+
+    /// `[batch, heads, n_k, d]`.
+    pub fn k_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.n_k, self.d]
+    }
+
+    /// `[batch, heads, n_k, d_v]`.
+    pub fn v_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.n_k, self.d_v]
+    }
+
+    /// `[batch, heads, n_q, d_v]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.n_q, self.d_v]
+    }
 }
 
 /// Score options shared by the forward and backward passes.
@@ -66,7 +86,8 @@ impl Scoring<'_> {
         self.causal && self.key_padding.is_none() && k0 > rows.end - 1
     }
 
-    /// Applies the masks to one score tile `s` (`rows × keys`, row stride `BLOCK_K`).
+    /// Writes `fill` over the masked entries of one tile `s` (`rows × keys`, row stride
+    /// `BLOCK_K`): [`MASK_FILL`] over scores, 0 over the score gradients.
     fn mask_tile(
         &self,
         s: &mut [f32],
@@ -74,7 +95,11 @@ impl Scoring<'_> {
         n_k: usize,
         rows: &std::ops::Range<usize>,
         keys: &std::ops::Range<usize>,
+        fill: f32,
     ) {
+        if !self.causal && self.key_padding.is_none() {
+            return;
+        }
         let padding = self
             .key_padding
             .map(|mask| &mask[batch * n_k + keys.start..batch * n_k + keys.end]);
@@ -83,24 +108,15 @@ impl Scoring<'_> {
             if let Some(padding) = padding {
                 for (score, &pad) in row.iter_mut().zip(padding) {
                     if pad {
-                        *score = MASK_FILL;
+                        *score = fill;
                     }
                 }
             }
             if self.causal && keys.end > i + 1 {
                 let from = (i + 1).saturating_sub(keys.start);
-                row[from..].fill(MASK_FILL);
+                row[from..].fill(fill);
             }
         }
-    }
-
-    /// Whether the score of query `i` and key `j` (batch `b`) was masked.
-    fn masked(&self, b: usize, n_k: usize, i: usize, j: usize) -> bool {
-        (self.causal && j > i) || self.key_padding.is_some_and(|mask| mask[b * n_k + j])
-    }
-
-    fn any_mask(&self) -> bool {
-        self.causal || self.key_padding.is_some()
     }
 }
 
@@ -176,7 +192,8 @@ pub fn forward(
     if n_q == 0 {
         return (out, lse);
     }
-    // One task per (batch·head, query tile): each owns its rows of `out` and `lse`.
+    // One task per batch·head (its query tiles run in turn): each owns its rows of `out`
+    // and `lse`.
     out.par_chunks_mut(n_q * d_v)
         .zip(lse.par_chunks_mut(n_q))
         .enumerate()
@@ -246,9 +263,7 @@ fn forward_tile(
             (1, d),
             scoring.scale,
         );
-        if scoring.any_mask() {
-            scoring.mask_tile(s, b, n_k, rows, &keys);
-        }
+        scoring.mask_tile(s, b, n_k, rows, &keys, MASK_FILL);
         for r in 0..bq {
             let row = &mut s[r * BLOCK_K..r * BLOCK_K + bk];
             let new_max = m[r].max(simd::max(row));
@@ -359,9 +374,7 @@ pub fn backward(
                             (1, d),
                             scoring.scale,
                         );
-                        if scoring.any_mask() {
-                            scoring.mask_tile(p, b, n_k, &rows, &keys);
-                        }
+                        scoring.mask_tile(p, b, n_k, &rows, &keys, MASK_FILL);
                         for r in 0..bq {
                             simd::exp_shift(&mut p[r * BLOCK_K..r * BLOCK_K + bk], lse[q0 + r]);
                         }
@@ -402,15 +415,9 @@ pub fn backward(
                                 delta[q0 + r],
                                 scoring.scale,
                             );
-                            if scoring.any_mask() {
-                                let i = q0 + r;
-                                for (c, j) in keys.clone().enumerate() {
-                                    if scoring.masked(b, n_k, i, j) {
-                                        dp[r * BLOCK_K + c] = 0.0;
-                                    }
-                                }
-                            }
                         }
+                        // Masked scores were replaced, not computed: no gradient flows to them.
+                        scoring.mask_tile(dp, b, n_k, &rows, &keys, 0.0);
                         // dQ += dS K;  dK += dSᵀ Q.
                         matmul(
                             bq,

@@ -72,17 +72,10 @@ pub(crate) fn try_attention(
 /// random features), where the clamp only turns results below 1e-38 into about 1e-38.
 pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
-    {
-        use burn::backend::DispatchDevice;
-        let on_flex = matches!(
-            x.device().as_dispatch().clone().inner(),
-            DispatchDevice::Flex(_)
-        );
-        if on_flex && x.dtype() == burn::tensor::DType::F32 {
-            return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_exp(
-                x.into_dispatch(),
-            ));
-        }
+    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_exp(
+            x.into_dispatch(),
+        ));
     }
     x.exp()
 }
@@ -92,14 +85,27 @@ pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 #[cfg(any(feature = "flex", feature = "tch"))]
 #[allow(deprecated)] // burn-tch's device, see the `libtorch` module
 fn has_kernel(device: &Device) -> bool {
-    use burn::backend::DispatchDevice;
-    match device.as_dispatch().clone().inner() {
-        #[cfg(feature = "flex")]
-        DispatchDevice::Flex(_) => true,
-        #[cfg(feature = "tch")]
-        DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu) => true,
-        _ => false,
+    #[cfg(feature = "flex")]
+    if is_flex(device) {
+        return true;
     }
+    #[cfg(feature = "tch")]
+    if matches!(
+        device.as_dispatch().clone().inner(),
+        burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu)
+    ) {
+        return true;
+    }
+    false
+}
+
+/// Whether `device` is `flex`, or an autodiff device wrapping it.
+#[cfg(feature = "flex")]
+fn is_flex(device: &Device) -> bool {
+    matches!(
+        device.as_dispatch().clone().inner(),
+        burn::backend::DispatchDevice::Flex(_)
+    )
 }
 
 #[cfg(any(feature = "flex", feature = "tch"))]
@@ -145,6 +151,7 @@ mod flex {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Autodiff, Flex};
     use burn::tensor::TensorData;
+    use std::sync::Arc;
 
     use super::kernel::{self, Dims, Scoring};
     use super::{FlashAttention, KeyPadding};
@@ -181,7 +188,7 @@ mod flex {
         (values, shape)
     }
 
-    fn device_tensor(values: Vec<f32>, shape: Vec<usize>) -> FloatTensor<Flex> {
+    fn device_tensor(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
         burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
     }
 
@@ -192,12 +199,7 @@ mod flex {
         k: Arc<Vec<f32>>,
         v: Arc<Vec<f32>>,
         dims: Dims,
-        q_shape: Vec<usize>,
-        k_shape: Vec<usize>,
-        v_shape: Vec<usize>,
     }
-
-    use std::sync::Arc;
 
     impl Host {
         fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
@@ -217,16 +219,7 @@ mod flex {
                 k: Arc::new(k),
                 v: Arc::new(v),
                 dims,
-                q_shape,
-                k_shape,
-                v_shape,
             }
-        }
-
-        fn out_shape(&self) -> Vec<usize> {
-            let mut shape = self.q_shape.clone();
-            shape[3] = self.dims.d_v;
-            shape
         }
 
         fn forward(
@@ -260,20 +253,13 @@ mod flex {
         ) -> FloatTensor<Self> {
             let host = Host::new(q, k, v);
             let (out, _) = host.forward(&key_padding, scale, causal);
-            device_tensor(out, host.out_shape())
+            device_tensor(out, host.dims.out_shape())
         }
 
         fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            let shape = x.layout().shape().to_vec();
-            let mut values = match x.as_slice::<f32>() {
-                Some(values) => values.to_vec(),
-                None => x
-                    .into_data()
-                    .try_into_vec::<f32>()
-                    .expect("vector_exp is only called on f32 tensors"),
-            };
+            let (mut values, shape) = host(x);
             kernel::exp_in_place(&mut values);
-            device_tensor(values, shape)
+            burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
         }
     }
 
@@ -293,11 +279,12 @@ mod flex {
         }
     }
 
-    /// What the backward pass keeps: the inputs, the output and its log-sum-exp rows.
+    /// What the backward pass keeps: the inputs, the output (the contiguous tensor handed
+    /// on, shared rather than copied) and its log-sum-exp rows.
     #[derive(Debug, Clone)]
     struct Saved {
         host: Host,
-        out: Arc<Vec<f32>>,
+        out: FloatTensor<Flex>,
         lse: Arc<Vec<f32>>,
         key_padding: KeyPadding,
         scale: f32,
@@ -319,7 +306,10 @@ mod flex {
                 &host.q,
                 &host.k,
                 &host.v,
-                &saved.out,
+                saved
+                    .out
+                    .as_slice::<f32>()
+                    .expect("the kernel's output tensor is contiguous f32"),
                 &saved.lse,
                 &d_out,
                 host.dims,
@@ -329,14 +319,15 @@ mod flex {
                     key_padding: saved.key_padding.as_deref(),
                 },
             );
-            if let Some(node) = node_q {
-                grads.register::<Flex>(node.id, device_tensor(dq, host.q_shape.clone()));
-            }
-            if let Some(node) = node_k {
-                grads.register::<Flex>(node.id, device_tensor(dk, host.k_shape.clone()));
-            }
-            if let Some(node) = node_v {
-                grads.register::<Flex>(node.id, device_tensor(dv, host.v_shape.clone()));
+            let dims = host.dims;
+            for (node, grad, shape) in [
+                (node_q, dq, dims.q_shape()),
+                (node_k, dk, dims.k_shape()),
+                (node_v, dv, dims.v_shape()),
+            ] {
+                if let Some(node) = node {
+                    grads.register::<Flex>(node.id, device_tensor(grad, shape));
+                }
             }
         }
     }
@@ -362,17 +353,16 @@ mod flex {
                         v.primitive().clone(),
                     );
                     let (out, lse) = host.forward(&key_padding, scale, causal);
-                    let shape = host.out_shape();
-                    let output = device_tensor(out.clone(), shape);
+                    let out = device_tensor(out, host.dims.out_shape());
                     let saved = Saved {
                         host,
-                        out: Arc::new(out),
+                        out: out.clone(),
                         lse: Arc::new(lse),
                         key_padding,
                         scale,
                         causal,
                     };
-                    prep.finish(saved, output)
+                    prep.finish(saved, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(Flex::flash_attention(
                     q.into_primitive(),
