@@ -26,8 +26,8 @@ usage: cargo xtask bench setup
               nystrom-attention
   attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
               after --warmup; softmax-style cases whose score matrices would need more than
-              --max-quadratic-gib are skipped and marked so (composed softmax, not on flex,
-              where the fused kernel needs memory linear in n)
+              --max-quadratic-gib are skipped and marked so (composed softmax: not on flex or
+              tch, where the fused kernels need memory linear in n)
   report      re-renders the markdown and SVG of a results JSON (after a change of layout)
   lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
               task's model (the preset's, at each length) with each attention, batch 32 unless
@@ -56,10 +56,10 @@ const TORCH_VARIANTS: &[&str] = &[
 /// are composed from tensor operations.
 const QUADRATIC: &[&str] = &["softmax"];
 
-/// Whether `attention` keeps n × n score matrices on `backend`: not on `flex`, where softmax
-/// attention runs on the fused kernel (its memory grows with n), forward and backward.
+/// Whether `attention` keeps n × n score matrices on `backend`: not on `flex` nor on `tch` (CPU),
+/// where softmax attention runs fused (its memory grows with n), forward and backward.
 fn stores_scores(attention: &str, backend: &str) -> bool {
-    QUADRATIC.contains(&attention) && backend != "flex"
+    QUADRATIC.contains(&attention) && !["flex", "tch"].contains(&backend)
 }
 
 /// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
