@@ -10,28 +10,31 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{Harness, build_harness, workspace_root};
+use crate::{Harness, build_harness, resolve_attentions, workspace_root};
 
 const USAGE: &str = "\
 usage: cargo xtask bench setup
        cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
-                                   [--batch 1] [--heads 8] [--d-model 512] [--reps 5] [--warmup 2]
+                                   [--batch 1] [--heads 8] [--d-model 512] [--reps 3] [--warmup 1]
+                                   [--rounds 3]
                                    [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
        cargo xtask bench report bench/results/<name>.json
        cargo xtask bench lra [--backend flex] [--attention a,b,...] [--lengths 1024,2048,3072,4096]
-                             [--batch 32] [--preset lra] [--reps 5] [--warmup 2]
+                             [--batch 32] [--preset lra] [--reps 3] [--warmup 1] [--rounds 3]
                              [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
 
   setup       pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
               nystrom-attention
   attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
-              after --warmup; softmax-style cases whose score matrices would need more than
+              after --warmup; --rounds passes over all the cases, each figure the median over
+              them (a slow spell of a shared machine then lands in one round of a case); softmax-style cases whose score matrices would need more than
               --max-quadratic-gib are skipped and marked so (composed softmax: not on flex or
               tch, where the fused kernels need memory linear in n)
   report      re-renders the markdown and SVG of a results JSON (after a change of layout)
   lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
               task's model (the preset's, at each length) with each attention, batch 32 unless
-              --batch says otherwise; --reps timed steps after --warmup, one process per case";
+              --batch says otherwise; --reps timed steps after --warmup, one process per case,
+              --rounds passes as above";
 
 /// The PyTorch packages of the comparison.
 const PIP_PACKAGES: &[&str] = &[
@@ -82,6 +85,7 @@ fn params(attention: &str) -> Value {
     }
 }
 
+#[derive(Clone)]
 struct Args {
     backend: String,
     attentions: Option<Vec<String>>,
@@ -91,6 +95,8 @@ struct Args {
     d_model: usize,
     reps: usize,
     warmup: usize,
+    /// Passes over all the cases; each figure is the median over them.
+    rounds: usize,
     torch: bool,
     max_quadratic_gib: f64,
     timeout: u64,
@@ -109,8 +115,9 @@ impl Args {
             batch: 1,
             heads: 8,
             d_model: 512,
-            reps: 5,
-            warmup: 2,
+            reps: 3,
+            warmup: 1,
+            rounds: 3,
             torch: true,
             max_quadratic_gib: 6.0,
             timeout: 600,
@@ -153,6 +160,7 @@ fn parse(args: &[String], defaults: Args) -> Result<Args> {
             "--d-model" => a.d_model = number(value)?,
             "--reps" => a.reps = number(value)?,
             "--warmup" => a.warmup = number(value)?,
+            "--rounds" => a.rounds = number(value)?,
             "--timeout" => a.timeout = number(value)? as u64,
             "--max-quadratic-gib" => {
                 a.max_quadratic_gib = value
@@ -164,8 +172,8 @@ fn parse(args: &[String], defaults: Args) -> Result<Args> {
             other => bail!("unknown flag `{other}`\n{USAGE}"),
         }
     }
-    if a.reps == 0 {
-        bail!("--reps must be at least 1");
+    if a.reps == 0 || a.rounds == 0 {
+        bail!("--reps and --rounds must be at least 1");
     }
     Ok(a)
 }
@@ -281,20 +289,6 @@ fn machine() -> Value {
     json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": gpu, "commit": commit})
 }
 
-/// The attentions asked for, or every registered one.
-fn attention_names(args: &Args, harness: &Harness) -> Result<Vec<String>> {
-    Ok(match &args.attentions {
-        Some(list) => list.clone(),
-        None => {
-            let out = Command::new(harness).args(["list", "--names"]).output()?;
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(String::from)
-                .collect()
-        }
-    })
-}
-
 /// What both benchmark commands set up before their cases: the release harness, the attentions,
 /// the thread count given to PyTorch, the per-case time limit and the PyTorch script.
 struct Session {
@@ -308,7 +302,7 @@ struct Session {
 impl Session {
     fn start(args: &Args, script: &str) -> Result<Self> {
         let harness = build_harness(&args.backend, true)?;
-        let names = attention_names(args, &harness)?;
+        let names = resolve_attentions(args.attentions.as_deref(), &harness)?;
         Ok(Session {
             harness,
             names,
@@ -316,13 +310,6 @@ impl Session {
             timeout: Duration::from_secs(args.timeout),
             script: workspace_root().join("bench").join(script),
         })
-    }
-}
-
-fn as_json(r: std::result::Result<Value, String>) -> Value {
-    match r {
-        Ok(v) => v,
-        Err(e) => json!({"error": e}),
     }
 }
 
@@ -337,48 +324,68 @@ fn attention(args: &Args) -> Result<()> {
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
-            let common = |cmd: &mut Command| {
-                cmd.args(["--attention", name, "--n", &n.to_string()])
-                    .args(["--batch", &args.batch.to_string()])
-                    .args(["--heads", &args.heads.to_string()])
-                    .args(["--d-model", &args.d_model.to_string()])
-                    .args(["--reps", &args.reps.to_string()])
-                    .args(["--warmup", &args.warmup.to_string()])
-                    .args(["--params", &params(name).to_string()]);
+            let common = {
+                let (name, args) = (name.clone(), args.clone());
+                move |cmd: &mut Command| {
+                    cmd.args(["--attention", &name, "--n", &n.to_string()])
+                        .args(["--batch", &args.batch.to_string()])
+                        .args(["--heads", &args.heads.to_string()])
+                        .args(["--d-model", &args.d_model.to_string()])
+                        .args(["--reps", &args.reps.to_string()])
+                        .args(["--warmup", &args.warmup.to_string()])
+                        .args(["--params", &params(&name).to_string()]);
+                }
             };
             // Forward + backward keeps about three n × n tensors per head.
             let scores_gib =
                 3.0 * (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours = if let Some(reason) = quadratic_skip(name, args, scores_gib) {
-                Err(reason)
-            } else {
-                let mut cmd = Command::new(&harness);
-                cmd.arg("bench-attention")
-                    .args(["--backend", &args.backend]);
-                common(&mut cmd);
-                run_case(cmd, timeout)
+            let ours: Runner = match quadratic_skip(name, args, scores_gib) {
+                Some(reason) => Err(reason),
+                None => {
+                    // A path, not the Harness: it stays alive (and its file in place) until the end.
+                    let (exe, backend, common) = (
+                        PathBuf::from(harness.as_ref()),
+                        args.backend.clone(),
+                        common.clone(),
+                    );
+                    Ok(Box::new(move || {
+                        let mut cmd = Command::new(&exe);
+                        cmd.arg("bench-attention").args(["--backend", &backend]);
+                        common(&mut cmd);
+                        cmd
+                    }))
+                }
             };
-            let torch = if args.torch && TORCH_VARIANTS.contains(&name.as_str()) {
-                let mut cmd = Command::new("python3");
-                cmd.arg(&script).args(["--threads", &threads.to_string()]);
-                common(&mut cmd);
-                Some(run_case(cmd, timeout))
-            } else {
-                None
-            };
-            record_case(&mut cases, (name, n, params(name)), ours, torch, |v| {
-                format!(
-                    "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
-                    v["forward_ms"].as_f64().unwrap_or(f64::NAN),
-                    v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
-                    v["peak_mib"].as_f64().unwrap_or(f64::NAN)
-                )
+            let torch: Option<Box<dyn Fn() -> Command>> =
+                (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
+                    let script = script.clone();
+                    Box::new(move || {
+                        let mut cmd = Command::new("python3");
+                        cmd.arg(&script).args(["--threads", &threads.to_string()]);
+                        common(&mut cmd);
+                        cmd
+                    }) as Box<dyn Fn() -> Command>
+                });
+            cases.push(Case {
+                name: name.clone(),
+                n,
+                params: params(name),
+                ours,
+                torch,
             });
         }
     }
+    let cases = run_rounds(cases, args.rounds, timeout, |v| {
+        format!(
+            "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
+            v["forward_ms"].as_f64().unwrap_or(f64::NAN),
+            v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
+            v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+        )
+    });
     let setup = json!({
         "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
-        "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
+        "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds, "lengths": args.lengths,
     });
     finish(args, "attention", setup, cases)
 }
@@ -411,10 +418,14 @@ fn lra(args: &Args) -> Result<()> {
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
-            let common = |cmd: &mut Command| {
-                cmd.args(["--attention", name, "--n", &n.to_string()])
-                    .args(["--batch", &args.batch.to_string()])
-                    .args(["--warmup", &args.warmup.to_string()]);
+            let common = {
+                let (name, args) = (name.clone(), args.clone());
+                move |cmd: &mut Command| {
+                    cmd.args(["--attention", &name, "--n", &n.to_string()])
+                        .args(["--batch", &args.batch.to_string()])
+                        .args(["--warmup", &args.warmup.to_string()])
+                        .args(["--steps", &args.reps.to_string()]);
+                }
             };
             let mut describe = Command::new(&harness);
             describe
@@ -431,43 +442,58 @@ fn lra(args: &Args) -> Result<()> {
             // Training keeps about three n × n tensors per head and layer for the backward.
             let scores_gib =
                 3.0 * layers * heads * (args.batch * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours = if let Some(reason) = quadratic_skip(name, args, scores_gib) {
-                Err(reason)
-            } else {
-                let mut cmd = Command::new(&harness);
-                cmd.args(["bench-train", "--preset", &args.preset])
-                    .args(["--backend", &args.backend])
-                    .args(["--steps", &args.reps.to_string()]);
-                common(&mut cmd);
-                run_case(cmd, timeout)
+            let ours: Runner = match quadratic_skip(name, args, scores_gib) {
+                Some(reason) => Err(reason),
+                None => {
+                    let (exe, backend, preset, common) = (
+                        PathBuf::from(harness.as_ref()),
+                        args.backend.clone(),
+                        args.preset.clone(),
+                        common.clone(),
+                    );
+                    Ok(Box::new(move || {
+                        let mut cmd = Command::new(&exe);
+                        cmd.args(["bench-train", "--preset", &preset])
+                            .args(["--backend", &backend]);
+                        common(&mut cmd);
+                        cmd
+                    }))
+                }
             };
-            let torch = if args.torch && TORCH_VARIANTS.contains(&name.as_str()) {
-                let mut cmd = Command::new("python3");
-                cmd.arg(&script)
-                    .args(["--threads", &threads.to_string()])
-                    .args(["--steps", &args.reps.to_string()])
-                    .args(["--model", &described["model"].to_string()])
-                    .args(["--optimizer", &described["optimizer"].to_string()])
-                    .args(["--params", &described["params"].to_string()]);
-                common(&mut cmd);
-                Some(run_case(cmd, timeout))
-            } else {
-                None
-            };
-            let params = described["params"].clone();
-            record_case(&mut cases, (name, n, params), ours, torch, |v| {
-                format!(
-                    "{:.2} steps/s ({:.0} ms/step), peak {:.0} MiB",
-                    v["steps_per_s"].as_f64().unwrap_or(f64::NAN),
-                    v["step_ms"].as_f64().unwrap_or(f64::NAN),
-                    v["peak_mib"].as_f64().unwrap_or(f64::NAN)
-                )
+            let torch: Option<Box<dyn Fn() -> Command>> =
+                (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
+                    let (script, described) = (script.clone(), described.clone());
+                    Box::new(move || {
+                        let mut cmd = Command::new("python3");
+                        cmd.arg(&script)
+                            .args(["--threads", &threads.to_string()])
+                            .args(["--model", &described["model"].to_string()])
+                            .args(["--optimizer", &described["optimizer"].to_string()])
+                            .args(["--params", &described["params"].to_string()]);
+                        common(&mut cmd);
+                        cmd
+                    }) as Box<dyn Fn() -> Command>
+                });
+            cases.push(Case {
+                name: name.clone(),
+                n,
+                params: described["params"].clone(),
+                ours,
+                torch,
             });
         }
     }
+    let cases = run_rounds(cases, args.rounds, timeout, |v| {
+        format!(
+            "{:.2} steps/s ({:.0} ms/step), peak {:.0} MiB",
+            v["steps_per_s"].as_f64().unwrap_or(f64::NAN),
+            v["step_ms"].as_f64().unwrap_or(f64::NAN),
+            v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+        )
+    });
     let setup = json!({
         "task": "text", "preset": args.preset, "batch": args.batch,
-        "reps": args.reps, "warmup": args.warmup, "lengths": args.lengths,
+        "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds, "lengths": args.lengths,
     });
     finish(args, "lra", setup, cases)
 }
@@ -500,29 +526,103 @@ fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Resu
     Ok(())
 }
 
-/// Prints one case's two sides (`show` formats a measurement) and adds the case to `cases`.
-fn record_case(
-    cases: &mut Vec<Value>,
-    (name, n, params): (&str, usize, Value),
-    ours: std::result::Result<Value, String>,
-    torch: Option<std::result::Result<Value, String>>,
+/// How one side of a case is run (a fresh command each round), or why it is not.
+type Runner = std::result::Result<Box<dyn Fn() -> Command>, String>;
+
+/// One benchmark case: an attention at one length, our side and PyTorch's.
+struct Case {
+    name: String,
+    n: usize,
+    params: Value,
+    ours: Runner,
+    torch: Option<Box<dyn Fn() -> Command>>,
+}
+
+/// Runs every case `rounds` times, one round through all the cases after another, so that a
+/// slow spell of the machine lands in one round of a case rather than in all of its
+/// repetitions; prints each measurement (`show` formats one) and returns the report's cases:
+/// per side, the median over rounds of every number, and each round's measurement.
+fn run_rounds(
+    cases: Vec<Case>,
+    rounds: usize,
+    timeout: Duration,
     show: impl Fn(&Value) -> String,
-) {
-    let text = |r: &std::result::Result<Value, String>| match r {
+) -> Vec<Value> {
+    type Measured = std::result::Result<Value, String>;
+    let text = |r: &Measured| match r {
         Ok(v) => show(v),
         Err(e) => e.clone(),
     };
-    eprintln!("{name:<16} n={n:<6} ours: {}", text(&ours));
-    if let Some(t) = &torch {
-        eprintln!("{:<16} {:<8} torch: {}", "", "", text(t));
+    let mut measured: Vec<(Vec<Measured>, Vec<Measured>)> =
+        cases.iter().map(|_| Default::default()).collect();
+    for round in 1..=rounds {
+        eprintln!("-- round {round} of {rounds}");
+        for (case, (ours, torch)) in cases.iter().zip(&mut measured) {
+            let mine = match &case.ours {
+                Ok(command) => run_case(command(), timeout),
+                Err(reason) if round == 1 => Err(reason.clone()),
+                Err(_) => continue,
+            };
+            eprintln!("{:<16} n={:<6} ours: {}", case.name, case.n, text(&mine));
+            ours.push(mine);
+            if let Some(command) = &case.torch {
+                let theirs = run_case(command(), timeout);
+                eprintln!("{:<16} {:<8} torch: {}", "", "", text(&theirs));
+                torch.push(theirs);
+            }
+        }
     }
-    cases.push(json!({
-        "attention": name,
-        "n": n,
-        "params": params,
-        "ours": as_json(ours),
-        "torch": torch.map(as_json),
-    }));
+    cases
+        .iter()
+        .zip(measured)
+        .map(|(case, (ours, torch))| {
+            json!({
+                "attention": case.name,
+                "n": case.n,
+                "params": case.params,
+                "ours": combine(ours),
+                "torch": case.torch.as_ref().map(|_| combine(torch)),
+            })
+        })
+        .collect()
+}
+
+/// One side of a case over its rounds: the first round's fields with every number replaced by
+/// its median over the rounds, and the rounds themselves under `rounds`; an error if any round
+/// failed (a case that fails now and then is not reported as measured).
+fn combine(rounds: Vec<std::result::Result<Value, String>>) -> Value {
+    let values = match rounds
+        .into_iter()
+        .collect::<std::result::Result<Vec<_>, _>>()
+    {
+        Ok(values) if !values.is_empty() => values,
+        Ok(_) => return json!({"error": "not run"}),
+        Err(e) => return json!({"error": e}),
+    };
+    let mut combined = values[0].clone();
+    if let Some(fields) = combined.as_object_mut() {
+        for (key, value) in fields.iter_mut() {
+            if value.is_number() && values.iter().any(|v| v[key] != *value) {
+                let numbers: Vec<f64> = values.iter().filter_map(|v| v[key].as_f64()).collect();
+                if numbers.len() == values.len() {
+                    *value = json!(median(numbers));
+                }
+            }
+        }
+        fields.insert("rounds".into(), Value::Array(values));
+    }
+    combined
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[m]
+    } else {
+        (xs[m - 1] + xs[m]) / 2.0
+    }
 }
 
 /// A markdown table header: `first`, then one column per length.
@@ -564,8 +664,8 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
     let mut md = format!(
         "# LRA efficiency (Text task), backend `{}`\n\n{} ({} cores, {} GiB{gpu}), commit {}, {} \
          threads; PyTorch {}. The `{}` preset's Text model at each length, batch {}, full-length \
-         random bytes, attention dropout off on both sides; median time of {} training steps \
-         (forward, backward, AdamW) after {} warm-up steps, one process per case; peak memory \
+         random bytes, attention dropout off on both sides; time of a training step (forward, \
+         backward, AdamW): {}, one process per case and round; peak memory \
          is the process's resident high-water mark above its level once the model was built \
          (Linux VmHWM - VmRSS). Our model applies its padding mask at every layer; the PyTorch \
          packages take none.\n\n",
@@ -578,8 +678,7 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
         report["torch"].as_str().unwrap_or("not measured"),
         s["preset"].as_str().unwrap_or(""),
         s["batch"],
-        s["reps"],
-        s["warmup"],
+        protocol(s, "steps"),
     );
     let all: Vec<&String> = names.iter().collect();
     let with_torch: Vec<&String> = names
@@ -648,6 +747,20 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
     }
     md.push_str(&not_measured(report));
     md
+}
+
+/// How a report's figures were taken, from its setup: repetitions, warm-up and rounds.
+fn protocol(setup: &Value, what: &str) -> String {
+    let per_round = format!(
+        "median of {} {what} after {} warm-up {what}",
+        setup["reps"], setup["warmup"]
+    );
+    match setup["rounds"].as_u64() {
+        Some(rounds) if rounds > 1 => format!(
+            "the median over {rounds} rounds (passes over all the cases) of the {per_round}"
+        ),
+        _ => per_round,
+    }
 }
 
 /// Renders `<stem>.md` and `<stem>.svg` beside a results JSON; returns the markdown.
@@ -749,8 +862,7 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
     let s = &report["setup"];
     let mut md = format!(
         "# Attention efficiency, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
-         PyTorch {}. Batch {}, {} heads, d_model {}; median of {} runs after {} warm-up runs, one \
-         process per case; peak memory is the process's resident high-water mark above its \
+         PyTorch {}. Batch {}, {} heads, d_model {}; {}, one process per case and round; peak memory is the process's resident high-water mark above its \
          level before the first input (Linux VmHWM - VmRSS).\n\n",
         report["backend"].as_str().unwrap_or(""),
         m["cpu"].as_str().unwrap_or(""),
@@ -762,8 +874,7 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
         s["batch"],
         s["heads"],
         s["d_model"],
-        s["reps"],
-        s["warmup"],
+        protocol(s, "runs"),
     );
     let header = |md: &mut String, first: &str| {
         md.push_str(&format!("| {first} |"));

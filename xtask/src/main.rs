@@ -22,7 +22,7 @@ usage: cargo xtask lra --task <listops|text|matching> [--seeds N] [--attention a
        cargo xtask bench setup | attention [...]   (cargo xtask bench for its flags)
 
   --seeds N        seeds 0..N-1 (default 5)
-  --attention      comma-separated registry names (default: every registered attention)
+  --attention      comma-separated registry names, or all (the default: every registered attention)
   --preset         a preset of configs/<task>/ (default tiny); --config FILE for your own
   --backend        Burn backend, compiled in through the burn-lra feature of that name (default flex)
   --out            root of run directories (default runs)
@@ -182,6 +182,35 @@ pub(crate) fn build_harness(backend: &str, release: bool) -> Result<Harness> {
     Ok(Harness(copy))
 }
 
+/// The attentions a `--attention` list names: every registered one when the list is absent or
+/// `all`; an unknown name is an error that lists the registered ones.
+pub(crate) fn resolve_attentions(
+    list: Option<&[String]>,
+    harness: &Harness,
+) -> Result<Vec<String>> {
+    let output = Command::new(harness).args(["list", "--names"]).output()?;
+    if !output.status.success() {
+        bail!("burn-lra list --names failed");
+    }
+    let registered: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    match list {
+        None => Ok(registered),
+        Some([all]) if all == "all" => Ok(registered),
+        Some(list) => {
+            if let Some(unknown) = list.iter().find(|a| !registered.contains(a)) {
+                bail!(
+                    "unknown attention `{unknown}` (known: all, {})",
+                    registered.join(", ")
+                );
+            }
+            Ok(list.to_vec())
+        }
+    }
+}
+
 fn lra(args: &[String]) -> Result<()> {
     let args = parse(args)?;
     let harness = build_harness(&args.backend, false)?;
@@ -192,23 +221,7 @@ fn lra(args: &[String]) -> Result<()> {
         }
         return Ok(());
     }
-    let output = Command::new(&harness).args(["list", "--names"]).output()?;
-    let registered: Vec<String> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    let attentions = match &args.attentions {
-        Some(list) => {
-            if let Some(unknown) = list.iter().find(|a| !registered.contains(a)) {
-                bail!(
-                    "unknown attention `{unknown}` (known: {})",
-                    registered.join(", ")
-                );
-            }
-            list.clone()
-        }
-        None => registered,
-    };
+    let attentions = resolve_attentions(args.attentions.as_deref(), &harness)?;
     let preset = match &args.config {
         Some(path) => path
             .file_stem()
