@@ -101,7 +101,7 @@ fn has_kernel(device: &Device) -> bool {
 
 /// Whether `device` is `flex`, or an autodiff device wrapping it.
 #[cfg(feature = "flex")]
-fn is_flex(device: &Device) -> bool {
+pub(crate) fn is_flex(device: &Device) -> bool {
     matches!(
         device.as_dispatch().clone().inner(),
         burn::backend::DispatchDevice::Flex(_)
