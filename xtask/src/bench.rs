@@ -27,7 +27,8 @@ usage: cargo xtask bench setup
               nystrom-attention
   attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
               after --warmup; --rounds passes over all the cases, each figure the median over
-              them (a slow spell of a shared machine then lands in one round of a case); softmax-style cases whose score matrices would need more than
+              them (a slow spell of a shared machine then lands in one round of a case);
+              softmax-style cases whose score matrices would need more than
               --max-quadratic-gib are skipped and marked so (composed softmax: not on flex or
               tch, where the fused kernels need memory linear in n)
   report      re-renders the markdown and SVG of a results JSON (after a change of layout)
@@ -85,7 +86,6 @@ fn params(attention: &str) -> Value {
     }
 }
 
-#[derive(Clone)]
 struct Args {
     backend: String,
     attentions: Option<Vec<String>>,
@@ -324,48 +324,43 @@ fn attention(args: &Args) -> Result<()> {
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
-            let common = {
-                let (name, args) = (name.clone(), args.clone());
-                move |cmd: &mut Command| {
-                    cmd.args(["--attention", &name, "--n", &n.to_string()])
-                        .args(["--batch", &args.batch.to_string()])
-                        .args(["--heads", &args.heads.to_string()])
-                        .args(["--d-model", &args.d_model.to_string()])
-                        .args(["--reps", &args.reps.to_string()])
-                        .args(["--warmup", &args.warmup.to_string()])
-                        .args(["--params", &params(&name).to_string()]);
-                }
-            };
+            let common = strings(&[
+                "--attention",
+                name,
+                "--n",
+                &n.to_string(),
+                "--batch",
+                &args.batch.to_string(),
+                "--heads",
+                &args.heads.to_string(),
+                "--d-model",
+                &args.d_model.to_string(),
+                "--reps",
+                &args.reps.to_string(),
+                "--warmup",
+                &args.warmup.to_string(),
+                "--params",
+                &params(name).to_string(),
+            ]);
             // Forward + backward keeps about three n × n tensors per head.
             let scores_gib =
                 3.0 * (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours: Runner = match quadratic_skip(name, args, scores_gib) {
+            let ours = match quadratic_skip(name, args, scores_gib) {
                 Some(reason) => Err(reason),
-                None => {
-                    // A path, not the Harness: it stays alive (and its file in place) until the end.
-                    let (exe, backend, common) = (
-                        PathBuf::from(harness.as_ref()),
-                        args.backend.clone(),
-                        common.clone(),
-                    );
-                    Ok(Box::new(move || {
-                        let mut cmd = Command::new(&exe);
-                        cmd.arg("bench-attention").args(["--backend", &backend]);
-                        common(&mut cmd);
-                        cmd
-                    }))
-                }
+                None => Ok(Invocation::new(
+                    harness.as_ref(),
+                    &["bench-attention", "--backend", &args.backend],
+                    &common,
+                )),
             };
-            let torch: Option<Box<dyn Fn() -> Command>> =
-                (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
-                    let script = script.clone();
-                    Box::new(move || {
-                        let mut cmd = Command::new("python3");
-                        cmd.arg(&script).args(["--threads", &threads.to_string()]);
-                        common(&mut cmd);
-                        cmd
-                    }) as Box<dyn Fn() -> Command>
-                });
+            let torch = (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
+                let script = script.to_string_lossy();
+                Invocation::new(
+                    "python3".as_ref(),
+                    &[&script, "--threads", &threads.to_string()],
+                    &common,
+                )
+            });
             cases.push(Case {
                 name: name.clone(),
                 n,
@@ -418,20 +413,23 @@ fn lra(args: &Args) -> Result<()> {
     let mut cases = Vec::new();
     for name in &names {
         for &n in &args.lengths {
-            let common = {
-                let (name, args) = (name.clone(), args.clone());
-                move |cmd: &mut Command| {
-                    cmd.args(["--attention", &name, "--n", &n.to_string()])
-                        .args(["--batch", &args.batch.to_string()])
-                        .args(["--warmup", &args.warmup.to_string()])
-                        .args(["--steps", &args.reps.to_string()]);
-                }
-            };
+            let common = strings(&[
+                "--attention",
+                name,
+                "--n",
+                &n.to_string(),
+                "--batch",
+                &args.batch.to_string(),
+                "--warmup",
+                &args.warmup.to_string(),
+                "--steps",
+                &args.reps.to_string(),
+            ]);
             let mut describe = Command::new(&harness);
             describe
                 .args(["bench-train", "--describe", "--preset", &args.preset])
-                .args(["--backend", &args.backend]);
-            common(&mut describe);
+                .args(["--backend", &args.backend])
+                .args(&common);
             let described =
                 run_case(describe, timeout).map_err(|e| anyhow::anyhow!("{name} at n={n}: {e}"))?;
             let model = &described["model"];
@@ -442,38 +440,38 @@ fn lra(args: &Args) -> Result<()> {
             // Training keeps about three n × n tensors per head and layer for the backward.
             let scores_gib =
                 3.0 * layers * heads * (args.batch * n * n * 4) as f64 / (1u64 << 30) as f64;
-            let ours: Runner = match quadratic_skip(name, args, scores_gib) {
+            let ours = match quadratic_skip(name, args, scores_gib) {
                 Some(reason) => Err(reason),
-                None => {
-                    let (exe, backend, preset, common) = (
-                        PathBuf::from(harness.as_ref()),
-                        args.backend.clone(),
-                        args.preset.clone(),
-                        common.clone(),
-                    );
-                    Ok(Box::new(move || {
-                        let mut cmd = Command::new(&exe);
-                        cmd.args(["bench-train", "--preset", &preset])
-                            .args(["--backend", &backend]);
-                        common(&mut cmd);
-                        cmd
-                    }))
-                }
+                None => Ok(Invocation::new(
+                    harness.as_ref(),
+                    &[
+                        "bench-train",
+                        "--preset",
+                        &args.preset,
+                        "--backend",
+                        &args.backend,
+                    ],
+                    &common,
+                )),
             };
-            let torch: Option<Box<dyn Fn() -> Command>> =
-                (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
-                    let (script, described) = (script.clone(), described.clone());
-                    Box::new(move || {
-                        let mut cmd = Command::new("python3");
-                        cmd.arg(&script)
-                            .args(["--threads", &threads.to_string()])
-                            .args(["--model", &described["model"].to_string()])
-                            .args(["--optimizer", &described["optimizer"].to_string()])
-                            .args(["--params", &described["params"].to_string()]);
-                        common(&mut cmd);
-                        cmd
-                    }) as Box<dyn Fn() -> Command>
-                });
+            let torch = (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
+                let script = script.to_string_lossy();
+                Invocation::new(
+                    "python3".as_ref(),
+                    &[
+                        &script,
+                        "--threads",
+                        &threads.to_string(),
+                        "--model",
+                        &described["model"].to_string(),
+                        "--optimizer",
+                        &described["optimizer"].to_string(),
+                        "--params",
+                        &described["params"].to_string(),
+                    ],
+                    &common,
+                )
+            });
             cases.push(Case {
                 name: name.clone(),
                 n,
@@ -526,16 +524,43 @@ fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Resu
     Ok(())
 }
 
-/// How one side of a case is run (a fresh command each round), or why it is not.
-type Runner = std::result::Result<Box<dyn Fn() -> Command>, String>;
+/// Owned copies of command-line arguments.
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
 
-/// One benchmark case: an attention at one length, our side and PyTorch's.
+/// One side of a case as a command line, kept as data: each round starts a fresh process.
+struct Invocation {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+impl Invocation {
+    /// `program` with `args`, then the arguments `common` to both sides of the case.
+    fn new(program: &std::ffi::OsStr, args: &[&str], common: &[String]) -> Self {
+        let mut all = strings(args);
+        all.extend_from_slice(common);
+        Invocation {
+            program: program.into(),
+            args: all,
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        cmd
+    }
+}
+
+/// One benchmark case: an attention at one length, our side (or why it is skipped) and
+/// PyTorch's.
 struct Case {
     name: String,
     n: usize,
     params: Value,
-    ours: Runner,
-    torch: Option<Box<dyn Fn() -> Command>>,
+    ours: std::result::Result<Invocation, String>,
+    torch: Option<Invocation>,
 }
 
 /// Runs every case `rounds` times, one round through all the cases after another, so that a
@@ -559,14 +584,14 @@ fn run_rounds(
         eprintln!("-- round {round} of {rounds}");
         for (case, (ours, torch)) in cases.iter().zip(&mut measured) {
             let mine = match &case.ours {
-                Ok(command) => run_case(command(), timeout),
+                Ok(ours) => run_case(ours.command(), timeout),
                 Err(reason) if round == 1 => Err(reason.clone()),
                 Err(_) => continue,
             };
             eprintln!("{:<16} n={:<6} ours: {}", case.name, case.n, text(&mine));
             ours.push(mine);
-            if let Some(command) = &case.torch {
-                let theirs = run_case(command(), timeout);
+            if let Some(invocation) = &case.torch {
+                let theirs = run_case(invocation.command(), timeout);
                 eprintln!("{:<16} {:<8} torch: {}", "", "", text(&theirs));
                 torch.push(theirs);
             }
@@ -665,7 +690,7 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
         "# LRA efficiency (Text task), backend `{}`\n\n{} ({} cores, {} GiB{gpu}), commit {}, {} \
          threads; PyTorch {}. The `{}` preset's Text model at each length, batch {}, full-length \
          random bytes, attention dropout off on both sides; time of a training step (forward, \
-         backward, AdamW): {}, one process per case and round; peak memory \
+         backward, AdamW): {}; peak memory \
          is the process's resident high-water mark above its level once the model was built \
          (Linux VmHWM - VmRSS). Our model applies its padding mask at every layer; the PyTorch \
          packages take none.\n\n",
@@ -749,7 +774,8 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
     md
 }
 
-/// How a report's figures were taken, from its setup: repetitions, warm-up and rounds.
+/// How a report's figures were taken, from its setup: repetitions, warm-up, rounds and
+/// processes.
 fn protocol(setup: &Value, what: &str) -> String {
     let per_round = format!(
         "median of {} {what} after {} warm-up {what}",
@@ -757,9 +783,10 @@ fn protocol(setup: &Value, what: &str) -> String {
     );
     match setup["rounds"].as_u64() {
         Some(rounds) if rounds > 1 => format!(
-            "the median over {rounds} rounds (passes over all the cases) of the {per_round}"
+            "the median over {rounds} rounds (passes over all the cases) of the {per_round}, one \
+             process per case and round"
         ),
-        _ => per_round,
+        _ => format!("{per_round}, one process per case"),
     }
 }
 
@@ -862,8 +889,8 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
     let s = &report["setup"];
     let mut md = format!(
         "# Attention efficiency, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
-         PyTorch {}. Batch {}, {} heads, d_model {}; {}, one process per case and round; peak memory is the process's resident high-water mark above its \
-         level before the first input (Linux VmHWM - VmRSS).\n\n",
+         PyTorch {}. Batch {}, {} heads, d_model {}; {}; peak memory is the process's resident high-water mark above its level before the first \
+         input (Linux VmHWM - VmRSS).\n\n",
         report["backend"].as_str().unwrap_or(""),
         m["cpu"].as_str().unwrap_or(""),
         m["cores"],
