@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// Attention parameters as JSON, e.g. `{"k": 256}`.
     #[arg(long, default_value = "{}")]
     pub params: String,
+    /// Causal masking (for the variants that support it).
+    #[arg(long)]
+    pub causal: bool,
     /// Backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     pub backend: BackendKind,
@@ -94,7 +97,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
         .with_params(&params)?
         .with_dropout(0.0);
-    config.check_input(args.n, false)?;
+    config.check_input(args.n, args.causal)?;
     let device = args.backend.device()?.autodiff();
     device.seed(0);
     let attention = config.init(&device);
@@ -108,13 +111,13 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     for rep in 0..args.warmup + args.reps {
         let x = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let started = Instant::now();
-        let y = inference.forward(AttentionInput::new(x.clone().inner()));
+        let y = inference.forward(AttentionInput::new(x.clone().inner()).causal(args.causal));
         sync(y);
         let t_forward = started.elapsed().as_secs_f64() * 1e3;
 
         let x = x.require_grad();
         let started = Instant::now();
-        let y = attention.forward(AttentionInput::new(x.clone()));
+        let y = attention.forward(AttentionInput::new(x.clone()).causal(args.causal));
         let grads = y.sum().backward();
         let gx = x.grad(&grads).context("no gradient reached the input")?;
         gx.sum().into_scalar::<f64>();

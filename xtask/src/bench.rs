@@ -17,7 +17,8 @@ usage: cargo xtask bench setup
        cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
                                    [--batch 1] [--heads 8] [--d-model 512] [--reps 3] [--warmup 1]
                                    [--rounds 3]
-                                   [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
+                                   [--causal] [--no-torch] [--max-quadratic-gib 6] [--timeout 600]
+                                   [--out bench/results]
        cargo xtask bench report bench/results/<name>.json
        cargo xtask bench lra [--backend flex] [--attention a,b,...] [--lengths 1024,2048,3072,4096]
                              [--batch 32] [--preset lra] [--reps 3] [--warmup 1] [--rounds 3]
@@ -30,7 +31,9 @@ usage: cargo xtask bench setup
               them (a slow spell of a shared machine then lands in one round of a case);
               softmax-style cases whose score matrices would need more than
               --max-quadratic-gib are skipped and marked so (composed softmax: not on flex or
-              tch, where the fused kernels need memory linear in n)
+              tch, where the fused kernels need memory linear in n); --causal measures
+              causal masking (ours only, the variants that support it), written as
+              attention-causal-<backend>.{json,md,svg}
   report      re-renders the markdown and SVG of a results JSON (after a change of layout)
   lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
               task's model (the preset's, at each length) with each attention, batch 32 unless
@@ -103,6 +106,8 @@ struct Args {
     out: PathBuf,
     /// Text-task preset of `bench lra`.
     preset: String,
+    /// `bench attention` with causal masking (ours only: the variants that support it).
+    causal: bool,
 }
 
 impl Args {
@@ -123,6 +128,7 @@ impl Args {
             timeout: 600,
             out: PathBuf::from("bench/results"),
             preset: "lra".into(),
+            causal: false,
         }
     }
 
@@ -142,6 +148,10 @@ fn parse(args: &[String], defaults: Args) -> Result<Args> {
     while let Some(flag) = it.next() {
         if flag == "--no-torch" {
             a.torch = false;
+            continue;
+        }
+        if flag == "--causal" {
+            a.causal = true;
             continue;
         }
         let value = it
@@ -349,11 +359,13 @@ fn attention(args: &Args) -> Result<()> {
                 Some(reason) => Err(reason),
                 None => Ok(Invocation::new(
                     harness.as_ref(),
-                    &["bench-attention", "--backend", &args.backend],
+                    &bench_attention_args(&args.backend, args.causal),
                     &common,
                 )),
             };
-            let torch = (args.torch && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
+            // The PyTorch side is measured without masks only.
+            let torch_side = args.torch && !args.causal;
+            let torch = (torch_side && TORCH_VARIANTS.contains(&name.as_str())).then(|| {
                 let script = script.to_string_lossy();
                 Invocation::new(
                     "python3".as_ref(),
@@ -381,8 +393,23 @@ fn attention(args: &Args) -> Result<()> {
     let setup = json!({
         "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
         "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds, "lengths": args.lengths,
+        "causal": args.causal,
     });
-    finish(args, "attention", setup, cases)
+    let benchmark = if args.causal {
+        "attention-causal"
+    } else {
+        "attention"
+    };
+    finish(args, benchmark, setup, cases)
+}
+
+/// The harness's `bench-attention` subcommand and its flags.
+fn bench_attention_args(backend: &str, causal: bool) -> Vec<&str> {
+    let mut args = vec!["bench-attention", "--backend", backend];
+    if causal {
+        args.push("--causal");
+    }
+    args
 }
 
 /// LRA's Table 2 (Tay et al. 2021; TPU v3, batch 32, Text task): steps per second and peak
@@ -811,7 +838,7 @@ fn render_files(path: &Path) -> Result<String> {
         .filter_map(|n| n.as_u64().map(|n| n as usize))
         .collect();
     let (markdown, panels) = match report["benchmark"].as_str() {
-        Some("attention") => (
+        Some("attention" | "attention-causal") => (
             render_markdown(&report, &names, &lengths),
             [
                 ("forward_backward_ms", "forward + backward time (ms)"),
@@ -826,7 +853,7 @@ fn render_files(path: &Path) -> Result<String> {
             ],
         ),
         _ => bail!(
-            "{}: `benchmark` is neither attention nor lra",
+            "{}: `benchmark` is neither attention, attention-causal nor lra",
             path.display()
         ),
     };
@@ -888,9 +915,14 @@ fn render_markdown(report: &Value, names: &[String], lengths: &[usize]) -> Strin
     let m = &report["machine"];
     let s = &report["setup"];
     let mut md = format!(
-        "# Attention efficiency, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
+        "# Attention efficiency{}, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
          PyTorch {}. Batch {}, {} heads, d_model {}; {}; peak memory is the process's resident high-water mark above its level before the first \
          input (Linux VmHWM - VmRSS).\n\n",
+        if s["causal"].as_bool() == Some(true) {
+            " with causal masking"
+        } else {
+            ""
+        },
         report["backend"].as_str().unwrap_or(""),
         m["cpu"].as_str().unwrap_or(""),
         m["cores"],
