@@ -63,9 +63,29 @@ impl EfficientAttention {
     /// # Shapes
     /// - input `x`: `[batch, n, d_model]`; output: the same.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        check_input(NAME, input.causal)?;
         let (q, k, v) = self.proj.qkv(input.x);
-        Ok(self.proj.out(efficient_attention(q, k, v, input.mask_pad)))
+        Ok(self
+            .proj
+            .out(self.attend(q, k, v, input.mask_pad, input.causal)?))
+    }
+
+    /// The attention on per-head tensors, without the input and output projections, or the
+    /// refusal of causal masking.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_input(NAME, causal)?;
+        Ok(efficient_attention(q, k, v, mask_pad))
     }
 }
 

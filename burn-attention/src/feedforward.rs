@@ -2,8 +2,8 @@
 //! network, applied to queries and keys alike.
 //!
 //! Yorsh & Kovalenko 2022, "Linear Self-Attention Approximation via Trainable Feedforward
-//! Kernel", arXiv 2211.04076. `O_i = φ(Q_i)ᵀ S / (φ(Q_i)ᵀ z + ε)` as in
-//! [`kernelized_attention`], with `φ` one of:
+//! Kernel", arXiv 2211.04076. `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z` as in [`kernelized_attention`]
+//! (every `φ` here is positive, so the normaliser needs no ε), with `φ` one of:
 //! - `ff-linear`: `φ(X) = Softplus(X W)`;
 //! - `ff-orth-linear`: the same with `W` orthogonally initialised and the orthogonality penalty
 //!   `λ ‖W Wᵀ − I‖²_F` ([`FeedForwardKernelAttention::penalty`]), which the training loss adds;
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
-use crate::linear::kernelized_attention;
+use crate::kernelized::kernelized_attention;
 use crate::performer::random_orthogonal;
 
 /// Which feature map a [`FeedForwardKernelAttention`] learns.
@@ -237,14 +237,31 @@ impl FeedForwardKernelAttention {
     /// - input `x`: `[batch, n, d_model]`; output: the same.
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
         let (q, k, v) = self.proj.qkv(input.x);
-        let o = kernelized_attention(
+        self.proj
+            .out(self.attend(q, k, v, input.mask_pad, input.causal))
+    }
+
+    /// The attention on per-head tensors, without the input and output projections.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Tensor<4> {
+        kernelized_attention(
             self.feature_map(q),
             self.feature_map(k),
             v,
-            input.mask_pad,
-            input.causal,
-        );
-        self.proj.out(o)
+            mask_pad,
+            causal,
+        )
     }
 
     /// The learned feature map `φ` on per-head tensors `[batch, heads, n, d]`.

@@ -93,3 +93,15 @@ pub fn padding_mask_from_lengths(
     }
     Tensor::<2, Bool>::from_data(TensorData::new(data, [batch, n_max]), device)
 }
+
+/// Zeroes the padded rows of a per-head tensor `x: [batch, heads, n, d]` (`mask_pad`:
+/// `[batch, n]`, `true` = padding).
+pub(crate) fn zero_padded(x: Tensor<4>, mask_pad: &Option<Tensor<2, Bool>>) -> Tensor<4> {
+    match mask_pad {
+        Some(mask) => {
+            let [batch, n] = mask.dims();
+            x.mask_fill(mask.clone().reshape([batch, 1, n, 1]), 0.0)
+        }
+        None => x,
+    }
+}

@@ -32,6 +32,7 @@ pub mod feedforward;
 mod flash;
 mod heads;
 mod input;
+pub mod kernelized;
 pub mod linear;
 pub mod linformer;
 pub mod nystrom;
@@ -48,9 +49,8 @@ pub use feedforward::{
 };
 pub use heads::{QkvoProjection, merge_heads, split_heads};
 pub use input::{AttentionInput, causal_mask, padding_mask_from_lengths};
-pub use linear::{
-    LinearAttention, LinearAttentionConfig, elu_feature_map, kernelized_attention, linear_attention,
-};
+pub use kernelized::{CAUSAL_CHUNK, causal_kernelized_attention, kernelized_attention};
+pub use linear::{LinearAttention, LinearAttentionConfig, elu_feature_map, linear_attention};
 pub use linformer::{
     LinformerAttention, LinformerConfig, LinformerScoring, LinformerSharing, linformer_attention,
     linformer_linear_attention,
@@ -60,8 +60,8 @@ pub use nystrom::{
 };
 pub use params::num_trainable_params;
 pub use performer::{
-    PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, orthogonal_features,
-    random_orthogonal,
+    PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
+    orthogonal_features, random_orthogonal,
 };
 pub use registry::{Attention, AttentionConfig, Capabilities, VARIANTS, VariantInfo, variant};
 pub use softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};

@@ -1,22 +1,21 @@
-//! Linear Transformer attention with the `elu(x) + 1` feature map, and the kernelized form
-//! every feature-map variant shares.
+//! Linear Transformer attention with the `elu(x) + 1` feature map.
 //!
 //! Katharopoulos et al. 2020, "Transformers are RNNs", arXiv 2006.16236.
-//! `O_i = φ(Q_i)ᵀ S / (φ(Q_i)ᵀ z + ε)`, `S = Σ_j φ(K_j) V_jᵀ`, `z = Σ_j φ(K_j)`, `ε = 1e-6`.
-//! Causal: `S` and `z` become prefix sums over `j ≤ i`. Padding: `φ(K_j)` of padded `j` is zeroed.
-//! Cost: O(n d²) time; O(d²) memory per head (O(n d²) in the causal form, which keeps the
-//! prefix sums of every position).
+//! `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z`, `S = Σ_j φ(K_j) V_jᵀ`, `z = Σ_j φ(K_j)`, through
+//! [`kernelized_attention`]: padded keys left out, causal sums over `j ≤ i` in chunks. The paper
+//! adds `ε = 1e-6` to the normaliser; `φ > 0`, so none is needed, and this crate adds none (see
+//! [`crate::kernelized`]).
+//! `φ(x) = elu(x) + 1` is evaluated as `x + 1` for `x > 0` and `exp(x)` otherwise, the same
+//! function without the cancellation of `(exp(x) − 1) + 1`, which loses every digit below
+//! x ≈ −17 in f32.
+//! Cost: O(n d²) time, O(n d + d²) memory per head (causal: O(n d) more for the chunks).
 
 use burn::prelude::*;
-use burn::tensor::activation::elu;
 
 use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
 use crate::input::AttentionInput;
-use crate::linformer::zero_padded;
-
-/// The `ε` added to the normaliser.
-pub const KERNEL_EPS: f32 = 1e-6;
+use crate::kernelized::kernelized_attention;
 
 /// Configuration of [`LinearAttention`].
 #[derive(Config, Debug)]
@@ -65,13 +64,31 @@ impl LinearAttention {
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
         let (q, k, v) = self.proj.qkv(input.x);
         self.proj
-            .out(linear_attention(q, k, v, input.mask_pad, input.causal))
+            .out(self.attend(q, k, v, input.mask_pad, input.causal))
+    }
+
+    /// The attention on per-head tensors, without the input and output projections.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Tensor<4> {
+        linear_attention(q, k, v, mask_pad, causal)
     }
 }
 
-/// The feature map `elu(x) + 1`.
+/// The feature map `elu(x) + 1`, evaluated as `max(x, 0) + exp(min(x, 0))`: the same values
+/// and gradients, exact to round-off however negative `x` is.
 pub fn elu_feature_map<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    elu(x, 1.0).add_scalar(1.0)
+    x.clone().clamp_min(0.0) + x.clamp_max(0.0).exp()
 }
 
 /// Linear attention on per-head tensors, the functional form of [`LinearAttention`].
@@ -88,45 +105,4 @@ pub fn linear_attention(
     causal: bool,
 ) -> Tensor<4> {
     kernelized_attention(elu_feature_map(q), elu_feature_map(k), v, mask_pad, causal)
-}
-
-/// Kernelized attention from already-mapped, positive features `φ(Q)`, `φ(K)`: the form shared
-/// by every feature-map variant.
-///
-/// # Shapes
-/// - `phi_q`, `phi_k`: `[batch, heads, n, m]` (m features)
-/// - `v`: `[batch, heads, n, d]`
-/// - output: `[batch, heads, n, d]`
-pub fn kernelized_attention(
-    phi_q: Tensor<4>,
-    phi_k: Tensor<4>,
-    v: Tensor<4>,
-    mask_pad: Option<Tensor<2, Bool>>,
-    causal: bool,
-) -> Tensor<4> {
-    let phi_k = zero_padded(phi_k, &mask_pad);
-    if !causal {
-        let s = phi_k.clone().swap_dims(2, 3).matmul(v); // [b, h, m, d]
-        let z = phi_k.sum_dim(2); // [b, h, 1, m]
-        let num = phi_q.clone().matmul(s);
-        let den = phi_q.mul(z).sum_dim(3).add_scalar(KERNEL_EPS);
-        return num.div(den);
-    }
-    let [batch, heads, n, _] = phi_k.dims();
-    let d = v.dims()[3];
-    // Prefix sums of the outer products φ(K_j) V_jᵀ: [b, h, n, m, d].
-    let s = phi_k
-        .clone()
-        .unsqueeze_dim::<5>(4)
-        .mul(v.unsqueeze_dim::<5>(3))
-        .cumsum(2);
-    let z = phi_k.cumsum(2); // [b, h, n, m]
-    let num = phi_q
-        .clone()
-        .unsqueeze_dim::<5>(4)
-        .mul(s)
-        .sum_dim(3)
-        .reshape([batch, heads, n, d]);
-    let den = phi_q.mul(z).sum_dim(3).add_scalar(KERNEL_EPS);
-    num.div(den)
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
-use crate::input::AttentionInput;
+use crate::input::{AttentionInput, zero_padded};
 
 const NAME: &str = "linformer";
 const NAME_LINEAR: &str = "linformer-linear";
@@ -217,9 +217,51 @@ impl LinformerAttention {
     /// Applies attention, or says why it cannot: causal masking, a sequence longer than
     /// `n_max`, or `layerwise` sharing without the shared projection.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let (q, k, v) = self.proj.qkv(input.x);
+        let o = self.attend_shared(
+            q,
+            k,
+            v,
+            input.mask_pad,
+            input.causal,
+            input.shared_projection,
+        )?;
+        Ok(self.proj.out(o))
+    }
+
+    /// The attention on per-head tensors, without the input and output projections, or why it
+    /// cannot be applied (see [`try_forward`](Self::try_forward)); `layerwise` sharing needs
+    /// [`attend_shared`](Self::attend_shared).
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Result<Tensor<4>, AttentionError> {
+        self.attend_shared(q, k, v, mask_pad, causal, None)
+    }
+
+    /// [`attend`](Self::attend) with the projection shared by every layer (`layerwise`
+    /// sharing, `[1, k, n_max]`).
+    pub fn attend_shared(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+        shared_projection: Option<Tensor<3>>,
+    ) -> Result<Tensor<4>, AttentionError> {
         let variant = self.scoring.variant_name();
-        check_input(variant, self.n_max, input.x.dims()[1], input.causal)?;
-        let e = match (&self.e, input.shared_projection) {
+        check_input(variant, self.n_max, k.dims()[2], causal)?;
+        let e = match (&self.e, shared_projection) {
             (Some(e), _) => e.val(),
             (None, Some(shared)) => shared,
             (None, None) => {
@@ -236,12 +278,10 @@ impl LinformerAttention {
             .as_ref()
             .map(|f| f.val())
             .unwrap_or_else(|| e.clone());
-        let (q, k, v) = self.proj.qkv(input.x);
-        let o = match self.scoring {
-            LinformerScoring::Softmax => attend(q, k, v, e, f, input.mask_pad, Some(&self.dropout)),
-            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, input.mask_pad),
-        };
-        Ok(self.proj.out(o))
+        Ok(match self.scoring {
+            LinformerScoring::Softmax => attend(q, k, v, e, f, mask_pad, Some(&self.dropout)),
+            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, mask_pad),
+        })
     }
 }
 
@@ -329,17 +369,6 @@ pub(crate) fn project_sequence(p: Tensor<3>, x: Tensor<4>) -> Tensor<4> {
         return y.reshape([batch, k, heads, d]).swap_dims(1, 2);
     }
     p.unsqueeze::<4>().expand([batch, heads, k, n]).matmul(x)
-}
-
-/// Zeroes the padded rows of `x: [b, h, n, d]`.
-pub(crate) fn zero_padded(x: Tensor<4>, mask_pad: &Option<Tensor<2, Bool>>) -> Tensor<4> {
-    match mask_pad {
-        Some(mask) => {
-            let [batch, n] = mask.dims();
-            x.mask_fill(mask.clone().reshape([batch, 1, n, 1]), 0.0)
-        }
-        None => x,
-    }
 }
 
 fn attend(

@@ -21,6 +21,15 @@
 //! (over keys `K` and over the landmarks), so on `flex` they run on the fused kernel and the
 //! `[n, m]` and `[m, n]` weights are never stored, in the forward or the backward pass.
 //!
+//! The implied weights of a query do not always sum to one: `softmax(Q̃ Kᵀ)` and
+//! `softmax(Q K̃ᵀ)` have rows that do, but `pinv(softmax(Q̃ K̃ᵀ))` maps the vector of ones to
+//! itself only where six iterations invert the landmark kernel. That kernel is near-singular
+//! when one landmark key dominates every row, as larger queries and keys make common: in float64,
+//! the paper's formula with 6 iterations gave row sums off by up to 1.5% at query and key norms
+//! of √d and up to 31% at 3√d (m = 4, n = 40, d = 8, 20 draws; 6.4% with m = 64). A constant `v`
+//! therefore does not come back unchanged, as it does for the other non-Linformer variants;
+//! this is the method, which this module reproduces (checked against the float64 formula).
+//!
 //! Cost: O(n m d + m³) time, O(n m + m²) memory per head (O(n d + m²) on `flex`). Masks: padding. Causal: not defined
 //! (landmarks average over the whole sequence), so asking for it is an error.
 
@@ -31,8 +40,7 @@ use burn::tensor::activation::softmax;
 
 use crate::error::{AttentionError, check_heads};
 use crate::heads::QkvoProjection;
-use crate::input::AttentionInput;
-use crate::linformer::zero_padded;
+use crate::input::{AttentionInput, zero_padded};
 use crate::softmax::attend;
 
 const NAME: &str = "nystrom";
@@ -133,22 +141,42 @@ impl NystromAttention {
     /// # Shapes
     /// - input `x`: `[batch, n, d_model]`; output: the same.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        check_input(input.causal)?;
         let (q, k, v) = self.proj.qkv(input.x);
+        Ok(self
+            .proj
+            .out(self.attend(q, k, v, input.mask_pad, input.causal)?))
+    }
+
+    /// The attention on per-head tensors (with the convolution skip, if configured), without
+    /// the input and output projections, or the refusal of causal masking.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_input(causal)?;
         let mut o = nystrom_attention(
             q,
             k,
             v.clone(),
-            input.mask_pad.clone(),
+            mask_pad.clone(),
             self.n_landmarks,
             self.pinv_iterations,
         );
         if let Some(conv) = &self.conv {
             // Padded values are zeroed first: the convolution's own zero padding then makes the
             // output at real positions independent of how much padding follows.
-            o = o + conv.forward(zero_padded(v, &input.mask_pad));
+            o = o + conv.forward(zero_padded(v, &mask_pad));
         }
-        Ok(self.proj.out(o))
+        Ok(o)
     }
 }
 

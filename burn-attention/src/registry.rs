@@ -25,6 +25,13 @@ pub struct Capabilities {
     pub causal: bool,
     /// Needs a fixed maximum sequence length (`n_max`) at construction.
     pub fixed_max_len: bool,
+    /// The implied weights of each query over the values sum to one, so a constant `v` comes
+    /// back unchanged and a sequence of one position returns its own `v`, whatever the queries
+    /// and keys. False for Linformer, whose learned projection `F` mixes the values with
+    /// weights of any sign and sum, and for Nyströmformer, whose weights
+    /// `softmax(Q K̃ᵀ) pinv(softmax(Q̃ K̃ᵀ)) softmax(Q̃ Kᵀ)` sum to one only where the iterative
+    /// pseudo-inverse inverts a well-conditioned landmark kernel (see [`crate::nystrom`]).
+    pub weights_sum_to_one: bool,
 }
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
@@ -53,6 +60,7 @@ pub const VARIANTS: &[VariantInfo] = &[
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
@@ -64,6 +72,7 @@ pub const VARIANTS: &[VariantInfo] = &[
             padding_mask: true,
             causal: false,
             fixed_max_len: true,
+            weights_sum_to_one: false,
         },
     },
     VariantInfo {
@@ -75,6 +84,7 @@ pub const VARIANTS: &[VariantInfo] = &[
             padding_mask: true,
             causal: false,
             fixed_max_len: true,
+            weights_sum_to_one: false,
         },
     },
     VariantInfo {
@@ -86,94 +96,103 @@ pub const VARIANTS: &[VariantInfo] = &[
             padding_mask: true,
             causal: false,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "linear",
         paper: "Katharopoulos et al. 2020, arXiv 2006.16236",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "performer",
         paper: "Choromanski et al. 2021, arXiv 2009.14794 (FAVOR+)",
         time: "O(n m d)",
-        memory: "O(n m + m d)",
+        memory: "O(n m + m d); causal O(n (m + c + m d/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "performer-relu",
         paper: "Choromanski et al. 2021, arXiv 2009.14794 (generalized ReLU kernel)",
         time: "O(n d²)",
-        memory: "O(n d + d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "ff-linear",
         paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (Softplus(X W))",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "ff-orth-linear",
         paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (orthogonal W + penalty)",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "ff-glu",
         paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, depth 1-3)",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "ff-oglu",
         paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f)",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
         name: "ff-aoglu",
         paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f, rank d/4 gate)",
         time: "O(n d²)",
-        memory: "O(n d + d²); causal O(n d²)",
+        memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
         capabilities: Capabilities {
             padding_mask: true,
             causal: true,
             fixed_max_len: false,
+            weights_sum_to_one: true,
         },
     },
     VariantInfo {
@@ -185,6 +204,7 @@ pub const VARIANTS: &[VariantInfo] = &[
             padding_mask: true,
             causal: false,
             fixed_max_len: false,
+            weights_sum_to_one: false,
         },
     },
 ];
@@ -460,6 +480,35 @@ impl Attention {
         match self {
             Self::FeedForward(m) => m.penalty(),
             _ => None,
+        }
+    }
+
+    /// The attention on per-head tensors with this module's own parameters (random features,
+    /// learned kernels, projections, landmarks, convolution skip), without the input and
+    /// output projections; or why the variant cannot take this input (Linformer's `layerwise`
+    /// sharing needs the encoder's shared projection: use
+    /// [`LinformerAttention::attend_shared`](crate::LinformerAttention::attend_shared)).
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Result<Tensor<4>, AttentionError> {
+        match self {
+            Self::Softmax(m) => Ok(m.attend(q, k, v, mask_pad, causal)),
+            Self::Linformer(m) => m.attend(q, k, v, mask_pad, causal),
+            Self::Efficient(m) => m.attend(q, k, v, mask_pad, causal),
+            Self::Linear(m) => Ok(m.attend(q, k, v, mask_pad, causal)),
+            Self::Performer(m) => Ok(m.attend(q, k, v, mask_pad, causal)),
+            Self::FeedForward(m) => Ok(m.attend(q, k, v, mask_pad, causal)),
+            Self::Nystrom(m) => m.attend(q, k, v, mask_pad, causal),
         }
     }
 

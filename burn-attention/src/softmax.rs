@@ -71,8 +71,25 @@ impl SoftmaxAttention {
     /// - output: `[batch, n, d_model]`
     pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
         let (q, k, v) = self.proj.qkv(input.x);
-        let o = attend(q, k, v, input.mask_pad, input.causal, Some(&self.dropout));
-        self.proj.out(o)
+        self.proj
+            .out(self.attend(q, k, v, input.mask_pad, input.causal))
+    }
+
+    /// The attention on per-head tensors, without the input and output projections.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
+    /// - `mask_pad`: `[batch, n]`, `true` = padding
+    /// - output: `[batch, heads, n, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Tensor<4> {
+        attend(q, k, v, mask_pad, causal, Some(&self.dropout))
     }
 }
 

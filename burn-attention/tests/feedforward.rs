@@ -138,7 +138,7 @@ fn aoglu_gate_is_low_rank() {
 
 /// Limiting case of the gated kernels: with a zero gate, `σ(0) = ½` scales `φ(Q)` and `φ(K)`
 /// alike and cancels in the normalisation, so one GLU unit equals the linear kernel with the
-/// same `W_f` (up to the ε = 1e-6 of the normaliser, which the halving rescales: hence 1e-4).
+/// same `W_f`, to f32 round-off.
 #[test]
 fn glu_with_zero_gate_is_the_linear_kernel() {
     let device = device();

@@ -126,7 +126,8 @@ pub fn scale(m: &[Vec<f64>], s: f64) -> Vec<Vec<f64>> {
 }
 
 /// `normalize_rows(φ(Q) φ(K)ᵀ ⊙ keep) V` for one head, from already-mapped features, pairs with
-/// `masked(i, j)` left out; the normaliser carries the ε = 1e-6 of the modules.
+/// `masked(i, j)` left out: each output row is the average of the values weighted by
+/// `φ(Q_i)·φ(K_j)` (no ε, no stabiliser).
 pub fn kernelized_head(
     phi_q: &[Vec<f64>],
     phi_k: &[Vec<f64>],
@@ -148,10 +149,71 @@ pub fn kernelized_head(
                     }
                 })
                 .collect();
-            let norm: f64 = w.iter().sum::<f64>() + 1e-6;
+            let norm: f64 = w.iter().sum::<f64>();
             (0..v[0].len())
                 .map(|c| w.iter().zip(v).map(|(wj, vj)| wj * vj[c]).sum::<f64>() / norm)
                 .collect()
         })
         .collect()
+}
+
+/// The paper's FAVOR+ features of the rows of `x: [n][d]` with random features `w: [m][d]`
+/// (Choromanski et al. 2021, eq. for positive random features):
+/// `φ(x) = m^{-1/2} exp(w_f·x̂ − ‖x̂‖²/2)`, `x̂ = x d^{-1/4}`, as written, without stabilisers.
+pub fn favor_features(x: &[Vec<f64>], w: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let d = x[0].len() as f64;
+    let m = w.len() as f64;
+    x.iter()
+        .map(|row| {
+            let xh: Vec<f64> = row.iter().map(|a| a * d.powf(-0.25)).collect();
+            let half_sq = xh.iter().map(|a| a * a).sum::<f64>() / 2.0;
+            w.iter()
+                .map(|wf| {
+                    let dot: f64 = wf.iter().zip(&xh).map(|(a, b)| a * b).sum();
+                    (dot - half_sq).exp() / m.sqrt()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Reads a `[rows, cols]` tensor into f64 rows.
+pub fn to_rows(t: &burn::prelude::Tensor<2>) -> Vec<Vec<f64>> {
+    let [rows, cols] = t.dims();
+    let data: Vec<f32> = t
+        .clone()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
+    (0..rows)
+        .map(|i| (0..cols).map(|j| data[i * cols + j] as f64).collect())
+        .collect()
+}
+
+/// `Σ|a − b| / Σ|b|` over two nested arrays: the mean relative error of an approximation `a`
+/// to `b`.
+pub fn mean_rel_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .sum();
+    let den: f64 = b.iter().flatten().map(|y| y.abs()).sum();
+    num / den
+}
+
+/// Largest `‖a_i − b_i‖ / ‖b_i‖` over the rows `i` of two `[n][d]` arrays: the relative error of
+/// each output vector, which an f32 computation of an average of O(1) values can meet where a
+/// per-entry ratio cannot (an entry near zero is a difference of O(1) terms).
+pub fn max_row_rel_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let diff: f64 = x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+            let norm: f64 = y.iter().map(|q| q * q).sum::<f64>();
+            (diff / norm).sqrt()
+        })
+        .fold(0.0, f64::max)
 }

@@ -1,0 +1,138 @@
+//! Kernelized attention: the form every feature-map variant shares (`linear`, `performer`,
+//! `performer-relu`, the `ff-*` kernels).
+//!
+//! Given positive features `φ(Q_i)`, `φ(K_j)` of width `m`,
+//! `O_i = Σ_j (φ(Q_i)·φ(K_j)) V_j / Σ_j φ(Q_i)·φ(K_j)`, computed without the `n × n` weights as
+//! `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z`, `S = Σ_j φ(K_j) V_jᵀ` (`[m, d]`), `z = Σ_j φ(K_j)` (`[m]`).
+//! Padded keys are left out of both sums; causal attention takes them over `j ≤ i`.
+//!
+//! **No ε in the normaliser.** The Linear Transformer paper writes `φ(Q_i)ᵀ z + ε`; every
+//! feature map here is positive, so the denominator is a sum of positive terms and needs no
+//! ε, and an ε is not harmless: it is measured in the units of the features, which a
+//! stabiliser (FAVOR+'s, see [`favor_features`](crate::performer::favor_features)) or a small
+//! input scale can shrink to the size of ε itself, and then it shrinks every output towards
+//! zero. The denominator is only floored at the smallest normal `f32` (`1.2e-38`), which changes
+//! nothing but a row whose features all underflowed (or a query with no real key to attend
+//! to), which then returns zeros instead of NaN.
+//!
+//! **Causal form, chunked.** The causal sums are prefix sums. Materialising `S` at every
+//! position would take a `[batch, heads, n, m, d]` tensor (8.6 GB for FAVOR+ at n = 16K, m = 256,
+//! d = 64, 8 heads). Instead the sequence is cut into chunks of `c` positions (the usual
+//! chunkwise-parallel form of linear attention): within a chunk the masked `c × c` weights
+//! `φ(Q) φ(K)ᵀ` are formed directly; across chunks each query reads the state `S`, `z` summed over
+//! all earlier chunks. Memory: O(n (m + d) + n c) for the features, values and the intra-chunk
+//! weights, plus `m × d` per chunk for the states; time O(n c (m + d) + n m d).
+
+use burn::prelude::*;
+
+use crate::input::zero_padded;
+
+/// Chunk length of the causal form (see the module docs): large enough that the intra-chunk
+/// products are efficient matrix products, small enough that the `c × c` weights per chunk stay
+/// below the features in memory for the usual widths (`m`, `d` of 64 and more).
+pub const CAUSAL_CHUNK: usize = 64;
+
+/// The floor under the normaliser: the smallest normal `f32`.
+const DENOMINATOR_FLOOR: f32 = f32::MIN_POSITIVE;
+
+/// Kernelized attention from already-mapped, positive features `φ(Q)`, `φ(K)`: the form shared
+/// by every feature-map variant (see the module docs). Causal attention runs the chunked form
+/// with chunks of [`CAUSAL_CHUNK`] positions.
+///
+/// Each row of `φ(Q)` may carry any positive factor and `φ(K)` any positive factor per batch
+/// element and head: both cancel in the normalisation, which is what lets FAVOR+ stabilise its
+/// features.
+///
+/// # Shapes
+/// - `phi_q`, `phi_k`: `[batch, heads, n, m]` (m features)
+/// - `v`: `[batch, heads, n, d]`
+/// - `mask_pad`: `[batch, n]`, `true` = padding
+/// - output: `[batch, heads, n, d]`
+pub fn kernelized_attention(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+) -> Tensor<4> {
+    if causal {
+        return causal_kernelized_attention(phi_q, phi_k, v, mask_pad, CAUSAL_CHUNK);
+    }
+    let phi_k = zero_padded(phi_k, &mask_pad);
+    let s = phi_k.clone().swap_dims(2, 3).matmul(v); // [b, h, m, d]
+    let z = phi_k.sum_dim(2).swap_dims(2, 3); // [b, h, m, 1]
+    let num = phi_q.clone().matmul(s);
+    let den = phi_q.matmul(z); // [b, h, n, 1]
+    num.div(den.clamp_min(DENOMINATOR_FLOOR))
+}
+
+/// Causal kernelized attention in chunks of `chunk` positions (see the module docs); the result
+/// does not depend on `chunk` beyond float round-off.
+///
+/// # Shapes
+/// As [`kernelized_attention`].
+///
+/// # Panics
+/// If `chunk` is 0.
+pub fn causal_kernelized_attention(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    chunk: usize,
+) -> Tensor<4> {
+    assert!(chunk > 0, "the chunk length must be at least 1");
+    let [batch, heads, n, _] = phi_q.dims();
+    let d = v.dims()[3];
+    let device = phi_q.device();
+    let c = chunk.min(n);
+    let chunks = n.div_ceil(c);
+    // Zero rows at the end make the length a multiple of the chunk: a zero key adds nothing, and
+    // the rows of the padding queries are cut off below.
+    let fill = chunks * c - n;
+    let extend = |x: Tensor<4>| -> Tensor<5> {
+        let width = x.dims()[3];
+        let x = if fill == 0 {
+            x
+        } else {
+            let zeros = Tensor::zeros([batch, heads, fill, width], &device);
+            Tensor::cat(vec![x, zeros], 2)
+        };
+        x.reshape([batch, heads, chunks, c, width])
+    };
+    let q = extend(phi_q);
+    let k = extend(zero_padded(phi_k, &mask_pad));
+    let v = extend(v);
+
+    // Within each chunk: the c × c weights, key j of the chunk seen by query i when j <= i.
+    let future = crate::input::causal_mask(c, &device).reshape([1, 1, 1, c, c]);
+    let weights = q
+        .clone()
+        .matmul(k.clone().swap_dims(3, 4))
+        .mask_fill(future, 0.0); // [b, h, chunks, c, c]
+    let num = weights.clone().matmul(v.clone()); // [b, h, chunks, c, d]
+    let den = weights.sum_dim(4); // [b, h, chunks, c, 1]
+
+    // Across chunks: the states summed over every earlier chunk (an exclusive prefix sum).
+    let earlier = |x: Tensor<5>| -> Tensor<5> {
+        let [b, h, _, rows, cols] = x.dims();
+        let first = Tensor::zeros([b, h, 1, rows, cols], &device);
+        if chunks == 1 {
+            return first;
+        }
+        let sums = x.slice(s![.., .., 0..chunks - 1]).cumsum(2);
+        Tensor::cat(vec![first, sums], 2)
+    };
+    let s = earlier(k.clone().swap_dims(3, 4).matmul(v)); // [b, h, chunks, m, d]
+    let z = earlier(k.sum_dim(3).swap_dims(3, 4)); // [b, h, chunks, m, 1]
+    let num = num + q.clone().matmul(s);
+    let den = den + q.matmul(z);
+    let out = num
+        .div(den.clamp_min(DENOMINATOR_FLOOR))
+        .reshape([batch, heads, chunks * c, d]);
+    if fill == 0 {
+        out
+    } else {
+        out.slice(s![.., .., 0..n])
+    }
+}
