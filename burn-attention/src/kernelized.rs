@@ -63,6 +63,11 @@ pub fn kernelized_attention(
     let z = phi_k.sum_dim(2).swap_dims(2, 3); // [b, h, m, 1]
     let num = phi_q.clone().matmul(s);
     let den = phi_q.matmul(z); // [b, h, n, 1]
+    normalise(num, den)
+}
+
+/// `num / den` with the denominator floored at [`DENOMINATOR_FLOOR`] (see the module docs).
+fn normalise<const D: usize>(num: Tensor<D>, den: Tensor<D>) -> Tensor<D> {
     num.div(den.clamp_min(DENOMINATOR_FLOOR))
 }
 
@@ -127,9 +132,7 @@ pub fn causal_kernelized_attention(
     let z = earlier(k.sum_dim(3).swap_dims(3, 4)); // [b, h, chunks, m, 1]
     let num = num + q.clone().matmul(s);
     let den = den + q.matmul(z);
-    let out = num
-        .div(den.clamp_min(DENOMINATOR_FLOOR))
-        .reshape([batch, heads, chunks * c, d]);
+    let out = normalise(num, den).reshape([batch, heads, chunks * c, d]);
     if fill == 0 {
         out
     } else {

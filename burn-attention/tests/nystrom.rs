@@ -203,32 +203,3 @@ fn nystrom_with_every_position_a_landmark_is_softmax() {
         }
     }
 }
-
-/// A sequence of one position returns its own `v` (every landmark is that position, the
-/// landmark kernel is `11ᵀ/m`, which the iteration maps to itself, its pseudo-inverse), at query
-/// and key norms of √d and 3√d, with and without padding after it. Nyströmformer is left out of
-/// the shared weights-sum-to-one checks (its module docs say why); this one holds exactly.
-#[test]
-fn length_one_returns_v() {
-    let device = device();
-    let d = 8;
-    for (m, norm, padding) in [(4, 1.0, 0), (64, 3.0, 0), (4, 3.0, 5)] {
-        let n = 1 + padding;
-        let [q, k, v] = qkv(2, 2, n, d, &device);
-        let mask = (padding > 0).then(|| padding_mask_from_lengths(&[1, 1], n, &device));
-        let out = nystrom_attention(
-            q.mul_scalar(norm),
-            k.mul_scalar(norm),
-            v.clone(),
-            mask,
-            m,
-            6,
-        );
-        out.slice(s![.., .., 0..1])
-            .into_data()
-            .assert_approx_eq::<f32>(
-                &v.slice(s![.., .., 0..1]).into_data(),
-                burn::tensor::Tolerance::absolute(1e-5).set_relative(1e-5),
-            );
-    }
-}
