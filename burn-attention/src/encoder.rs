@@ -1,7 +1,11 @@
-//! The pre-LN Transformer encoder that any registered attention plugs into.
+//! The pre-LN Transformer encoder that any attention plugs into: a registered one (through
+//! [`EncoderConfig`]) or any module implementing [`AttentionModule`] (through
+//! [`EncoderBlock::new`] and [`Encoder::new`]).
 //!
 //! Block: `x + Dropout(Attn(LN(x)))`, then `x + FF(LN(x))` with `FF = Dense(d_ff) GELU Dropout
 //! Dense(d_model) Dropout` (the LRA reference block). The encoder ends with a final LayerNorm.
+//! With causal masking the encoder is a decoder-only stack, and [`Encoder::decode`] runs it one
+//! token at a time.
 
 use burn::module::Param;
 use burn::nn::{
@@ -9,9 +13,9 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use crate::error::AttentionError;
-use crate::input::AttentionInput;
-use crate::linformer::LinformerSharing;
+use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::error::AttentionError;
+use crate::core::input::AttentionInput;
 use crate::registry::{Attention, AttentionConfig};
 
 /// Configuration of one [`EncoderBlock`].
@@ -54,39 +58,42 @@ impl EncoderBlockConfig {
     ///
     /// # Panics
     /// If [`validate`](Self::validate) fails.
-    pub fn init(&self, device: &Device) -> EncoderBlock {
+    pub fn init(&self, device: &Device) -> EncoderBlock<Attention> {
         if let Err(err) = self.validate() {
             panic!("{err}");
         }
-        let d_model = self.attention.d_model();
-        let dense = |i, o| {
-            LinearConfig::new(i, o)
-                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
-                .init(device)
+        let settings = BlockSettings {
+            d_model: self.attention.d_model(),
+            d_ff: self.d_ff,
+            dropout: self.dropout,
+            norm_eps: self.norm_eps,
         };
-        EncoderBlock {
-            norm_attn: LayerNormConfig::new(d_model)
-                .with_epsilon(self.norm_eps)
-                .init(device),
-            attention: self.attention.init(device),
-            norm_ff: LayerNormConfig::new(d_model)
-                .with_epsilon(self.norm_eps)
-                .init(device),
-            ff_in: dense(d_model, self.d_ff),
-            ff_out: dense(self.d_ff, d_model),
-            activation: Gelu::new(),
-            dropout: DropoutConfig::new(self.dropout).init(),
-        }
+        EncoderBlock::new(self.attention.init(device), settings, device)
     }
 }
 
-/// A pre-LN encoder block around any [`Attention`].
+/// The shape of an [`EncoderBlock`] around an attention of the user's: everything
+/// [`EncoderBlockConfig`] sets except the attention.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockSettings {
+    /// Model width (the attention's input and output width).
+    pub d_model: usize,
+    /// Width of the feed-forward hidden layer.
+    pub d_ff: usize,
+    /// Dropout after the attention and in the feed-forward.
+    pub dropout: f64,
+    /// LayerNorm epsilon.
+    pub norm_eps: f64,
+}
+
+/// A pre-LN encoder block around any attention module (the registry's [`Attention`] unless
+/// said otherwise).
 #[derive(Module, Debug)]
-pub struct EncoderBlock {
+pub struct EncoderBlock<A: Module + AttentionModule = Attention> {
     /// LayerNorm before the attention.
     pub norm_attn: LayerNorm,
     /// The attention.
-    pub attention: Attention,
+    pub attention: A,
     /// LayerNorm before the feed-forward.
     pub norm_ff: LayerNorm,
     /// Feed-forward input layer.
@@ -99,7 +106,36 @@ pub struct EncoderBlock {
     pub dropout: Dropout,
 }
 
-impl EncoderBlock {
+impl<A: Module + AttentionModule> EncoderBlock<A> {
+    /// A block around `attention`, any module implementing [`AttentionModule`].
+    pub fn new(attention: A, settings: BlockSettings, device: &Device) -> Self {
+        let BlockSettings {
+            d_model,
+            d_ff,
+            dropout,
+            norm_eps,
+        } = settings;
+        let dense = |i, o| {
+            LinearConfig::new(i, o)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device)
+        };
+        let norm = || {
+            LayerNormConfig::new(d_model)
+                .with_epsilon(norm_eps)
+                .init(device)
+        };
+        Self {
+            norm_attn: norm(),
+            attention,
+            norm_ff: norm(),
+            ff_in: dense(d_model, d_ff),
+            ff_out: dense(d_ff, d_model),
+            activation: Gelu::new(),
+            dropout: DropoutConfig::new(dropout).init(),
+        }
+    }
+
     /// Applies the block; the input's masks reach the attention.
     ///
     /// # Shapes
@@ -111,17 +147,32 @@ impl EncoderBlock {
 
     /// Applies the block, or says why its attention cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let x = input.x.clone();
-        let normed = AttentionInput {
-            x: self.norm_attn.forward(input.x),
-            ..input
-        };
-        let x = x.clone() + self.dropout.forward(self.attention.try_forward(normed)?);
+        let x = input.query().clone();
+        let normed = self.norm_attn.forward(x.clone());
+        let attended = self.attention.try_forward(input.with_query(normed))?;
+        Ok(self.feed_forward(x + self.dropout.forward(attended)))
+    }
+
+    /// One token through the block, its attention decoding from `state` (see
+    /// [`AttentionModule::decode`]): `x: [batch, 1, d_model]`.
+    pub fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (attended, state) = self
+            .attention
+            .decode(self.norm_attn.forward(x.clone()), state)?;
+        Ok((self.feed_forward(x + self.dropout.forward(attended)), state))
+    }
+
+    /// The block's second half: `x + FF(LN(x))`.
+    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         let h = self
             .activation
             .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
         let h = self.ff_out.forward(self.dropout.forward(h));
-        Ok(x + self.dropout.forward(h))
+        x + self.dropout.forward(h)
     }
 }
 
@@ -151,43 +202,52 @@ impl EncoderConfig {
     ///
     /// # Panics
     /// If [`validate`](Self::validate) fails.
-    pub fn init(&self, device: &Device) -> Encoder {
+    pub fn init(&self, device: &Device) -> Encoder<Attention> {
         if let Err(err) = self.validate() {
             panic!("{err}");
         }
-        let shared_projection = match &self.block.attention {
-            AttentionConfig::Linformer(c) | AttentionConfig::LinformerLinear(c)
-                if c.sharing == LinformerSharing::Layerwise =>
-            {
-                Some(c.init_shared_projection(device))
-            }
-            _ => None,
-        };
-        let d_model = self.block.attention.d_model();
-        Encoder {
-            blocks: (0..self.n_layers)
-                .map(|_| self.block.init(device))
-                .collect(),
-            shared_projection,
-            norm: LayerNormConfig::new(d_model)
-                .with_epsilon(self.block.norm_eps)
-                .init(device),
-        }
+        let blocks = (0..self.n_layers)
+            .map(|_| self.block.init(device))
+            .collect();
+        let mut encoder = Encoder::new(blocks, self.block.norm_eps, device);
+        encoder.shared_projection = self.block.attention.init_shared_projection(device);
+        encoder
     }
 }
 
 /// A stack of [`EncoderBlock`]s with a final LayerNorm; holds any projection its layers share.
 #[derive(Module, Debug)]
-pub struct Encoder {
+pub struct Encoder<A: Module + AttentionModule = Attention> {
     /// The blocks.
-    pub blocks: Vec<EncoderBlock>,
+    pub blocks: Vec<EncoderBlock<A>>,
     /// The projection shared by every layer (Linformer `layerwise`), if any.
     pub shared_projection: Option<Param<Tensor<3>>>,
     /// Final LayerNorm.
     pub norm: LayerNorm,
 }
 
-impl Encoder {
+impl<A: Module + AttentionModule> Encoder<A> {
+    /// An encoder of `blocks` (at least one, e.g. from [`EncoderBlock::new`] around the user's
+    /// attention) and a final LayerNorm of the blocks' width with epsilon `norm_eps`.
+    ///
+    /// # Panics
+    /// If `blocks` is empty.
+    pub fn new(blocks: Vec<EncoderBlock<A>>, norm_eps: f64, device: &Device) -> Self {
+        let d_model = blocks
+            .first()
+            .expect("an encoder needs at least one block")
+            .norm_attn
+            .gamma
+            .dims()[0];
+        Self {
+            blocks,
+            shared_projection: None,
+            norm: LayerNormConfig::new(d_model)
+                .with_epsilon(norm_eps)
+                .init(device),
+        }
+    }
+
     /// Redraws the random features of every block's attention (see [`Attention::redraw`]).
     pub fn redraw(mut self) -> Self {
         self.blocks = self
@@ -222,12 +282,32 @@ impl Encoder {
     /// Applies the encoder, or says why its attention cannot take this input.
     pub fn try_forward(&self, mut input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         if let Some(shared) = &self.shared_projection {
-            input.shared_projection = Some(shared.val());
+            input = input.shared_projection(shared.val());
         }
-        let mut x = input.x.clone();
+        let mut x = input.query().clone();
         for block in &self.blocks {
-            x = block.try_forward(AttentionInput { x, ..input.clone() })?;
+            x = block.try_forward(input.clone().with_query(x))?;
         }
         Ok(self.norm.forward(x))
+    }
+
+    /// One token through every block, each block's attention decoding from its own state:
+    /// `x: [batch, 1, d_model]` is the token after those `states` have seen (start from
+    /// `vec![DecodingState::default(); n_layers]`, or an empty `Vec`). Returns the token's
+    /// output, equal to the causal forward pass's at its position, and the new states.
+    pub fn decode(
+        &self,
+        x: Tensor<3>,
+        mut states: Vec<DecodingState>,
+    ) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
+        states.resize(self.blocks.len(), DecodingState::Empty);
+        let mut x = x;
+        let mut next = Vec::with_capacity(self.blocks.len());
+        for (block, state) in self.blocks.iter().zip(states) {
+            let (y, state) = block.decode(x, state)?;
+            x = y;
+            next.push(state);
+        }
+        Ok((self.norm.forward(x), next))
     }
 }

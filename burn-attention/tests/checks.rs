@@ -13,20 +13,24 @@
 //!     back unchanged, at query and key norms of √d and 3√d, with padding, causal where supported;
 //! 11. likewise, a sequence of one position returns its own `v`.
 //!
-//! The shared checks iterate over `burn_attention::VARIANTS`: a new variant gets them by being
-//! registered (and given small test parameters in `config_for`).
+//! The shared checks iterate over `burn_attention_zoo::VARIANTS`: a new variant gets them by being
+//! registered (and given small test parameters in `config_for`). Checks 1-3, 10 and 11 also run
+//! on an attention defined here, outside the crate (`user::UserAttention`), which also runs
+//! inside the crate's `Encoder`.
 
 mod reference;
+mod user;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
-use burn_attention::{
-    Attention, AttentionConfig, AttentionError, AttentionInput, EncoderBlockConfig, EncoderConfig,
+use burn_attention_zoo::{
+    Attention, AttentionConfig, AttentionError, AttentionInput, AttentionModule, BlockSettings,
+    Capabilities, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig, HeadMasks,
     LinformerConfig, LinformerSharing, VARIANTS, efficient_attention, linear_attention,
     linformer_attention, linformer_linear_attention, padding_mask_from_lengths, softmax_attention,
 };
-use burn_attention::{
+use burn_attention_zoo::{
     FeedForwardKernel, FeedForwardKernelConfig, NystromConfig, PerformerConfig,
     causal_kernelized_attention, favor_attention, nystrom_attention, orthogonal_features,
 };
@@ -50,7 +54,6 @@ fn config_for(name: &str) -> AttentionConfig {
         .with_dropout(0.0);
     match config {
         AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
-        AttentionConfig::LinformerLinear(c) => AttentionConfig::LinformerLinear(c.with_k(5)),
         AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
         AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
         other => other,
@@ -92,7 +95,7 @@ fn tol() -> Tolerance<f32> {
 
 fn label(config: &AttentionConfig) -> String {
     match config {
-        AttentionConfig::Linformer(c) => format!("linformer/{}", c.sharing.as_str()),
+        AttentionConfig::Linformer(c) => format!("{}/{}", config.name(), c.sharing.as_str()),
         AttentionConfig::Nystrom(c) => {
             format!("nystrom/m{}/conv{:?}", c.n_landmarks, c.conv_kernel)
         }
@@ -101,24 +104,58 @@ fn label(config: &AttentionConfig) -> String {
     }
 }
 
+/// Every module the shared checks run: each configuration of [`all_configs`], and the attention
+/// written outside the crate ([`user::UserAttention`]).
+fn for_each_module(device: &Device, mut check: impl FnMut(&dyn Checked)) {
+    for config in all_configs() {
+        check(&(label(&config), config.init(device)));
+    }
+    check(&(
+        "user".to_string(),
+        user::UserAttention::new(D_MODEL, device),
+    ));
+}
+
+/// A labelled module the shared checks can run: the trait is not object-safe (Burn modules are
+/// `Clone`), so each check goes through this narrow, object-safe view.
+trait Checked {
+    fn label(&self) -> &str;
+    fn capabilities(&self) -> Capabilities;
+    fn forward(&self, input: AttentionInput) -> Tensor<3>;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> Tensor<4>;
+}
+
+impl<A: AttentionModule> Checked for (String, A) {
+    fn label(&self) -> &str {
+        &self.0
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.1.capabilities()
+    }
+    fn forward(&self, input: AttentionInput) -> Tensor<3> {
+        self.1.forward(input)
+    }
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> Tensor<4> {
+        self.1.attend(q, k, v, masks).unwrap()
+    }
+}
+
 #[test]
 fn check_1_shapes() {
     let device = device();
-    for config in all_configs() {
-        let attention = config.init(&device);
+    for_each_module(&device, |attention| {
         for n in [1, 7, N_MAX] {
             let y = attention.forward(AttentionInput::new(random([3, n, D_MODEL], &device)));
-            assert_eq!(y.dims(), [3, n, D_MODEL], "{}", label(&config));
+            assert_eq!(y.dims(), [3, n, D_MODEL], "{}", attention.label());
         }
-    }
+    });
 }
 
 #[test]
 fn check_2_padding_invariance() {
     let device = device();
     device.seed(2);
-    for config in all_configs() {
-        let attention = config.init(&device);
+    for_each_module(&device, |attention| {
         let x = random([2, 6, D_MODEL], &device);
         let plain = attention.forward(AttentionInput::new(x.clone()));
         // The same sequences followed by 4 padded positions holding arbitrary values.
@@ -132,14 +169,13 @@ fn check_2_padding_invariance() {
             .slice([0..2, 0..6])
             .into_data()
             .assert_approx_eq::<f32>(&plain.into_data(), tol());
-    }
+    });
 }
 
 #[test]
 fn check_3_batch_invariance() {
     let device = device();
-    for config in all_configs() {
-        let attention = config.init(&device);
+    for_each_module(&device, |attention| {
         let x = random([2, 9, D_MODEL], &device);
         let mask = padding_mask_from_lengths(&[9, 5], 9, &device);
         let both = attention.forward(AttentionInput::new(x.clone()).mask_pad(mask.clone()));
@@ -153,16 +189,7 @@ fn check_3_batch_invariance() {
                 .into_data()
                 .assert_approx_eq::<f32>(&one.into_data(), tol());
         }
-    }
-}
-
-/// The configurations whose outputs are weighted averages of the values (the registry's
-/// `weights_sum_to_one`).
-fn averaging_configs() -> Vec<AttentionConfig> {
-    all_configs()
-        .into_iter()
-        .filter(|c| c.info().capabilities.weights_sum_to_one)
-        .collect()
+    });
 }
 
 /// Per-head queries and keys with entries ~ N(0, norm²), so that their norms are about
@@ -172,7 +199,7 @@ fn scaled_qk(b: usize, n: usize, norm: f32, device: &Device) -> [Tensor<4>; 2] {
     [q.mul_scalar(norm), k.mul_scalar(norm)]
 }
 
-/// Check 10, for every variant whose weights sum to one (the registry says which): with `v` the
+/// Check 10, for every module whose weights sum to one (its capabilities say which): with `v` the
 /// same vector at every real position, every output row at a real position is that vector,
 /// whatever the queries and keys; with padding (arbitrary values at padded positions), causal
 /// where supported, at query and key norms of √d and 3√d. Nothing in it depends on how a
@@ -186,12 +213,14 @@ fn check_10_constant_values_come_back() {
     let lengths = [40, 23];
     let d = D_MODEL / N_HEADS;
     let mask = padding_mask_from_lengths(&lengths, n, &device);
-    for config in averaging_configs() {
-        let supports_causal = config.info().capabilities.causal;
-        let attention = config.init(&device);
+    for_each_module(&device, |attention| {
+        let capabilities = attention.capabilities();
+        if !capabilities.weights_sum_to_one {
+            return;
+        }
         for norm in [1.0, 3.0] {
             for causal in [false, true] {
-                if causal && !supports_causal {
+                if causal && !capabilities.causal {
                     continue;
                 }
                 let [q, k] = scaled_qk(b, n, norm, &device);
@@ -208,9 +237,7 @@ fn check_10_constant_values_come_back() {
                 );
                 let real = mask.clone().bool_not().reshape([b, 1, n, 1]);
                 let v = junk.mask_where(real, c.clone().expand([b, N_HEADS, n, d]));
-                let out = attention
-                    .attend(q, k, v, Some(mask.clone()), causal)
-                    .unwrap();
+                let out = attention.attend(q, k, v, HeadMasks::new(Some(mask.clone()), causal));
                 let (out, c) = (to_heads(&out), to_heads(&c));
                 for bi in 0..b {
                     for hi in 0..N_HEADS {
@@ -220,16 +247,16 @@ fn check_10_constant_values_come_back() {
                             err < 1e-4,
                             "{} norm {norm}√d causal {causal} batch {bi} head {hi}: \
                              relative error {err}",
-                            label(&config)
+                            attention.label()
                         );
                     }
                 }
             }
         }
-    }
+    });
 }
 
-/// Check 11, for every variant whose weights sum to one: a sequence of one position returns its
+/// Check 11, for every module whose weights sum to one: a sequence of one position returns its
 /// own `v`, at query and key norms of √d and 3√d, causal where supported, alone and followed by
 /// padding. 1e-5 relative.
 #[test]
@@ -237,12 +264,14 @@ fn check_11_length_one_returns_v() {
     let device = device();
     device.seed(11);
     let d = D_MODEL / N_HEADS;
-    for config in averaging_configs() {
-        let supports_causal = config.info().capabilities.causal;
-        let attention = config.init(&device);
+    for_each_module(&device, |attention| {
+        let capabilities = attention.capabilities();
+        if !capabilities.weights_sum_to_one {
+            return;
+        }
         for norm in [1.0, 3.0] {
             for (causal, padding) in [(false, 0), (true, 0), (false, 3), (true, 3)] {
-                if causal && !supports_causal {
+                if causal && !capabilities.causal {
                     continue;
                 }
                 let n = 1 + padding;
@@ -253,7 +282,7 @@ fn check_11_length_one_returns_v() {
                     &device,
                 );
                 let mask = (padding > 0).then(|| padding_mask_from_lengths(&[1, 1], n, &device));
-                let out = attention.attend(q, k, v.clone(), mask, causal).unwrap();
+                let out = attention.attend(q, k, v.clone(), HeadMasks::new(mask, causal));
                 let (out, v) = (to_heads(&out), to_heads(&v));
                 for bi in 0..2 {
                     for hi in 0..N_HEADS {
@@ -261,13 +290,13 @@ fn check_11_length_one_returns_v() {
                         assert!(
                             err < 1e-5,
                             "{} norm {norm}√d causal {causal} padding {padding}: relative error {err}",
-                            label(&config)
+                            attention.label()
                         );
                     }
                 }
             }
         }
-    }
+    });
 }
 
 fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3] {
@@ -531,7 +560,7 @@ fn check_5_causal() {
             Err(err) => {
                 assert!(!supported, "{}: {err}", label(&config));
                 assert!(err.to_string().contains("causal"), "{err}");
-                assert!(config.check_input(5, true).is_err());
+                assert!(config.check_input(5, 5, true).is_err());
             }
         }
     }
@@ -658,7 +687,7 @@ fn check_9_bad_configurations_name_the_field() {
         "k",
     );
     let linformer = AttentionConfig::Linformer(LinformerConfig::new(16, 2, 8).with_k(4));
-    field(linformer.check_input(9, false).unwrap_err(), "n_max");
+    field(linformer.check_input(9, 9, false).unwrap_err(), "n_max");
     let err = linformer
         .init(&device)
         .try_forward(AttentionInput::new(random([1, 9, 16], &device)))
@@ -937,7 +966,7 @@ fn favor_length_one_returns_v() {
 /// estimator (the paper's formula) and of ours, for q, k, v ~ N(0, 1), n = 128, 2 heads, 8 draws
 /// of the features, d = 16 and 64, m = 16 to 1,024. Ours must be the estimator (1e-4 relative,
 /// output by output); the estimator's error must fall as m grows (1,024 features at most half
-/// the error of 16). `cargo test -p burn-attention --test checks favor_accuracy_table --
+/// the error of 16). `cargo test -p burn-attention-zoo --test checks favor_accuracy_table --
 /// --nocapture` prints the table.
 #[test]
 fn favor_accuracy_table() {
@@ -1148,4 +1177,55 @@ fn performer_redraw_is_explicit() {
         w2.try_to_vec::<f32>().unwrap(),
         w0.try_to_vec::<f32>().unwrap()
     );
+}
+
+/// The attention written outside the crate runs inside the crate's `Encoder`: two blocks around
+/// it, with padding (padded positions holding junk leave the real outputs unchanged) and with
+/// causal masking (an output does not depend on later positions), and gradients reach its own
+/// projections.
+#[test]
+fn user_attention_runs_in_encoder() {
+    let device = device();
+    let settings = BlockSettings {
+        d_model: D_MODEL,
+        d_ff: 32,
+        dropout: 0.0,
+        norm_eps: 1e-6,
+    };
+    let encoder = |device: &Device| {
+        let block =
+            || EncoderBlock::new(user::UserAttention::new(D_MODEL, device), settings, device);
+        Encoder::new(vec![block(), block()], 1e-6, device)
+    };
+    let trained = encoder(&device.clone().autodiff());
+    let encoder = encoder(&device);
+    let x = random([2, 6, D_MODEL], &device);
+    let plain = encoder.forward(AttentionInput::new(x.clone()));
+    let padded_x = Tensor::cat(
+        vec![x.clone(), random([2, 3, D_MODEL], &device).mul_scalar(50.0)],
+        1,
+    );
+    let mask = padding_mask_from_lengths(&[6, 6], 9, &device);
+    let padded = encoder.forward(AttentionInput::new(padded_x).mask_pad(mask));
+    padded
+        .slice(s![.., 0..6])
+        .into_data()
+        .assert_approx_eq::<f32>(&plain.into_data(), tol());
+
+    let causal = encoder.forward(AttentionInput::new(x.clone()).causal(true));
+    let prefix = encoder.forward(AttentionInput::new(x.clone().slice(s![.., 0..4])).causal(true));
+    causal
+        .slice(s![.., 0..4])
+        .into_data()
+        .assert_approx_eq::<f32>(&prefix.into_data(), tol());
+
+    let y = trained.forward(AttentionInput::new(x.autodiff()));
+    let grads = y.powi_scalar(2).sum().backward();
+    let mut check = GradCheck {
+        grads: &grads,
+        missing: Vec::new(),
+        path: Vec::new(),
+    };
+    trained.visit(&mut check);
+    assert!(check.missing.is_empty(), "no gradient: {:?}", check.missing);
 }

@@ -1,4 +1,4 @@
-//! The trainable feed-forward kernels (ATTENTION.md section 7): each feature map against a
+//! The trainable feed-forward kernels (the `feedforward` module docs): each feature map against a
 //! float64 evaluation of its formula from the module's own weights, the gated kernel's limiting
 //! case, and the orthogonality penalty.
 
@@ -7,11 +7,11 @@ mod reference;
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
-use burn_attention::{
+use burn_attention_zoo::{
     FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, kernelized_attention,
     padding_mask_from_lengths,
 };
-use reference::{kernelized_head, matmul, max_rel_err, to_heads, transpose};
+use reference::{kernelized_head, matmul, matrix, max_rel_err, phi_f64, to_heads, transpose};
 
 const KERNELS: [FeedForwardKernel; 5] = [
     FeedForwardKernel::Linear,
@@ -23,50 +23,6 @@ const KERNELS: [FeedForwardKernel; 5] = [
 
 fn device() -> Device {
     Device::flex()
-}
-
-fn matrix(p: &Param<Tensor<2>>) -> Vec<Vec<f64>> {
-    let t = p.val();
-    let [_, cols] = t.dims();
-    let data: Vec<f32> = t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-    data.chunks(cols)
-        .map(|r| r.iter().map(|&a| a as f64).collect())
-        .collect()
-}
-
-fn softplus(x: f64) -> f64 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `φ` in float64 from the module's weights: each unit `X W_f` (Softplus on the last), times
-/// `σ(X W_g)` or `σ(X U V)` where the unit has a gate.
-fn phi_f64(module: &FeedForwardKernelAttention, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let last = module.units.len() - 1;
-    let mut x = x.to_vec();
-    for (i, unit) in module.units.iter().enumerate() {
-        let mut value = matmul(&x, &matrix(&unit.w_f));
-        if i == last {
-            value.iter_mut().flatten().for_each(|a| *a = softplus(*a));
-        }
-        let gate = match (&unit.w_g, &unit.gate_u, &unit.gate_v) {
-            (Some(w_g), _, _) => Some(matmul(&x, &matrix(w_g))),
-            (None, Some(u), Some(v)) => Some(matmul(&matmul(&x, &matrix(u)), &matrix(v))),
-            _ => None,
-        };
-        if let Some(gate) = gate {
-            value
-                .iter_mut()
-                .flatten()
-                .zip(gate.iter().flatten())
-                .for_each(|(a, g)| *a *= sigmoid(*g));
-        }
-        x = value;
-    }
-    x
 }
 
 /// Check 4 (and 5) for every kernel at depths 1-3 where it stacks: the module's feature map and

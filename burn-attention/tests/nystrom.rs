@@ -1,15 +1,15 @@
-//! Nyströmformer (ATTENTION.md section 8): the functional form against a float64 evaluation of
+//! Nyströmformer (the `nystrom` module docs): the functional form against a float64 evaluation of
 //! the formula, its limiting case `m = n` against exact softmax attention, and the landmarks.
 
 mod reference;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_attention::{
+use burn_attention_zoo::{
     iterative_pinv, landmark_segments, nystrom_attention, padding_mask_from_lengths,
     softmax_attention,
 };
-use reference::{matmul, max_rel_err, scale, softmax_rows, to_heads, transpose};
+use reference::{max_rel_err, nystrom_f64, segment, to_heads};
 
 fn device() -> Device {
     Device::flex()
@@ -17,76 +17,6 @@ fn device() -> Device {
 
 fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3] {
     [0, 1, 2].map(|_| Tensor::random([b, h, n, d], Distribution::Normal(0.0, 1.0), device))
-}
-
-/// Segment `s` of a sequence of real length `len` with `m` landmarks (ATTENTION.md section 8 as
-/// this project defines it for lengths that are not multiples of `m`).
-fn segment(s: usize, len: usize, m: usize) -> std::ops::Range<usize> {
-    let start = s * len / m;
-    let end = ((s + 1) * len / m).max(start + 1);
-    start..end
-}
-
-fn means(x: &[Vec<f64>], len: usize, m: usize) -> Vec<Vec<f64>> {
-    (0..m)
-        .map(|s| {
-            let rows = segment(s, len, m);
-            let count = rows.len() as f64;
-            (0..x[0].len())
-                .map(|c| rows.clone().map(|j| x[j][c]).sum::<f64>() / count)
-                .collect()
-        })
-        .collect()
-}
-
-fn pinv_f64(a: &[Vec<f64>], iterations: usize) -> Vec<Vec<f64>> {
-    let m = a.len();
-    let max_col = (0..m)
-        .map(|j| (0..m).map(|i| a[i][j].abs()).sum::<f64>())
-        .fold(0.0, f64::max);
-    let max_row = a
-        .iter()
-        .map(|r| r.iter().map(|x| x.abs()).sum::<f64>())
-        .fold(0.0, f64::max);
-    let mut z = scale(&transpose(a), 1.0 / (max_col * max_row));
-    let shift = |c: f64, x: &[Vec<f64>]| -> Vec<Vec<f64>> {
-        (0..m)
-            .map(|i| {
-                (0..m)
-                    .map(|j| if i == j { c } else { 0.0 } - x[i][j])
-                    .collect()
-            })
-            .collect()
-    };
-    for _ in 0..iterations {
-        let az = matmul(a, &z);
-        let inner = shift(7.0, &az);
-        let inner = shift(15.0, &matmul(&az, &inner));
-        let inner = shift(13.0, &matmul(&az, &inner));
-        z = scale(&matmul(&z, &inner), 0.25);
-    }
-    z
-}
-
-/// The formula for one head over its first `len` (real) positions.
-fn nystrom_f64(
-    q: &[Vec<f64>],
-    k: &[Vec<f64>],
-    v: &[Vec<f64>],
-    len: usize,
-    m: usize,
-    iterations: usize,
-) -> Vec<Vec<f64>> {
-    let s = (q[0].len() as f64).powf(-0.25);
-    let (q, k, v) = (scale(&q[..len], s), scale(&k[..len], s), &v[..len]);
-    let (q_land, k_land) = (means(&q, len, m), means(&k, len, m));
-    let kernel_1 = softmax_rows(&matmul(&q, &transpose(&k_land)));
-    let kernel_2 = softmax_rows(&matmul(&q_land, &transpose(&k_land)));
-    let kernel_3 = softmax_rows(&matmul(&q_land, &transpose(&k)));
-    matmul(
-        &matmul(&kernel_1, &pinv_f64(&kernel_2, iterations)),
-        &matmul(&kernel_3, v),
-    )
 }
 
 /// Check 4: the functional form against the float64 formula, with padding (the averaging

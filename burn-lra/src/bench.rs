@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_attention::{AttentionConfig, AttentionInput};
+use burn_attention_zoo::{AttentionConfig, AttentionInput, AttentionModule};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -97,7 +97,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
         .with_params(&params)?
         .with_dropout(0.0);
-    config.check_input(args.n, args.causal)?;
+    config.check_input(args.n, args.n, args.causal)?;
     let device = args.backend.device()?.autodiff();
     device.seed(0);
     let attention = config.init(&device);
@@ -232,7 +232,7 @@ fn measure_training(
     device.seed(0);
     let (vocab, classes) = (Task::Text.vocab_size(), Task::Text.n_classes());
     let mut model = LraClassifier::new(config, &args.attention, vocab, classes, &device)?;
-    let n_params = burn_attention::num_trainable_params(&model);
+    let n_params = burn_attention_zoo::num_trainable_params(&model);
     let mut optim = adamw(&config.training.optimizer).init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let sync = |device: &Device| {

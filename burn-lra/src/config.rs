@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use burn_attention::{AttentionConfig, EncoderBlockConfig, EncoderConfig};
+use burn_attention_zoo::{AttentionConfig, EncoderBlockConfig, EncoderConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -476,7 +476,7 @@ impl RunConfig {
             config = config.with_params(params)?;
         }
         config.validate()?;
-        config.check_input(self.encoder_len(), false)?;
+        config.check_input(self.encoder_len(), self.encoder_len(), false)?;
         Ok(config)
     }
 
@@ -501,7 +501,7 @@ mod tests {
                 .find(|t| t.name() == *task)
                 .unwrap_or_else(|| panic!("unexpected task {task}"));
             let config = RunConfig::preset(task, preset).unwrap();
-            for variant in burn_attention::VARIANTS {
+            for variant in burn_attention_zoo::VARIANTS {
                 config.encoder_config(variant.name).unwrap();
             }
         }

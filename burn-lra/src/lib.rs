@@ -2,7 +2,7 @@
 //! # burn-lra
 //!
 //! One Long Range Arena harness that trains and evaluates any attention of
-//! [`burn_attention`] on any compiled-in Burn backend.
+//! [`burn_attention_zoo`] on any compiled-in Burn backend.
 //!
 //! - [`config`]: presets and user configuration files, strictly checked.
 //! - [`data`]: the tasks' readers, generators and batching.

@@ -131,7 +131,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::List { names: true } => {
-            for v in burn_attention::VARIANTS {
+            for v in burn_attention_zoo::VARIANTS {
                 println!("{}", v.name);
             }
             Ok(())
@@ -141,7 +141,7 @@ fn run(cli: Cli) -> Result<()> {
                 "{:<16} {:<14} {:<8} {:<8} {:<10} paper",
                 "name", "time", "padding", "causal", "fixed n"
             );
-            for v in burn_attention::VARIANTS {
+            for v in burn_attention_zoo::VARIANTS {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
@@ -219,7 +219,7 @@ fn run(cli: Cli) -> Result<()> {
                 |name| count_trainable(&config, name, task.vocab_size(), task.n_classes(), &device);
             // The baseline is built once, not once per variant.
             let softmax_params = count("softmax")?;
-            for v in burn_attention::VARIANTS {
+            for v in burn_attention_zoo::VARIANTS {
                 let budget = ParamBudget {
                     n_params: count(v.name).with_context(|| format!("attention `{}`", v.name))?,
                     softmax_params,
@@ -269,7 +269,7 @@ fn load_config(
 }
 
 fn train_command(args: TrainArgs) -> Result<()> {
-    burn_attention::variant(&args.attention)?;
+    burn_attention_zoo::variant(&args.attention)?;
     let (config, preset) = load_config(args.task, &args.preset, args.config.as_deref())?;
     // Fail on an attention that cannot take this configuration before loading any data.
     config

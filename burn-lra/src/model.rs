@@ -10,7 +10,7 @@ use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
 use burn::prelude::*;
-use burn_attention::{AttentionInput, Encoder, num_trainable_params};
+use burn_attention_zoo::{AttentionInput, Encoder, num_trainable_params};
 use serde::Serialize;
 
 use crate::config::{PairFeatures, Pooling, Positions, RunConfig, Task};

@@ -101,7 +101,7 @@ fn trajectory(
     allow(dead_code)
 )]
 fn matches_flex(backend: BackendKind) {
-    for attention in burn_attention::VARIANTS.iter().map(|v| v.name) {
+    for attention in burn_attention_zoo::VARIANTS.iter().map(|v| v.name) {
         let flex = Device::flex().autodiff();
         flex.seed(5);
         let model = LraClassifier::new(

@@ -1,13 +1,17 @@
-//! Float64 reference implementations of the formulas in ATTENTION.md, written with plain loops
+//! Float64 reference implementations of the variants' formulas (as their module docs write them), written with plain loops
 //! over `Vec<f64>` so that they share no code with the Burn modules they check.
 //! Each test binary uses a different subset of them.
 #![allow(dead_code)]
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn_attention_zoo::FeedForwardKernelAttention;
 
 /// A `[heads][n][d]` array of one batch element.
 pub type Heads = Vec<Vec<Vec<f64>>>;
 
 /// Reads a `[b, h, n, d]` tensor into `b` arrays of heads, in f64.
-pub fn to_heads(t: &burn::prelude::Tensor<4>) -> Vec<Heads> {
+pub fn to_heads(t: &Tensor<4>) -> Vec<Heads> {
     let [b, h, n, d] = t.dims();
     let data: Vec<f32> = t
         .clone()
@@ -178,7 +182,7 @@ pub fn favor_features(x: &[Vec<f64>], w: &[Vec<f64>]) -> Vec<Vec<f64>> {
 }
 
 /// Reads a `[rows, cols]` tensor into f64 rows.
-pub fn to_rows(t: &burn::prelude::Tensor<2>) -> Vec<Vec<f64>> {
+pub fn to_rows(t: &Tensor<2>) -> Vec<Vec<f64>> {
     let [rows, cols] = t.dims();
     let data: Vec<f32> = t
         .clone()
@@ -216,4 +220,145 @@ pub fn max_row_rel_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
             (diff / norm).sqrt()
         })
         .fold(0.0, f64::max)
+}
+
+/// Segment `s` of a sequence of real length `len` with `m` landmarks (as the `nystrom` module
+/// docs define it for lengths that are not multiples of `m`).
+pub fn segment(s: usize, len: usize, m: usize) -> std::ops::Range<usize> {
+    let start = s * len / m;
+    let end = ((s + 1) * len / m).max(start + 1);
+    start..end
+}
+
+/// The means of the `m` segments of the first `len` rows of `x`.
+pub fn means(x: &[Vec<f64>], len: usize, m: usize) -> Vec<Vec<f64>> {
+    (0..m)
+        .map(|s| {
+            let rows = segment(s, len, m);
+            let count = rows.len() as f64;
+            (0..x[0].len())
+                .map(|c| rows.clone().map(|j| x[j][c]).sum::<f64>() / count)
+                .collect()
+        })
+        .collect()
+}
+
+/// The iterative pseudo-inverse of the Nyströmformer paper, `iterations` steps.
+pub fn pinv_f64(a: &[Vec<f64>], iterations: usize) -> Vec<Vec<f64>> {
+    let m = a.len();
+    let max_col = (0..m)
+        .map(|j| (0..m).map(|i| a[i][j].abs()).sum::<f64>())
+        .fold(0.0, f64::max);
+    let max_row = a
+        .iter()
+        .map(|r| r.iter().map(|x| x.abs()).sum::<f64>())
+        .fold(0.0, f64::max);
+    let mut z = scale(&transpose(a), 1.0 / (max_col * max_row));
+    let shift = |c: f64, x: &[Vec<f64>]| -> Vec<Vec<f64>> {
+        (0..m)
+            .map(|i| {
+                (0..m)
+                    .map(|j| if i == j { c } else { 0.0 } - x[i][j])
+                    .collect()
+            })
+            .collect()
+    };
+    for _ in 0..iterations {
+        let az = matmul(a, &z);
+        let inner = shift(7.0, &az);
+        let inner = shift(15.0, &matmul(&az, &inner));
+        let inner = shift(13.0, &matmul(&az, &inner));
+        z = scale(&matmul(&z, &inner), 0.25);
+    }
+    z
+}
+
+/// Nyströmformer's formula for one head over its first `len` (real) positions.
+pub fn nystrom_f64(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    len: usize,
+    m: usize,
+    iterations: usize,
+) -> Vec<Vec<f64>> {
+    let s = (q[0].len() as f64).powf(-0.25);
+    let (q, k, v) = (scale(&q[..len], s), scale(&k[..len], s), &v[..len]);
+    let (q_land, k_land) = (means(&q, len, m), means(&k, len, m));
+    let kernel_1 = softmax_rows(&matmul(&q, &transpose(&k_land)));
+    let kernel_2 = softmax_rows(&matmul(&q_land, &transpose(&k_land)));
+    let kernel_3 = softmax_rows(&matmul(&q_land, &transpose(&k)));
+    matmul(
+        &matmul(&kernel_1, &pinv_f64(&kernel_2, iterations)),
+        &matmul(&kernel_3, v),
+    )
+}
+
+/// Nyströmformer's formula for one head of cross-attention: the first `q_len` queries over the
+/// first `k_len` keys and values, query landmarks from the queries, key landmarks from the keys.
+pub fn nystrom_cross_f64(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    (q_len, k_len): (usize, usize),
+    m: usize,
+    iterations: usize,
+) -> Vec<Vec<f64>> {
+    let s = (q[0].len() as f64).powf(-0.25);
+    let (q, k, v) = (scale(&q[..q_len], s), scale(&k[..k_len], s), &v[..k_len]);
+    let (q_land, k_land) = (means(&q, q_len, m), means(&k, k_len, m));
+    let kernel_1 = softmax_rows(&matmul(&q, &transpose(&k_land)));
+    let kernel_2 = softmax_rows(&matmul(&q_land, &transpose(&k_land)));
+    let kernel_3 = softmax_rows(&matmul(&q_land, &transpose(&k)));
+    matmul(
+        &matmul(&kernel_1, &pinv_f64(&kernel_2, iterations)),
+        &matmul(&kernel_3, v),
+    )
+}
+
+/// A parameter matrix in f64 rows.
+pub fn matrix(p: &Param<Tensor<2>>) -> Vec<Vec<f64>> {
+    let t = p.val();
+    let [_, cols] = t.dims();
+    let data: Vec<f32> = t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    data.chunks(cols)
+        .map(|r| r.iter().map(|&a| a as f64).collect())
+        .collect()
+}
+
+/// `ln(1 + eˣ)`.
+pub fn softplus(x: f64) -> f64 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// `1 / (1 + e⁻ˣ)`.
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `φ` in float64 from the module's weights: each unit `X W_f` (Softplus on the last), times
+/// `σ(X W_g)` or `σ(X U V)` where the unit has a gate.
+pub fn phi_f64(module: &FeedForwardKernelAttention, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let last = module.units.len() - 1;
+    let mut x = x.to_vec();
+    for (i, unit) in module.units.iter().enumerate() {
+        let mut value = matmul(&x, &matrix(&unit.w_f));
+        if i == last {
+            value.iter_mut().flatten().for_each(|a| *a = softplus(*a));
+        }
+        let gate = match (&unit.w_g, &unit.gate_u, &unit.gate_v) {
+            (Some(w_g), _, _) => Some(matmul(&x, &matrix(w_g))),
+            (None, Some(u), Some(v)) => Some(matmul(&matmul(&x, &matrix(u)), &matrix(v))),
+            _ => None,
+        };
+        if let Some(gate) = gate {
+            value
+                .iter_mut()
+                .flatten()
+                .zip(gate.iter().flatten())
+                .for_each(|(a, g)| *a *= sigmoid(*g));
+        }
+        x = value;
+    }
+    x
 }

@@ -10,9 +10,10 @@
 //!   into the projected keys (the LRA JAX code ignores masks).
 //! - Causal: undefined (`E` mixes future positions into every projected key), so asking for it is
 //!   an error rather than silent leakage.
+//! - Cross-attention: the projections act on the key side (`n_k <= n_max`); any number of queries.
 //! - Init: `E`, `F` trainable, i.i.d. `N(0, 1/k)` (the JL construction of the paper's Theorem 2).
 //!
-//! The same module, initialised with [`LinformerConfig::init_linear`], is Linformer with
+//! The same module, with `scoring` = [`LinformerScoring::Linear`], is Linformer with
 //! linear-complexity attention (Verma, "Revisiting Linformer with a modified self-attention with
 //! linear complexity"): `H = ρ_q(Q/√d)` (softmax over features), `L = ρ_k((E K)ᵀ/√d)` (softmax over
 //! the `k` projected positions), `X = F V`, evaluated as `O = H (L X)`: O(n d² + d² k) time, so
@@ -27,15 +28,45 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{AttentionError, check_heads};
-use crate::heads::QkvoProjection;
-use crate::input::{AttentionInput, zero_padded};
+use crate::core::contract::AttentionModule;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
 
-const NAME: &str = "linformer";
-const NAME_LINEAR: &str = "linformer-linear";
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: false,
+    cross_attention: true,
+    fixed_max_len: true,
+    // F mixes the values with weights of any sign and sum.
+    weights_sum_to_one: false,
+};
+
+/// The registry entry of Linformer.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "linformer",
+    paper: "Wang et al. 2020, arXiv 2006.04768",
+    time: "O(n k d)",
+    memory: "O(n k)",
+    capabilities: CAPABILITIES,
+};
+
+/// The registry entry of Linformer with linear-complexity attention.
+pub const INFO_LINEAR: VariantInfo = VariantInfo {
+    name: "linformer-linear",
+    paper: "Verma, \"Revisiting Linformer with a modified self-attention with linear complexity\"",
+    time: "O(n d² + d² k)",
+    memory: "O(n d + d k)",
+    capabilities: CAPABILITIES,
+};
 
 /// How the queries meet the projected keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LinformerScoring {
     /// `softmax(Q K'ᵀ / √d) V'` (Linformer).
     Softmax,
@@ -44,11 +75,11 @@ pub enum LinformerScoring {
 }
 
 impl LinformerScoring {
-    /// The registry name of the variant this scoring makes.
-    pub fn variant_name(self) -> &'static str {
+    /// The registry entry of the variant this scoring makes.
+    pub fn info(self) -> &'static VariantInfo {
         match self {
-            Self::Softmax => NAME,
-            Self::Linear => NAME_LINEAR,
+            Self::Softmax => &INFO,
+            Self::Linear => &INFO_LINEAR,
         }
     }
 }
@@ -96,6 +127,9 @@ pub struct LinformerConfig {
     /// What the projections share.
     #[config(default = "LinformerSharing::Headwise")]
     pub sharing: LinformerSharing,
+    /// Softmax scoring (`linformer`) or linear-complexity scoring (`linformer-linear`).
+    #[config(default = "LinformerScoring::Softmax")]
+    pub scoring: LinformerScoring,
     /// Dropout on the attention weights.
     #[config(default = 0.1)]
     pub dropout: f64,
@@ -107,12 +141,13 @@ pub struct LinformerConfig {
 impl LinformerConfig {
     /// Checks the configuration; the error names the offending field.
     pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(NAME, self.d_model, self.n_heads, self.dropout)?;
+        let name = self.scoring.info().name;
+        check_heads(name, self.d_model, self.n_heads, self.dropout)?;
         if self.k == 0 {
-            return Err(AttentionError::field(NAME, "k", "must be at least 1"));
+            return Err(AttentionError::field(name, "k", "must be at least 1"));
         }
         if self.n_max == 0 {
-            return Err(AttentionError::field(NAME, "n_max", "must be at least 1"));
+            return Err(AttentionError::field(name, "n_max", "must be at least 1"));
         }
         Ok(())
     }
@@ -123,18 +158,6 @@ impl LinformerConfig {
     /// # Panics
     /// If [`validate`](Self::validate) fails; its message is the panic message.
     pub fn init(&self, device: &Device) -> LinformerAttention {
-        self.init_with(LinformerScoring::Softmax, device)
-    }
-
-    /// Creates Linformer with linear-complexity attention (see the module docs).
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init_linear(&self, device: &Device) -> LinformerAttention {
-        self.init_with(LinformerScoring::Linear, device)
-    }
-
-    fn init_with(&self, scoring: LinformerScoring, device: &Device) -> LinformerAttention {
         if let Err(err) = self.validate() {
             panic!("{err}");
         }
@@ -158,7 +181,7 @@ impl LinformerConfig {
             k: self.k,
             n_max: self.n_max,
             sharing: self.sharing,
-            scoring,
+            scoring: self.scoring,
         }
     }
 
@@ -174,6 +197,38 @@ impl LinformerConfig {
             Distribution::Normal(0.0, std),
             device,
         ))
+    }
+}
+
+impl VariantConfig for LinformerConfig {
+    type Module = LinformerAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_LINEAR];
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let scoring = if name == INFO_LINEAR.name {
+            LinformerScoring::Linear
+        } else {
+            LinformerScoring::Softmax
+        };
+        Self::new(model.d_model, model.n_heads, model.n_max).with_scoring(scoring)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.scoring.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(self.scoring.info(), self.n_max, n_q, n_k, causal)
+    }
+    fn build(&self, device: &Device) -> LinformerAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
     }
 }
 
@@ -201,76 +256,32 @@ pub struct LinformerAttention {
 }
 
 impl LinformerAttention {
-    /// Applies attention.
+    /// The attention on per-head tensors with the projection shared by every layer
+    /// (`layerwise` sharing, `[1, k, n_max]`), or why it cannot be applied: causal masking,
+    /// more keys than `n_max`, or `layerwise` sharing without the shared projection.
     ///
     /// # Shapes
-    /// - input `x`: `[batch, n, d_model]` with `n <= n_max`
-    /// - output: `[batch, n, d_model]`
-    ///
-    /// # Panics
-    /// Where [`try_forward`](Self::try_forward) returns an error; the message is the error's.
-    pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        self.try_forward(input)
-            .unwrap_or_else(|err| panic!("{err}"))
-    }
-
-    /// Applies attention, or says why it cannot: causal masking, a sequence longer than
-    /// `n_max`, or `layerwise` sharing without the shared projection.
-    pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let (q, k, v) = self.proj.qkv(input.x);
-        let o = self.attend_shared(
-            q,
-            k,
-            v,
-            input.mask_pad,
-            input.causal,
-            input.shared_projection,
-        )?;
-        Ok(self.proj.out(o))
-    }
-
-    /// The attention on per-head tensors, without the input and output projections, or why it
-    /// cannot be applied (see [`try_forward`](Self::try_forward)); `layerwise` sharing needs
-    /// [`attend_shared`](Self::attend_shared).
-    ///
-    /// # Shapes
-    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
-    /// - `mask_pad`: `[batch, n]`, `true` = padding
-    /// - output: `[batch, heads, n, d_head]`
-    pub fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        mask_pad: Option<Tensor<2, Bool>>,
-        causal: bool,
-    ) -> Result<Tensor<4>, AttentionError> {
-        self.attend_shared(q, k, v, mask_pad, causal, None)
-    }
-
-    /// [`attend`](Self::attend) with the projection shared by every layer (`layerwise`
-    /// sharing, `[1, k, n_max]`).
+    /// - `q`: `[batch, heads, n_q, d_head]`; `k`, `v`: `[batch, heads, n_k, d_head]`
+    /// - output: `[batch, heads, n_q, d_head]`
     pub fn attend_shared(
         &self,
         q: Tensor<4>,
         k: Tensor<4>,
         v: Tensor<4>,
-        mask_pad: Option<Tensor<2, Bool>>,
-        causal: bool,
+        masks: HeadMasks,
         shared_projection: Option<Tensor<3>>,
     ) -> Result<Tensor<4>, AttentionError> {
-        let variant = self.scoring.variant_name();
-        check_input(variant, self.n_max, k.dims()[2], causal)?;
+        let info = self.scoring.info();
+        check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
         let e = match (&self.e, shared_projection) {
             (Some(e), _) => e.val(),
             (None, Some(shared)) => shared,
             (None, None) => {
-                return Err(AttentionError::Unsupported {
-                    variant,
-                    message: "layerwise sharing without the shared projection \
-                              (use Encoder, or AttentionInput::shared_projection)"
-                        .into(),
-                });
+                return Err(AttentionError::unsupported(
+                    info.name,
+                    "layerwise sharing without the shared projection \
+                     (use Encoder, or AttentionInput::shared_projection)",
+                ));
             }
         };
         let f = self
@@ -278,34 +289,65 @@ impl LinformerAttention {
             .as_ref()
             .map(|f| f.val())
             .unwrap_or_else(|| e.clone());
+        let key_pad = masks.key_pad;
         Ok(match self.scoring {
-            LinformerScoring::Softmax => attend(q, k, v, e, f, mask_pad, Some(&self.dropout)),
-            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, mask_pad),
+            LinformerScoring::Softmax => attend(q, k, v, e, f, key_pad, Some(&self.dropout)),
+            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, key_pad),
         })
     }
 }
 
-/// Rejects what Linformer cannot do: causal masking, sequences longer than `n_max`.
-pub(crate) fn check_input(
-    variant: &'static str,
+impl AttentionModule for LinformerAttention {
+    fn name(&self) -> &'static str {
+        self.scoring.info().name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let shared = input.shared().cloned();
+        self.proj.apply(input, |q, k, v, masks| {
+            self.attend_shared(q, k, v, masks, shared)
+        })
+    }
+
+    /// `layerwise` sharing needs the encoder's shared projection: use
+    /// [`attend_shared`](LinformerAttention::attend_shared).
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        self.attend_shared(q, k, v, masks, None)
+    }
+}
+
+/// Rejects what Linformer cannot do: causal masking, more keys than `n_max`.
+fn check_input(
+    info: &'static VariantInfo,
     n_max: usize,
-    n: usize,
+    n_q: usize,
+    n_k: usize,
     causal: bool,
 ) -> Result<(), AttentionError> {
     if causal {
-        return Err(AttentionError::Unsupported {
-            variant,
-            message: "causal masking: its projections mix future positions into every key".into(),
-        });
-    }
-    if n > n_max {
-        return Err(AttentionError::field(
-            variant,
-            "n_max",
-            format!("is {n_max}, shorter than the input sequence ({n})"),
+        return Err(AttentionError::unsupported(
+            info.name,
+            "causal masking: its projections mix future positions into every key",
         ));
     }
-    Ok(())
+    if n_k > n_max {
+        return Err(AttentionError::field(
+            info.name,
+            "n_max",
+            format!("is {n_max}, shorter than the input sequence ({n_k})"),
+        ));
+    }
+    check_capabilities(info, n_q, n_k, causal)
 }
 
 /// Linformer attention on per-head tensors, the functional form of [`LinformerAttention`].
@@ -384,5 +426,5 @@ fn attend(
     // padding having been zeroed out of the projections.
     let k = project_sequence(e, zero_padded(k, &mask_pad));
     let v = project_sequence(f, zero_padded(v, &mask_pad));
-    crate::softmax::attend(q, k, v, None, false, dropout)
+    exact_softmax_attention(q, k, v, None, false, dropout)
 }

@@ -28,6 +28,8 @@ pub enum AttentionError {
     UnknownVariant {
         /// The name that was asked for.
         name: String,
+        /// The registered names.
+        known: Vec<&'static str>,
     },
     /// Variant parameters given as key/value pairs (a config file) could not be applied.
     InvalidParams {
@@ -39,14 +41,19 @@ pub enum AttentionError {
 }
 
 impl AttentionError {
-    pub(crate) fn field(
-        variant: &'static str,
-        field: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
+    /// A bad configuration field.
+    pub fn field(variant: &'static str, field: &'static str, message: impl Into<String>) -> Self {
         Self::InvalidField {
             variant,
             field,
+            message: message.into(),
+        }
+    }
+
+    /// The variant cannot do what was asked.
+    pub fn unsupported(variant: &'static str, message: impl Into<String>) -> Self {
+        Self::Unsupported {
+            variant,
             message: message.into(),
         }
     }
@@ -63,15 +70,13 @@ impl fmt::Display for AttentionError {
             Self::Unsupported { variant, message } => {
                 write!(f, "{variant} attention does not support {message}")
             }
-            Self::UnknownVariant { name } => write!(
-                f,
-                "unknown attention `{name}` (known: {})",
-                crate::registry::VARIANTS
-                    .iter()
-                    .map(|v| v.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            Self::UnknownVariant { name, known } => {
+                write!(
+                    f,
+                    "unknown attention `{name}` (known: {})",
+                    known.join(", ")
+                )
+            }
             Self::InvalidParams { variant, message } => {
                 write!(f, "{variant} attention parameters: {message}")
             }
@@ -83,7 +88,7 @@ impl std::error::Error for AttentionError {}
 
 /// Checks shared by every multi-head variant: `d_model` and `n_heads` positive and divisible,
 /// `dropout` a probability.
-pub(crate) fn check_heads(
+pub fn check_heads(
     variant: &'static str,
     d_model: usize,
     n_heads: usize,

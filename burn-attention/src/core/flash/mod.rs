@@ -25,7 +25,7 @@ pub(crate) type KeyPadding = Option<Arc<[bool]>>;
 /// Fused softmax attention `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors
 /// when the backend has the fused kernel, `None` otherwise (the caller then composes the steps).
 ///
-/// Masked scores are replaced by [`MASK_FILL`](crate::softmax::MASK_FILL), as in the composed
+/// Masked scores are replaced by [`MASK_FILL`](crate::core::input::MASK_FILL), as in the composed
 /// path, so the two agree to rounding, masks included.
 pub(crate) fn try_attention(
     q: &Tensor<4>,
@@ -407,7 +407,7 @@ mod libtorch {
     use burn::backend::{Autodiff, LibTorch};
 
     use super::{FlashAttention, KeyPadding};
-    use crate::softmax::MASK_FILL;
+    use crate::core::input::MASK_FILL;
 
     /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
     /// A row with at least one real key gets the same weights as replacing its padded scores;

@@ -3,6 +3,9 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
+use super::error::AttentionError;
+use super::input::{AttentionInput, HeadMasks};
+
 /// Splits `[batch, n, d_model]` into heads `[batch, n_heads, n, d_head]`.
 pub fn split_heads(x: Tensor<3>, n_heads: usize) -> Tensor<4> {
     let [batch, n, d_model] = x.dims();
@@ -32,7 +35,7 @@ pub fn merge_heads(x: Tensor<4>) -> Tensor<3> {
 /// operands themselves; they get the tensor unchanged.
 fn dense(x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if crate::flash::is_flex(&x.device()) {
+    if super::flash::is_flex(&x.device()) {
         let [batch, heads, n, d] = x.dims();
         return x
             .reshape([batch, heads, n * d])
@@ -78,6 +81,34 @@ impl QkvoProjection {
         let k = split_heads(self.key.forward(x.clone()), self.n_heads);
         let v = split_heads(self.value.forward(x), self.n_heads);
         (q, k, v)
+    }
+
+    /// Projects an input's queries, keys and values to heads `[batch, h, n, d]` (in
+    /// self-attention all three from its one sequence).
+    pub fn project(&self, input: &AttentionInput) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        if !input.is_cross() {
+            return self.qkv(input.query().clone());
+        }
+        let q = split_heads(self.query.forward(input.query().clone()), self.n_heads);
+        let k = split_heads(self.key.forward(input.key().clone()), self.n_heads);
+        let v = split_heads(self.value.forward(input.value().clone()), self.n_heads);
+        (q, k, v)
+    }
+
+    /// Projection, per-head attention, output projection: the forward pass of every variant
+    /// built on these projections, `attend` being its attention on per-head tensors.
+    pub fn apply(
+        &self,
+        input: AttentionInput,
+        attend: impl FnOnce(
+            Tensor<4>,
+            Tensor<4>,
+            Tensor<4>,
+            HeadMasks,
+        ) -> Result<Tensor<4>, AttentionError>,
+    ) -> Result<Tensor<3>, AttentionError> {
+        let (q, k, v) = self.project(&input);
+        Ok(self.out(attend(q, k, v, input.head_masks())?))
     }
 
     /// Merges per-head outputs `[batch, h, n, d]` and applies the output projection.

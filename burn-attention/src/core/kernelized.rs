@@ -9,7 +9,7 @@
 //! **No ε in the normaliser.** The Linear Transformer paper writes `φ(Q_i)ᵀ z + ε`; every
 //! feature map here is positive, so the denominator is a sum of positive terms and needs no
 //! ε, and an ε is not harmless: it is measured in the units of the features, which a
-//! stabiliser (FAVOR+'s, see [`favor_features`](crate::performer::favor_features)) or a small
+//! stabiliser (FAVOR+'s, see [`favor_features`](crate::favor_features)) or a small
 //! input scale can shrink to the size of ε itself, and then it shrinks every output towards
 //! zero. The denominator is only floored at the smallest normal `f32` (`1.2e-38`), which changes
 //! nothing but a row whose features all underflowed (or a query with no real key to attend
@@ -22,10 +22,16 @@
 //! `φ(Q) φ(K)ᵀ` are formed directly; across chunks each query reads the state `S`, `z` summed over
 //! all earlier chunks. Memory: O(n (m + d) + n c) for the features, values and the intra-chunk
 //! weights, plus `m × d` per chunk for the states; time O(n c (m + d) + n m d).
+//!
+//! **Recurrent form.** Decoding one token at a time carries `S` and `z` over the tokens so far
+//! ([`RecurrentState`]); [`kernelized_step`] adds the new key and reads the new query in
+//! O(m d), whatever the position.
 
 use burn::prelude::*;
 
-use crate::input::zero_padded;
+use super::contract::{DecodingState, RecurrentState};
+use super::error::AttentionError;
+use super::input::{causal_mask, zero_padded};
 
 /// Chunk length of the causal form (see the module docs): large enough that the intra-chunk
 /// products are efficient matrix products, small enough that the `c × c` weights per chunk stay
@@ -110,7 +116,7 @@ pub fn causal_kernelized_attention(
     let v = extend(v);
 
     // Within each chunk: the c × c weights, key j of the chunk seen by query i when j <= i.
-    let future = crate::input::causal_mask(c, &device).reshape([1, 1, 1, c, c]);
+    let future = causal_mask(c, &device).reshape([1, 1, 1, c, c]);
     let weights = q
         .clone()
         .matmul(k.clone().swap_dims(3, 4))
@@ -137,5 +143,46 @@ pub fn causal_kernelized_attention(
         out
     } else {
         out.slice(s![.., .., 0..n])
+    }
+}
+
+/// One step of causal kernelized attention: adds the new token's `φ(k) vᵀ` and `φ(k)` to the
+/// recurrent state (`None` = no token yet) and returns the new token's output
+/// `φ(q)ᵀ S / φ(q)ᵀ z` with the state that includes it. The state's `key_max` is passed through
+/// unchanged.
+///
+/// # Shapes
+/// - `phi_q`, `phi_k`: `[batch, heads, 1, m]`; `v`: `[batch, heads, 1, d]`
+/// - output: `[batch, heads, 1, d]`
+pub fn kernelized_step(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    state: Option<RecurrentState>,
+) -> (Tensor<4>, RecurrentState) {
+    let phi_k = phi_k.swap_dims(2, 3); // [b, h, m, 1]
+    let s_new = phi_k.clone().matmul(v); // [b, h, m, d]
+    let (s, z, key_max) = match state {
+        Some(state) => (state.s + s_new, state.z + phi_k, state.key_max),
+        None => (s_new, phi_k, None),
+    };
+    let num = phi_q.clone().matmul(s.clone());
+    let den = phi_q.matmul(z.clone());
+    (normalise(num, den), RecurrentState { s, z, key_max })
+}
+
+/// The recurrent state inside a decoding state: `None` before the first token; an error if the
+/// state was made by an attention of another kind.
+pub fn recurrent_state(
+    state: DecodingState,
+    variant: &'static str,
+) -> Result<Option<RecurrentState>, AttentionError> {
+    match state {
+        DecodingState::Empty => Ok(None),
+        DecodingState::Recurrent(state) => Ok(Some(state)),
+        DecodingState::KeyValueCache { .. } => Err(AttentionError::unsupported(
+            variant,
+            "a key/value cache as its decoding state (it carries a recurrent state)",
+        )),
     }
 }

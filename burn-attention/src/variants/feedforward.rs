@@ -25,11 +25,65 @@ use burn::tensor::activation::{sigmoid, softplus};
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{AttentionError, check_heads};
-use crate::heads::QkvoProjection;
-use crate::input::AttentionInput;
-use crate::kernelized::kernelized_attention;
-use crate::performer::random_orthogonal;
+use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::features::random_orthogonal;
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: true,
+    cross_attention: true,
+    fixed_max_len: false,
+    weights_sum_to_one: true,
+};
+
+const TIME: &str = "O(n d²)";
+const MEMORY: &str = "O(n d + d²); causal O(n (c + d²/c)), c = 64";
+
+/// The registry entries, one per kernel, in the order of [`FeedForwardKernel::ALL`].
+pub const VARIANTS: [VariantInfo; 5] = [
+    VariantInfo {
+        name: "ff-linear",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (Softplus(X W))",
+        time: TIME,
+        memory: MEMORY,
+        capabilities: CAPABILITIES,
+    },
+    VariantInfo {
+        name: "ff-orth-linear",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (orthogonal W + penalty)",
+        time: TIME,
+        memory: MEMORY,
+        capabilities: CAPABILITIES,
+    },
+    VariantInfo {
+        name: "ff-glu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, depth 1-3)",
+        time: TIME,
+        memory: MEMORY,
+        capabilities: CAPABILITIES,
+    },
+    VariantInfo {
+        name: "ff-oglu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f)",
+        time: TIME,
+        memory: MEMORY,
+        capabilities: CAPABILITIES,
+    },
+    VariantInfo {
+        name: "ff-aoglu",
+        paper: "Yorsh & Kovalenko 2022, arXiv 2211.04076 (gated units, orthogonal W_f, rank d/4 gate)",
+        time: TIME,
+        memory: MEMORY,
+        capabilities: CAPABILITIES,
+    },
+];
 
 /// Which feature map a [`FeedForwardKernelAttention`] learns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,15 +102,23 @@ pub enum FeedForwardKernel {
 }
 
 impl FeedForwardKernel {
+    /// Every kernel, in the order of [`VARIANTS`].
+    pub const ALL: [Self; 5] = [
+        Self::Linear,
+        Self::OrthLinear,
+        Self::Glu,
+        Self::Oglu,
+        Self::Aoglu,
+    ];
+
+    /// The registry entry of the variant using this kernel.
+    pub fn info(self) -> &'static VariantInfo {
+        &VARIANTS[self as usize]
+    }
+
     /// The registry name of the variant using this kernel.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Linear => "ff-linear",
-            Self::OrthLinear => "ff-orth-linear",
-            Self::Glu => "ff-glu",
-            Self::Oglu => "ff-oglu",
-            Self::Aoglu => "ff-aoglu",
-        }
+        self.info().name
     }
 
     fn gated(self) -> bool {
@@ -184,6 +246,36 @@ impl FeedForwardKernelConfig {
     }
 }
 
+impl VariantConfig for FeedForwardKernelConfig {
+    type Module = FeedForwardKernelAttention;
+    const VARIANTS: &'static [VariantInfo] = &VARIANTS;
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let kernel = FeedForwardKernel::ALL
+            .into_iter()
+            .find(|kernel| kernel.name() == name)
+            .unwrap_or(FeedForwardKernel::Linear);
+        let config = Self::new(model.d_model, model.n_heads, kernel);
+        match kernel {
+            // The paper's only AOGLU row stacks three units.
+            FeedForwardKernel::Aoglu => config.with_depth(3),
+            _ => config,
+        }
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.kernel.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> FeedForwardKernelAttention {
+        self.init(device)
+    }
+}
+
 /// One unit of a feature map: `X W_f`, gated by `σ(X W_g)` (or `σ(X U V)`) where it has a gate.
 #[derive(Module, Debug)]
 pub struct KernelUnit {
@@ -230,40 +322,54 @@ pub struct FeedForwardKernelAttention {
     pub ortho_penalty: f64,
 }
 
-impl FeedForwardKernelAttention {
-    /// Applies attention.
-    ///
-    /// # Shapes
-    /// - input `x`: `[batch, n, d_model]`; output: the same.
-    pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        let (q, k, v) = self.proj.qkv(input.x);
-        self.proj
-            .out(self.attend(q, k, v, input.mask_pad, input.causal))
+impl AttentionModule for FeedForwardKernelAttention {
+    fn name(&self) -> &'static str {
+        self.kernel.name()
     }
 
-    /// The attention on per-head tensors, without the input and output projections.
-    ///
-    /// # Shapes
-    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
-    /// - `mask_pad`: `[batch, n]`, `true` = padding
-    /// - output: `[batch, heads, n, d_head]`
-    pub fn attend(
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
         &self,
         q: Tensor<4>,
         k: Tensor<4>,
         v: Tensor<4>,
-        mask_pad: Option<Tensor<2, Bool>>,
-        causal: bool,
-    ) -> Tensor<4> {
-        kernelized_attention(
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
+        Ok(kernelized_attention(
             self.feature_map(q),
             self.feature_map(k),
             v,
-            mask_pad,
-            causal,
-        )
+            masks.key_pad,
+            masks.causal,
+        ))
     }
 
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let state = recurrent_state(state, self.kernel.name())?;
+        let (q, k, v) = self.proj.qkv(x);
+        let (o, state) = kernelized_step(self.feature_map(q), self.feature_map(k), v, state);
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+    }
+
+    fn penalty(&self) -> Option<Tensor<1>> {
+        FeedForwardKernelAttention::penalty(self)
+    }
+}
+
+impl FeedForwardKernelAttention {
     /// The learned feature map `φ` on per-head tensors `[batch, heads, n, d]`.
     pub fn feature_map(&self, x: Tensor<4>) -> Tensor<4> {
         let last = self.units.len() - 1;

@@ -30,20 +30,41 @@
 //! therefore does not come back unchanged, as it does for the other non-Linformer variants;
 //! this is the method, which this module reproduces (checked against the float64 formula).
 //!
-//! Cost: O(n m d + m³) time, O(n m + m²) memory per head (O(n d + m²) on `flex`). Masks: padding. Causal: not defined
-//! (landmarks average over the whole sequence), so asking for it is an error.
+//! Cost: O(n m d + m³) time, O(n m + m²) memory per head (O(n d + m²) on `flex`). Masks:
+//! padding. Causal: not defined (landmarks average over the whole sequence), so asking for it is
+//! an error. Cross-attention: query landmarks average the real queries, key landmarks the real
+//! keys; the convolution skip, which adds values at the queries' positions, is refused there.
 
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::error::{AttentionError, check_heads};
-use crate::heads::QkvoProjection;
-use crate::input::{AttentionInput, zero_padded};
-use crate::softmax::attend;
+use crate::core::contract::AttentionModule;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
 
 const NAME: &str = "nystrom";
+
+/// The registry entry. Its weights do not always sum to one (see the module docs).
+pub const INFO: VariantInfo = VariantInfo {
+    name: NAME,
+    paper: "Xiong et al. 2021, arXiv 2102.03902",
+    time: "O(n m d + m³)",
+    memory: "O(n m + m²); O(n d + m²) fused",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: false,
+        cross_attention: true,
+        fixed_max_len: false,
+        weights_sum_to_one: false,
+    },
+};
 
 /// Configuration of [`NystromAttention`].
 #[derive(Config, Debug)]
@@ -122,6 +143,30 @@ impl NystromConfig {
     }
 }
 
+impl VariantConfig for NystromConfig {
+    type Module = NystromAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(n_q, n_k, causal, self.conv_kernel.is_some())
+    }
+    fn build(&self, device: &Device) -> NystromAttention {
+        self.init(device)
+    }
+}
+
 /// Multi-head Nyström attention. Create with [`NystromConfig`].
 #[derive(Module, Debug)]
 pub struct NystromAttention {
@@ -135,60 +180,70 @@ pub struct NystromAttention {
     pub pinv_iterations: usize,
 }
 
-impl NystromAttention {
-    /// Applies attention, or refuses causal masking.
-    ///
-    /// # Shapes
-    /// - input `x`: `[batch, n, d_model]`; output: the same.
-    pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let (q, k, v) = self.proj.qkv(input.x);
-        Ok(self
-            .proj
-            .out(self.attend(q, k, v, input.mask_pad, input.causal)?))
+impl AttentionModule for NystromAttention {
+    fn name(&self) -> &'static str {
+        NAME
     }
 
-    /// The attention on per-head tensors (with the convolution skip, if configured), without
-    /// the input and output projections, or the refusal of causal masking.
-    ///
-    /// # Shapes
-    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
-    /// - `mask_pad`: `[batch, n]`, `true` = padding
-    /// - output: `[batch, heads, n, d_head]`
-    pub fn attend(
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        if input.is_cross() && self.conv.is_some() {
+            return Err(conv_refusal());
+        }
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    /// The attention on per-head tensors, with the convolution skip if configured.
+    fn attend(
         &self,
         q: Tensor<4>,
         k: Tensor<4>,
         v: Tensor<4>,
-        mask_pad: Option<Tensor<2, Bool>>,
-        causal: bool,
+        masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
-        check_input(causal)?;
-        let mut o = nystrom_attention(
+        check_input(q.dims()[2], k.dims()[2], masks.causal, self.conv.is_some())?;
+        let mut o = nystrom_cross_attention(
             q,
             k,
             v.clone(),
-            mask_pad.clone(),
+            masks.clone(),
             self.n_landmarks,
             self.pinv_iterations,
         );
         if let Some(conv) = &self.conv {
             // Padded values are zeroed first: the convolution's own zero padding then makes the
             // output at real positions independent of how much padding follows.
-            o = o + conv.forward(zero_padded(v, &mask_pad));
+            o = o + conv.forward(zero_padded(v, &masks.key_pad));
         }
         Ok(o)
     }
 }
 
-/// Refuses causal masking: landmarks average over the whole sequence.
-pub(crate) fn check_input(causal: bool) -> Result<(), AttentionError> {
+/// Refuses causal masking (landmarks average over the whole sequence), and the convolution skip
+/// between sequences of different lengths.
+fn check_input(n_q: usize, n_k: usize, causal: bool, conv: bool) -> Result<(), AttentionError> {
     if causal {
-        return Err(AttentionError::Unsupported {
-            variant: NAME,
-            message: "causal masking: landmarks average over the whole sequence".into(),
-        });
+        return Err(AttentionError::unsupported(
+            NAME,
+            "causal masking: landmarks average over the whole sequence",
+        ));
     }
-    Ok(())
+    if conv && n_q != n_k {
+        return Err(conv_refusal());
+    }
+    check_capabilities(&INFO, n_q, n_k, causal)
+}
+
+fn conv_refusal() -> AttentionError {
+    AttentionError::unsupported(
+        NAME,
+        "cross-attention with the convolution skip (`conv_kernel`): the skip adds the values \
+         at the queries' positions; set `conv_kernel` to none",
+    )
 }
 
 /// The `[batch, m, n]` matrix whose row `s` averages segment `s` of each sequence's real
@@ -250,7 +305,7 @@ pub fn iterative_pinv(a: Tensor<4>, iterations: usize) -> Tensor<4> {
 }
 
 /// Nyström attention on per-head tensors, the functional form of [`NystromAttention`] (without
-/// its convolution skip).
+/// its convolution skip), for self-attention: `mask_pad` masks queries and keys alike.
 ///
 /// # Shapes
 /// - `q`, `k`, `v`: `[batch, heads, n, d]`
@@ -264,37 +319,58 @@ pub fn nystrom_attention(
     n_landmarks: usize,
     pinv_iterations: usize,
 ) -> Tensor<4> {
-    let [batch, heads, n, d] = q.dims();
-    let m = n_landmarks;
+    let masks = HeadMasks::new(mask_pad, false);
+    nystrom_cross_attention(q, k, v, masks, n_landmarks, pinv_iterations)
+}
+
+/// Nyström attention with queries and keys of their own lengths and padding: query landmarks
+/// average segments of each query sequence's real positions, key landmarks of each key
+/// sequence's.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
+/// - `masks`: `query_pad` `[batch, n_q]`, `key_pad` `[batch, n_k]` (`causal` is ignored)
+/// - output: `[batch, heads, n_q, d]`
+pub fn nystrom_cross_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    masks: HeadMasks,
+    n_landmarks: usize,
+    pinv_iterations: usize,
+) -> Tensor<4> {
+    let d = q.dims()[3];
     // The paper scales q and k by d^{-1/4} each; landmarks are means, so the scale commutes
     // with them and is applied once, as 1/√d, to each product of scores (this also spares two
     // element-wise passes over the per-head views of q and k, forward and backward).
     let scale = 1.0 / (d as f32).sqrt();
-    let (q_land, k_land) = if mask_pad.is_none() && n >= m && n % m == 0 {
-        // Without padding and with m dividing n the segments are equal consecutive blocks:
-        // their means come from a reshape, not from an `[m, n]` averaging product per head
-        // (which would cost as much as the attention products themselves).
-        let means = |x: Tensor<4>| {
-            x.reshape([batch, heads, m, n / m, d])
-                .mean_dim(3)
-                .reshape([batch, heads, m, d])
-        };
-        (means(q.clone()), means(k.clone()))
-    } else {
-        let segments = landmark_segments(mask_pad.clone(), batch, n, m, &q.device())
-            .unsqueeze_dim::<4>(1)
-            .expand([batch, heads, m, n]);
-        (
-            segments.clone().matmul(q.clone()), // [b, h, m, d]
-            segments.matmul(k.clone()),
-        )
-    };
+    let q_land = landmarks(q.clone(), masks.query_pad, n_landmarks);
+    let k_land = landmarks(k.clone(), masks.key_pad.clone(), n_landmarks);
     // out = K₁ pinv(K₂) K₃ V with K₁ = softmax(Q K̃ᵀ), K₃ = softmax(Q̃ Kᵀ): K₃ V and K₁ Z are
     // softmax attentions (keys K, values V; keys K̃, values Z = pinv(K₂) K₃ V), so they take the
     // fused kernel where there is one and neither the [n, m] nor the [m, n] weights are stored.
     let scores_2 = q_land.clone().matmul(k_land.clone().swap_dims(2, 3)); // [b, h, m, m]
     let kernel_2 = softmax(scores_2.mul_scalar(scale), 3);
-    let context = attend(q_land, k, v, mask_pad, false, None); // [b, h, m, d]
+    let context = exact_softmax_attention(q_land, k, v, masks.key_pad, false, None); // [b, h, m, d]
     let z = iterative_pinv(kernel_2, pinv_iterations).matmul(context);
-    attend(q, k_land, z, None, false, None)
+    exact_softmax_attention(q, k_land, z, None, false, None)
+}
+
+/// The `m` landmarks of `x: [batch, heads, n, d]`: the means of `m` segments of each sequence's
+/// real positions, `[batch, heads, m, d]`.
+fn landmarks(x: Tensor<4>, mask_pad: Option<Tensor<2, Bool>>, m: usize) -> Tensor<4> {
+    let [batch, heads, n, d] = x.dims();
+    if mask_pad.is_none() && n >= m && n % m == 0 {
+        // Without padding and with m dividing n the segments are equal consecutive blocks:
+        // their means come from a reshape, not from an `[m, n]` averaging product per head
+        // (which would cost as much as the attention products themselves).
+        return x
+            .reshape([batch, heads, m, n / m, d])
+            .mean_dim(3)
+            .reshape([batch, heads, m, d]);
+    }
+    let segments = landmark_segments(mask_pad, batch, n, m, &x.device())
+        .unsqueeze_dim::<4>(1)
+        .expand([batch, heads, m, n]);
+    segments.matmul(x)
 }

@@ -46,15 +46,45 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{AttentionError, check_heads};
-use crate::flash;
-use crate::heads::QkvoProjection;
-use crate::input::AttentionInput;
-use crate::kernelized::kernelized_attention;
+use crate::core::contract::{AttentionModule, DecodingState, RecurrentState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::features::orthogonal_features;
+use crate::core::flash;
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: true,
+    cross_attention: true,
+    fixed_max_len: false,
+    weights_sum_to_one: true,
+};
+
+/// The registry entry of FAVOR+.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "performer",
+    paper: "Choromanski et al. 2021, arXiv 2009.14794 (FAVOR+)",
+    time: "O(n m d)",
+    memory: "O(n m + m d); causal O(n (m + c + m d/c)), c = 64",
+    capabilities: CAPABILITIES,
+};
+
+/// The registry entry of the generalized ReLU kernel (LRA's default "performer").
+pub const INFO_RELU: VariantInfo = VariantInfo {
+    name: "performer-relu",
+    paper: "Choromanski et al. 2021, arXiv 2009.14794 (generalized ReLU kernel)",
+    time: "O(n d²)",
+    memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
+    capabilities: CAPABILITIES,
+};
 
 /// The kernel a Performer approximates or uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,12 +114,19 @@ pub struct PerformerConfig {
     pub bias: bool,
 }
 
+impl PerformerKernel {
+    /// The registry entry of the variant with this kernel.
+    pub fn info(self) -> &'static VariantInfo {
+        match self {
+            Self::Softmax => &INFO,
+            Self::Relu => &INFO_RELU,
+        }
+    }
+}
+
 impl PerformerConfig {
     fn name(&self) -> &'static str {
-        match self.kernel {
-            PerformerKernel::Softmax => "performer",
-            PerformerKernel::Relu => "performer-relu",
-        }
+        self.kernel.info().name
     }
 
     /// Checks the configuration; the error names the offending field.
@@ -128,70 +165,34 @@ impl PerformerConfig {
     }
 }
 
+impl VariantConfig for PerformerConfig {
+    type Module = PerformerAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_RELU];
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let kernel = if name == INFO_RELU.name {
+            PerformerKernel::Relu
+        } else {
+            PerformerKernel::Softmax
+        };
+        Self::new(model.d_model, model.n_heads).with_kernel(kernel)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.kernel.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> PerformerAttention {
+        self.init(device)
+    }
+}
+
 fn frozen(t: Tensor<2>) -> Param<Tensor<2>> {
     Param::from_tensor(t).set_require_grad(false)
-}
-
-/// `m` random features of width `d`: stacked orthogonal `d × d` blocks (modified Gram-Schmidt
-/// of Gaussian blocks, in f64 on the host), rows rescaled to the norms of independent Gaussian
-/// vectors (χ(d)). Random numbers come from `device`'s generator.
-pub fn orthogonal_features(m: usize, d: usize, device: &Device) -> Tensor<2> {
-    let blocks = m.div_ceil(d);
-    let gauss = gaussian_host(blocks * d + m, d, device);
-    let mut rows = orthonormal_rows(&gauss[..blocks * d * d], blocks, d);
-    rows.truncate(m);
-    let norms = &gauss[blocks * d * d..];
-    let mut data = Vec::with_capacity(m * d);
-    for (i, row) in rows.iter().enumerate() {
-        let chi = norms[i * d..(i + 1) * d]
-            .iter()
-            .map(|a| a * a)
-            .sum::<f64>()
-            .sqrt();
-        data.extend(row.iter().map(|a| (a * chi) as f32));
-    }
-    Tensor::from_data(TensorData::new(data, [m, d]), device)
-}
-
-/// A random `d × d` orthogonal matrix (Gram-Schmidt of a Gaussian matrix, in f64 on the host),
-/// from `device`'s generator.
-pub fn random_orthogonal(d: usize, device: &Device) -> Tensor<2> {
-    let gauss = gaussian_host(d, d, device);
-    let data: Vec<f32> = orthonormal_rows(&gauss, 1, d)
-        .iter()
-        .flatten()
-        .map(|&a| a as f32)
-        .collect();
-    Tensor::from_data(TensorData::new(data, [d, d]), device)
-}
-
-/// `rows × d` standard Gaussian numbers from `device`'s generator, on the host in f64.
-fn gaussian_host(rows: usize, d: usize, device: &Device) -> Vec<f64> {
-    Tensor::<2>::random([rows, d], Distribution::Normal(0.0, 1.0), device)
-        .into_data()
-        .convert::<f64>()
-        .try_to_vec::<f64>()
-        .expect("f64 data")
-}
-
-/// Modified Gram-Schmidt of `blocks` consecutive `d × d` blocks of `gauss`, block by block.
-fn orthonormal_rows(gauss: &[f64], blocks: usize, d: usize) -> Vec<Vec<f64>> {
-    let mut rows: Vec<Vec<f64>> = Vec::with_capacity(blocks * d);
-    for b in 0..blocks {
-        let mut block: Vec<Vec<f64>> = Vec::with_capacity(d);
-        for r in 0..d {
-            let mut v: Vec<f64> = gauss[(b * d + r) * d..(b * d + r + 1) * d].to_vec();
-            for u in &block {
-                let dot: f64 = v.iter().zip(u).map(|(a, c)| a * c).sum();
-                v.iter_mut().zip(u).for_each(|(a, c)| *a -= dot * c);
-            }
-            let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt();
-            v.iter_mut().for_each(|a| *a /= norm);
-            block.push(v);
-        }
-        rows.extend(block);
-    }
-    rows
 }
 
 /// Multi-head Performer attention. Create with [`PerformerConfig`].
@@ -207,42 +208,6 @@ pub struct PerformerAttention {
 }
 
 impl PerformerAttention {
-    /// Applies attention.
-    ///
-    /// # Shapes
-    /// - input `x`: `[batch, n, d_model]`; output: the same.
-    pub fn forward(&self, input: AttentionInput) -> Tensor<3> {
-        let (q, k, v) = self.proj.qkv(input.x);
-        self.proj
-            .out(self.attend(q, k, v, input.mask_pad, input.causal))
-    }
-
-    /// The attention on per-head tensors, without the input and output projections.
-    ///
-    /// # Shapes
-    /// - `q`, `k`, `v`: `[batch, heads, n, d_head]`
-    /// - `mask_pad`: `[batch, n]`, `true` = padding
-    /// - output: `[batch, heads, n, d_head]`
-    pub fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        mask_pad: Option<Tensor<2, Bool>>,
-        causal: bool,
-    ) -> Tensor<4> {
-        match &self.features {
-            Some(w) => favor_attention(q, k, v, w.val(), mask_pad, causal),
-            None => kernelized_attention(
-                relu(q).add_scalar(1e-3),
-                relu(k).add_scalar(1e-3),
-                v,
-                mask_pad,
-                causal,
-            ),
-        }
-    }
-
     /// Draws new random features from `device`'s generator (a no-op for the ReLU kernel).
     pub fn redraw(mut self) -> Self {
         if let Some(w) = self.features.take() {
@@ -252,6 +217,60 @@ impl PerformerAttention {
         }
         self
     }
+}
+
+impl AttentionModule for PerformerAttention {
+    fn name(&self) -> &'static str {
+        self.kernel.info().name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj.apply(input, |q, k, v, masks| {
+            AttentionModule::attend(self, q, k, v, masks)
+        })
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
+        let (key_pad, causal) = (masks.key_pad, masks.causal);
+        Ok(match &self.features {
+            Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),
+            None => kernelized_attention(relu_features(q), relu_features(k), v, key_pad, causal),
+        })
+    }
+
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let state = recurrent_state(state, self.kernel.info().name)?;
+        let (q, k, v) = self.proj.qkv(x);
+        let (o, state) = match &self.features {
+            Some(w) => favor_step(q, k, v, w.val(), state),
+            None => kernelized_step(relu_features(q), relu_features(k), v, state),
+        };
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+    }
+
+    fn redraw(self) -> Self {
+        PerformerAttention::redraw(self)
+    }
+}
+
+/// The generalized ReLU kernel's features, `ReLU(x) + 10⁻³`.
+fn relu_features(x: Tensor<4>) -> Tensor<4> {
+    relu(x).add_scalar(1e-3)
 }
 
 /// FAVOR+ attention on per-head tensors with random features `w: [m, d]`: the features of
@@ -306,25 +325,12 @@ pub fn favor_features(
     w: Tensor<2>,
     mask_pad: Option<&Tensor<2, Bool>>,
 ) -> (Tensor<4>, Tensor<4>) {
-    let [batch, heads, n, d] = k.dims();
-    let m = w.dims()[0];
-    let scale = (d as f32).powf(-0.25);
-    // (x s) Wᵀ = x (s Wᵀ) and ‖x s‖²/2 = ‖x‖² s²/2: the scale goes onto the small [d, m]
-    // matrix and the [b, h, n, 1] norms, not onto the per-head views of q and k.
-    let wt = w
-        .transpose()
-        .mul_scalar(scale)
-        .unsqueeze::<4>()
-        .expand([batch, heads, d, m]);
+    let [batch, _, n, _] = k.dims();
+    let wt = scaled_features(&w, &k);
 
     // Keys: the log-features w_f·k̂ − ‖k̂‖²/2, less their largest value over the real keys, one
     // maximum per feature f.
-    let k_sq = k
-        .clone()
-        .powi_scalar(2)
-        .sum_dim(3)
-        .mul_scalar(0.5 * scale * scale); // [b, h, n, 1]
-    let mut log_k = k.matmul(wt.clone()) - k_sq;
+    let mut log_k = key_log_features(k, wt.clone());
     if let Some(mask) = mask_pad {
         log_k = log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
     }
@@ -335,11 +341,88 @@ pub fn favor_features(
     // their largest (a constant), then everything constant along a row (‖q̂‖²/2, ln √m, the
     // row's maximum) cancels. Keeping the added terms at or below 0 keeps the exponents small,
     // and with them their round-off.
-    let k_shift = k_stab.clone() - k_stab.max_dim(3);
+    (query_features(q, wt, k_stab), phi_k)
+}
+
+/// `d^{-1/4} Wᵀ` expanded to the batch and heads of `x: [batch, heads, n, d]`: `(x s) Wᵀ =
+/// x (s Wᵀ)`, so the scale goes onto the small `[d, m]` matrix, not onto the per-head views.
+fn scaled_features(w: &Tensor<2>, x: &Tensor<4>) -> Tensor<4> {
+    let [batch, heads, _, d] = x.dims();
+    let m = w.dims()[0];
+    w.clone()
+        .transpose()
+        .mul_scalar((d as f32).powf(-0.25))
+        .unsqueeze::<4>()
+        .expand([batch, heads, d, m])
+}
+
+/// The keys' log-features `w_f·k̂ − ‖k̂‖²/2`, `[batch, heads, n, m]` (`wt` from
+/// [`scaled_features`]; `‖k s‖²/2 = ‖k‖² s²/2`).
+fn key_log_features(k: Tensor<4>, wt: Tensor<4>) -> Tensor<4> {
+    let d = k.dims()[3];
+    let half_sq = k
+        .clone()
+        .powi_scalar(2)
+        .sum_dim(3)
+        .mul_scalar(0.5 / (d as f32).sqrt()); // [b, h, n, 1]
+    k.matmul(wt) - half_sq
+}
+
+/// The queries' features given the keys' per-feature maxima `key_max: [batch, heads, 1, m]`:
+/// the maxima move onto the queries (φ(q)·φ(k) is unchanged), less their largest (a constant);
+/// then everything constant along a row (‖q̂‖²/2, ln √m, the row's maximum) cancels. Keeping
+/// the added terms at or below 0 keeps the exponents small, and with them their round-off.
+fn query_features(q: Tensor<4>, wt: Tensor<4>, key_max: Tensor<4>) -> Tensor<4> {
+    let k_shift = key_max.clone() - key_max.max_dim(3);
     let log_q = q.matmul(wt) + k_shift; // [b, h, n_q, m]
     let q_stab = log_q.clone().max_dim(3).detach();
-    let phi_q = flash::exp(log_q - q_stab);
-    (phi_q, phi_k)
+    flash::exp(log_q - q_stab)
+}
+
+/// One decoding step of causal FAVOR+: the running per-feature key maximum replaces the maximum
+/// over the whole sequence (the sums carried so far are rescaled when it grows), so the output
+/// is the causal forward pass's to round-off.
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[batch, heads, 1, d]`; `w`: `[m, d]`; output: `[batch, heads, 1, d]`
+fn favor_step(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    w: Tensor<2>,
+    state: Option<RecurrentState>,
+) -> (Tensor<4>, RecurrentState) {
+    let wt = scaled_features(&w, &k);
+    let log_k = key_log_features(k, wt.clone()); // [b, h, 1, m]
+    let (key_max, state) = match state {
+        Some(RecurrentState {
+            s,
+            z,
+            key_max: Some(old_max),
+        }) => {
+            let key_max = old_max.clone().max_pair(log_k.clone());
+            // S and z were summed with features divided by exp(old_max); bring them to the new
+            // maximum: a factor exp(old − new) ≤ 1 per feature (a row of S and of z).
+            let rescale = (old_max - key_max.clone()).exp().swap_dims(2, 3); // [b, h, m, 1]
+            let state = RecurrentState {
+                s: s * rescale.clone(),
+                z: z * rescale,
+                key_max: None,
+            };
+            (key_max, Some(state))
+        }
+        _ => (log_k.clone(), None),
+    };
+    let phi_k = (log_k - key_max.clone()).exp();
+    let phi_q = query_features(q, wt, key_max.clone());
+    let (o, state) = kernelized_step(phi_q, phi_k, v, state);
+    (
+        o,
+        RecurrentState {
+            key_max: Some(key_max),
+            ..state
+        },
+    )
 }
 
 /// The log-feature given to padded keys: far below any real one, so that they take no part in

@@ -1,0 +1,126 @@
+//! The contract every attention meets: the [`AttentionModule`] trait that the encoder blocks
+//! accept (the registry's [`Attention`](crate::Attention) and any module of the user's), and
+//! the state a causal attention carries from token to token ([`DecodingState`]).
+
+use burn::prelude::*;
+
+use super::error::AttentionError;
+use super::input::{AttentionInput, HeadMasks};
+use super::variant::Capabilities;
+
+/// An attention layer: `[batch, n_q, d_model]` queries (and keys and values, see
+/// [`AttentionInput`]) in, `[batch, n_q, d_model]` out.
+///
+/// Implement it for your own Burn module and it plugs into [`EncoderBlock`](crate::EncoderBlock)
+/// and [`Encoder`](crate::Encoder) beside the registered variants. Only [`name`](Self::name),
+/// [`capabilities`](Self::capabilities) and [`try_forward`](Self::try_forward) are required;
+/// the per-head form, decoding, random-feature redraws and a loss penalty are optional.
+pub trait AttentionModule: Module {
+    /// The attention's name, for messages (the registered variants: their registry name).
+    fn name(&self) -> &'static str;
+
+    /// What the module supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Applies attention, or says why this module cannot take this input.
+    ///
+    /// # Shapes
+    /// - queries `[batch, n_q, d_model]`, keys and values `[batch, n_k, d_model]`
+    /// - output: `[batch, n_q, d_model]`
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError>;
+
+    /// Applies attention.
+    ///
+    /// # Panics
+    /// Where [`try_forward`](Self::try_forward) returns an error; the message is the error's.
+    fn forward(&self, input: AttentionInput) -> Tensor<3> {
+        self.try_forward(input)
+            .unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    /// The attention on per-head tensors with this module's own parameters (random features,
+    /// learned kernels, sequence projections, landmarks), without the input and output
+    /// projections; or why it cannot take this input.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, n_q, d_head]`; `k`, `v`: `[batch, heads, n_k, d_head]`
+    /// - output: `[batch, heads, n_q, d_head]`
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let _ = (q, k, v, masks);
+        Err(AttentionError::unsupported(
+            self.name(),
+            "attention on per-head tensors",
+        ))
+    }
+
+    /// One step of autoregressive decoding: `x: [batch, 1, d_model]`, the token that follows
+    /// those `state` has seen (start from [`DecodingState::default`]). Returns the token's
+    /// output, equal to the causal forward pass over the whole prefix at its position, and the
+    /// state that includes it.
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let _ = (x, state);
+        Err(AttentionError::unsupported(
+            self.name(),
+            "decoding token by token",
+        ))
+    }
+
+    /// Draws new random features where the module has them (Performer's FAVOR+); the others are
+    /// returned unchanged. Training loops call this every N steps; `forward` never does.
+    fn redraw(self) -> Self
+    where
+        Self: Sized,
+    {
+        self
+    }
+
+    /// The regularisation term the module asks the training loss to add (the orthogonality
+    /// penalty of the orthogonal `ff-*` kernels); `None` for most.
+    fn penalty(&self) -> Option<Tensor<1>> {
+        None
+    }
+}
+
+/// What a causal attention carries from one decoded token to the next, per layer.
+#[derive(Debug, Clone, Default)]
+#[allow(clippy::large_enum_variant)]
+pub enum DecodingState {
+    /// Nothing seen yet.
+    #[default]
+    Empty,
+    /// Softmax attention: every key and value so far, `[batch, heads, t, d_head]`; a step costs
+    /// O(t d).
+    KeyValueCache {
+        /// Keys so far.
+        keys: Tensor<4>,
+        /// Values so far.
+        values: Tensor<4>,
+    },
+    /// Kernelized attention: the sums over the keys so far, so that a step costs O(m d)
+    /// wherever it is in the sequence.
+    Recurrent(RecurrentState),
+}
+
+/// The recurrent state of causal kernelized attention after `t` tokens:
+/// `S = Σ_{j<t} φ(k_j) v_jᵀ`, `z = Σ_{j<t} φ(k_j)`.
+#[derive(Debug, Clone)]
+pub struct RecurrentState {
+    /// `S`: `[batch, heads, m, d_head]`.
+    pub s: Tensor<4>,
+    /// `z`: `[batch, heads, m, 1]`.
+    pub z: Tensor<4>,
+    /// For features computed in log space (FAVOR+): the largest log-feature of each feature
+    /// over the keys so far, `[batch, heads, 1, m]`, taken out of `S` and `z` (see
+    /// [`favor_features`](crate::favor_features)).
+    pub key_max: Option<Tensor<4>>,
+}

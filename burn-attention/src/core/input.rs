@@ -1,0 +1,232 @@
+//! What an attention takes: the sequences and their masks, in model space
+//! ([`AttentionInput`]) and per head ([`HeadMasks`]), and mask helpers.
+//!
+//! Masks follow Burn's convention: `true` marks a position that must be ignored.
+
+use burn::prelude::*;
+
+/// The value written over masked scores before a softmax (Burn's own `min_float`): its
+/// exponential underflows to 0 against any real score, yet a row with every key masked stays
+/// finite.
+pub const MASK_FILL: f32 = -1.0e4;
+
+/// Input of an attention layer: queries, keys and values in model space and their masks.
+///
+/// Self-attention ([`new`](Self::new)) reads one sequence; cross-attention
+/// ([`cross`](Self::cross), the shape of Burn's `MhaInput::new(query, key, value)`) reads queries
+/// from one sequence and keys and values from another, of any length.
+///
+/// ```rust
+/// # use burn::prelude::*;
+/// # use burn_attention_zoo::AttentionInput;
+/// # let device = Device::flex();
+/// let x = Tensor::<3>::zeros([2, 5, 8], &device);
+/// let pad = Tensor::<2, Int>::from_ints([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], &device).equal_elem(0);
+/// let input = AttentionInput::new(x.clone()).mask_pad(pad).causal(true);
+/// assert!(input.is_causal());
+///
+/// // Cross-attention: 5 queries read 7 keys and values.
+/// let memory = Tensor::<3>::zeros([2, 7, 8], &device);
+/// let input = AttentionInput::cross(x, memory.clone(), memory);
+/// assert_eq!((input.query_len(), input.key_len()), (5, 7));
+/// ```
+///
+/// # Shapes
+/// - query `[batch, n_q, d_model]`; key and value `[batch, n_k, d_model]` (self-attention:
+///   all three the same tensor, `n_q = n_k = n`)
+/// - key padding mask `[batch, n_k]`, query padding mask `[batch, n_q]`, `true` = padding
+#[derive(Debug, Clone)]
+pub struct AttentionInput {
+    query: Tensor<3>,
+    /// Keys and values, for cross-attention; `None` = self-attention over `query`.
+    memory: Option<(Tensor<3>, Tensor<3>)>,
+    key_pad: Option<Tensor<2, Bool>>,
+    query_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+    shared_projection: Option<Tensor<3>>,
+}
+
+impl AttentionInput {
+    /// Self-attention over `x: [batch, n, d_model]`, no masks.
+    pub fn new(x: Tensor<3>) -> Self {
+        Self {
+            query: x,
+            memory: None,
+            key_pad: None,
+            query_pad: None,
+            causal: false,
+            shared_projection: None,
+        }
+    }
+
+    /// Cross-attention: queries from `query: [batch, n_q, d_model]`, keys and values from `key`
+    /// and `value: [batch, n_k, d_model]` (usually the same tensor, an encoder's output).
+    pub fn cross(query: Tensor<3>, key: Tensor<3>, value: Tensor<3>) -> Self {
+        Self {
+            memory: Some((key, value)),
+            ..Self::new(query)
+        }
+    }
+
+    /// Registers the padding mask of the keys, `[batch, n_k]` (`true` = padding). In
+    /// self-attention it is the sequence's mask, and masks the queries too.
+    pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
+        self.key_pad = Some(mask_pad);
+        self
+    }
+
+    /// Registers the padding mask of the queries in cross-attention, `[batch, n_q]`. Outputs at
+    /// padded queries are unspecified; only variants that pool queries (Nyströmformer's
+    /// landmarks) read it, so that padding never moves a real output.
+    pub fn mask_pad_query(mut self, mask_pad: Tensor<2, Bool>) -> Self {
+        self.query_pad = Some(mask_pad);
+        self
+    }
+
+    /// Sets causal masking: position `i` attends only to `j <= i` (self-attention only).
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    /// Supplies a projection shared across layers (Linformer's `layerwise` sharing,
+    /// `[1, k, n_max]`). [`Encoder`](crate::Encoder) does this for its blocks.
+    pub fn shared_projection(mut self, projection: Tensor<3>) -> Self {
+        self.shared_projection = Some(projection);
+        self
+    }
+
+    /// Replaces the queries (and, in self-attention, the keys and values): how a block hands
+    /// its normalised input on with the same masks.
+    pub fn with_query(mut self, query: Tensor<3>) -> Self {
+        self.query = query;
+        self
+    }
+
+    /// The queries `[batch, n_q, d_model]` (in self-attention, the sequence).
+    pub fn query(&self) -> &Tensor<3> {
+        &self.query
+    }
+
+    /// The keys `[batch, n_k, d_model]`.
+    pub fn key(&self) -> &Tensor<3> {
+        self.memory.as_ref().map_or(&self.query, |(k, _)| k)
+    }
+
+    /// The values `[batch, n_k, d_model]`.
+    pub fn value(&self) -> &Tensor<3> {
+        self.memory.as_ref().map_or(&self.query, |(_, v)| v)
+    }
+
+    /// Whether queries and keys come from different sequences.
+    pub fn is_cross(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    /// Number of queries.
+    pub fn query_len(&self) -> usize {
+        self.query.dims()[1]
+    }
+
+    /// Number of keys.
+    pub fn key_len(&self) -> usize {
+        self.key().dims()[1]
+    }
+
+    /// The padding mask of the keys, if any.
+    pub fn padding(&self) -> Option<&Tensor<2, Bool>> {
+        self.key_pad.as_ref()
+    }
+
+    /// Whether causal masking is on.
+    pub fn is_causal(&self) -> bool {
+        self.causal
+    }
+
+    /// The projection shared across layers, if supplied.
+    pub fn shared(&self) -> Option<&Tensor<3>> {
+        self.shared_projection.as_ref()
+    }
+
+    /// The masks per head: the key mask, the query mask (in self-attention the key mask) and the
+    /// causal flag.
+    pub fn head_masks(&self) -> HeadMasks {
+        let query_pad = if self.is_cross() {
+            self.query_pad.clone()
+        } else {
+            self.key_pad.clone()
+        };
+        HeadMasks {
+            key_pad: self.key_pad.clone(),
+            query_pad,
+            causal: self.causal,
+        }
+    }
+}
+
+/// The masks of attention on per-head tensors (`true` = masked).
+///
+/// Keys are masked by `key_pad`; `query_pad` only tells variants that pool queries which ones
+/// are real. `causal` means query `i` sees keys `j <= i`, which needs as many queries as keys.
+#[derive(Debug, Clone, Default)]
+pub struct HeadMasks {
+    /// Key padding `[batch, n_k]`.
+    pub key_pad: Option<Tensor<2, Bool>>,
+    /// Query padding `[batch, n_q]`.
+    pub query_pad: Option<Tensor<2, Bool>>,
+    /// Causal masking.
+    pub causal: bool,
+}
+
+impl HeadMasks {
+    /// The masks of self-attention: `mask_pad` (`[batch, n]`) on queries and keys alike.
+    pub fn new(mask_pad: Option<Tensor<2, Bool>>, causal: bool) -> Self {
+        Self {
+            key_pad: mask_pad.clone(),
+            query_pad: mask_pad,
+            causal,
+        }
+    }
+
+    /// The masks of cross-attention: `key_pad` `[batch, n_k]`, `query_pad` `[batch, n_q]`.
+    pub fn cross(key_pad: Option<Tensor<2, Bool>>, query_pad: Option<Tensor<2, Bool>>) -> Self {
+        Self {
+            key_pad,
+            query_pad,
+            causal: false,
+        }
+    }
+}
+
+/// The causal mask `[n, n]`: `true` where key `j` lies in the future of query `i` (`j > i`).
+pub fn causal_mask(n: usize, device: &Device) -> Tensor<2, Bool> {
+    let rows = Tensor::<1, Int>::arange(0..n as i64, device).reshape([n, 1]);
+    let cols = Tensor::<1, Int>::arange(0..n as i64, device).reshape([1, n]);
+    cols.greater(rows)
+}
+
+/// A padding mask `[batch, n_max]` (`true` = padding) from per-example lengths.
+pub fn padding_mask_from_lengths(
+    lengths: &[usize],
+    n_max: usize,
+    device: &Device,
+) -> Tensor<2, Bool> {
+    let batch = lengths.len();
+    let mut data = Vec::with_capacity(batch * n_max);
+    for &len in lengths {
+        data.extend((0..n_max).map(|j| j >= len));
+    }
+    Tensor::<2, Bool>::from_data(TensorData::new(data, [batch, n_max]), device)
+}
+
+/// Zeroes the padded rows of a per-head tensor `x: [batch, heads, n, d]` (`mask_pad`:
+/// `[batch, n]`, `true` = padding).
+pub fn zero_padded(x: Tensor<4>, mask_pad: &Option<Tensor<2, Bool>>) -> Tensor<4> {
+    match mask_pad {
+        Some(mask) => {
+            let [batch, n] = mask.dims();
+            x.mask_fill(mask.clone().reshape([batch, 1, n, 1]), 0.0)
+        }
+        None => x,
+    }
+}

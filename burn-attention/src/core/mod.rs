@@ -1,0 +1,15 @@
+//! The ground floor every variant builds on: inputs and masks, errors, head projections, the
+//! exact softmax with its fused kernels, the kernelized core with its chunked causal and
+//! recurrent forms, random features, the module contract and what a variant states about
+//! itself. Nothing here imports a variant, the registry or the encoder.
+
+pub mod contract;
+pub mod error;
+pub mod features;
+pub(crate) mod flash;
+pub mod heads;
+pub mod input;
+pub mod kernelized;
+pub mod params;
+pub mod softmax;
+pub mod variant;

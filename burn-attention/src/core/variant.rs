@@ -1,0 +1,125 @@
+//! What a variant states about itself, once, in its own file: its facts ([`VariantInfo`],
+//! [`Capabilities`]) and its configuration's side of the registry ([`VariantConfig`]).
+
+use burn::prelude::*;
+
+use super::contract::AttentionModule;
+use super::error::AttentionError;
+
+/// What a variant supports; asking for anything else is an error before training starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Honours a key padding mask.
+    pub padding_mask: bool,
+    /// Supports causal masking, and decoding token by token.
+    pub causal: bool,
+    /// Supports cross-attention: queries and keys from sequences of different lengths.
+    pub cross_attention: bool,
+    /// Needs a fixed maximum sequence length (`n_max`) at construction.
+    pub fixed_max_len: bool,
+    /// The implied weights of each query over the values sum to one, so a constant `v` comes
+    /// back unchanged and a sequence of one position returns its own `v`, whatever the queries
+    /// and keys.
+    pub weights_sum_to_one: bool,
+}
+
+/// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
+#[derive(Debug, Clone, Copy)]
+pub struct VariantInfo {
+    /// Registry name.
+    pub name: &'static str,
+    /// Source paper.
+    pub paper: &'static str,
+    /// Time complexity per head (`n` length, `d` head width, `k` projected length).
+    pub time: &'static str,
+    /// Memory complexity per head.
+    pub memory: &'static str,
+    /// What it supports.
+    pub capabilities: Capabilities,
+}
+
+/// The model's side of an attention's configuration: what every variant takes from the model
+/// rather than from its own parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Model width.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Longest sequence.
+    pub n_max: usize,
+}
+
+impl ModelShape {
+    /// The configuration fields that carry the model's shape, set by the model and not by a
+    /// config file's attention table.
+    pub const FIELDS: &'static [&'static str] = &["d_model", "n_heads", "n_max"];
+}
+
+/// A variant's configuration as the registry sees it: each variant file implements it once,
+/// and the registry derives the listing, name lookup, config parsing and dispatch from it.
+///
+/// One configuration type may make several registered variants (`performer` and
+/// `performer-relu`, by its `kernel` field): [`VARIANTS`](Self::VARIANTS) lists them and
+/// [`info`](Self::info) says which one a value is.
+pub trait VariantConfig: Config + Clone {
+    /// The module the configuration creates.
+    type Module: AttentionModule;
+
+    /// The registered variants this configuration makes, with their facts.
+    const VARIANTS: &'static [VariantInfo];
+
+    /// The configuration of the variant `name` (one of [`VARIANTS`](Self::VARIANTS)) with its
+    /// paper defaults, for a model of the given shape.
+    fn for_variant(name: &str, model: ModelShape) -> Self;
+
+    /// The registered variant this configuration makes.
+    fn info(&self) -> &'static VariantInfo;
+
+    /// Model width.
+    fn d_model(&self) -> usize;
+
+    /// Checks the configuration; the error names the offending field.
+    fn check(&self) -> Result<(), AttentionError>;
+
+    /// Checks that the variant can take `n_q` queries over `n_k` keys, causal or not. The
+    /// default refuses what the capabilities exclude.
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_capabilities(self.info(), n_q, n_k, causal)
+    }
+
+    /// Creates the module.
+    fn build(&self, device: &Device) -> Self::Module;
+
+    /// Sets the dropout on the attention weights, where the variant has a weight matrix.
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        let _ = dropout;
+        self
+    }
+}
+
+/// Refuses what `info`'s capabilities exclude: causal masking, or queries and keys of different
+/// lengths (cross-attention); causal masking also needs as many queries as keys.
+pub fn check_capabilities(
+    info: &VariantInfo,
+    n_q: usize,
+    n_k: usize,
+    causal: bool,
+) -> Result<(), AttentionError> {
+    let variant = info.name;
+    if causal && !info.capabilities.causal {
+        return Err(AttentionError::unsupported(variant, "causal masking"));
+    }
+    if causal && n_q != n_k {
+        return Err(AttentionError::unsupported(
+            variant,
+            format!(
+                "causal masking between {n_q} queries and {n_k} keys (it needs as many of each)"
+            ),
+        ));
+    }
+    if n_q != n_k && !info.capabilities.cross_attention {
+        return Err(AttentionError::unsupported(variant, "cross-attention"));
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! Efficient Attention: normalise queries and keys separately, then multiply keys with values
+//! first.
+//!
+//! Shen et al. 2018, "Efficient Attention: Attention with Linear Complexities",
+//! arXiv 1812.01243. `O = ρ_q(Q) (ρ_k(K)ᵀ V)`, `ρ_q` a softmax over the features of each query,
+//! `ρ_k` a softmax over the positions of each key feature; no `1/√d` (as the official code).
+//! Cost: O(n d²) time and O(n d + d²) memory per head.
+//! Masks: padding (padded keys get a large negative score before `ρ_k`); cross-attention.
+//! Causal: not defined (`ρ_k` normalises over the whole sequence), so asking for it is an error.
+
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+
+use crate::core::contract::AttentionModule;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "efficient",
+    paper: "Shen et al. 2018, arXiv 1812.01243",
+    time: "O(n d²)",
+    memory: "O(n d + d²)",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: false,
+        cross_attention: true,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`EfficientAttention`].
+#[derive(Config, Debug)]
+pub struct EfficientAttentionConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl EfficientAttentionConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> EfficientAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        EfficientAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+        }
+    }
+}
+
+impl VariantConfig for EfficientAttentionConfig {
+    type Module = EfficientAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(n_q, n_k, causal)
+    }
+    fn build(&self, device: &Device) -> EfficientAttention {
+        self.init(device)
+    }
+}
+
+/// Refuses causal masking: keys are normalised over the whole sequence.
+fn check_input(n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+    if causal {
+        return Err(AttentionError::unsupported(
+            INFO.name,
+            "causal masking: keys are normalised over the whole sequence",
+        ));
+    }
+    check_capabilities(&INFO, n_q, n_k, causal)
+}
+
+/// Multi-head Efficient Attention. Create with [`EfficientAttentionConfig`].
+#[derive(Module, Debug)]
+pub struct EfficientAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+}
+
+impl AttentionModule for EfficientAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_input(q.dims()[2], k.dims()[2], masks.causal)?;
+        Ok(efficient_attention(q, k, v, masks.key_pad))
+    }
+}
+
+/// Efficient Attention on per-head tensors, the functional form of [`EfficientAttention`].
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
+/// - `mask_pad`: `[batch, n_k]`, `true` = padding
+/// - output: `[batch, heads, n_q, d]`
+pub fn efficient_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+) -> Tensor<4> {
+    let k = match mask_pad {
+        Some(mask) => {
+            let [batch, n] = mask.dims();
+            k.mask_fill(mask.reshape([batch, 1, n, 1]), MASK_FILL)
+        }
+        None => k,
+    };
+    let q = softmax(q, 3);
+    let k = softmax(k, 2);
+    q.matmul(k.swap_dims(2, 3).matmul(v))
+}

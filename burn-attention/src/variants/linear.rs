@@ -1,0 +1,157 @@
+//! Linear Transformer attention with the `elu(x) + 1` feature map.
+//!
+//! Katharopoulos et al. 2020, "Transformers are RNNs", arXiv 2006.16236.
+//! `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z`, `S = Σ_j φ(K_j) V_jᵀ`, `z = Σ_j φ(K_j)`, through
+//! [`kernelized_attention`]: padded keys left out, causal sums over `j ≤ i` in chunks. The paper
+//! adds `ε = 1e-6` to the normaliser; `φ > 0`, so none is needed, and this crate adds none (see
+//! [`crate::core::kernelized`]).
+//! `φ(x) = elu(x) + 1` is evaluated as `x + 1` for `x > 0` and `exp(x)` otherwise, the same
+//! function without the cancellation of `(exp(x) − 1) + 1`, which loses every digit below
+//! x ≈ −17 in f32.
+//! Cost: O(n d²) time, O(n d + d²) memory per head (causal: O(n d) more for the chunks).
+//! Masks: padding and causal; cross-attention; decoding with the recurrent state (O(d²) a token).
+
+use burn::prelude::*;
+
+use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::variant::{
+    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "linear",
+    paper: "Katharopoulos et al. 2020, arXiv 2006.16236",
+    time: "O(n d²)",
+    memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: true,
+        cross_attention: true,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`LinearAttention`].
+#[derive(Config, Debug)]
+pub struct LinearAttentionConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl LinearAttentionConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> LinearAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        LinearAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+        }
+    }
+}
+
+impl VariantConfig for LinearAttentionConfig {
+    type Module = LinearAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> LinearAttention {
+        self.init(device)
+    }
+}
+
+/// Multi-head linear attention with `φ(x) = elu(x) + 1`. Create with [`LinearAttentionConfig`].
+#[derive(Module, Debug)]
+pub struct LinearAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+}
+
+impl AttentionModule for LinearAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
+        Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
+    }
+
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let state = recurrent_state(state, INFO.name)?;
+        let (q, k, v) = self.proj.qkv(x);
+        let (o, state) = kernelized_step(elu_feature_map(q), elu_feature_map(k), v, state);
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+    }
+}
+
+/// The feature map `elu(x) + 1`, evaluated as `max(x, 0) + exp(min(x, 0))`: the same values
+/// and gradients, exact to round-off however negative `x` is.
+pub fn elu_feature_map<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    x.clone().clamp_min(0.0) + x.clamp_max(0.0).exp()
+}
+
+/// Linear attention on per-head tensors, the functional form of [`LinearAttention`].
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
+/// - `mask_pad`: `[batch, n_k]`, `true` = padding
+/// - output: `[batch, heads, n_q, d]`
+pub fn linear_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+) -> Tensor<4> {
+    kernelized_attention(elu_feature_map(q), elu_feature_map(k), v, mask_pad, causal)
+}

@@ -1,0 +1,11 @@
+//! The variants, side by side: each file holds one method's module, configuration, functional
+//! form and facts (its registry entries). They build on [`crate::core`] and never import one
+//! another.
+
+pub mod efficient;
+pub mod feedforward;
+pub mod linear;
+pub mod linformer;
+pub mod nystrom;
+pub mod performer;
+pub mod softmax;

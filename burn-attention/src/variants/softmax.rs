@@ -1,0 +1,178 @@
+//! Exact softmax attention, the baseline every other variant is measured against.
+//!
+//! `O = softmax(Q Kᵀ / √d + M) V` (Vaswani et al. 2017, arXiv 1706.03762), the softmax over the
+//! keys, `M` a large negative fill on padded or future keys. Cost: O(n² d) time and O(n²) memory
+//! per head (O(n) on the fused kernels of `flex` and `tch`). Masks: padding and causal;
+//! cross-attention; decoding with a key/value cache.
+
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+
+use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::variant::{Capabilities, ModelShape, VariantConfig, VariantInfo};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "softmax",
+    paper: "Vaswani et al. 2017, arXiv 1706.03762",
+    time: "O(n² d)",
+    memory: "O(n²); O(n) fused",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: true,
+        cross_attention: true,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`SoftmaxAttention`].
+#[derive(Config, Debug)]
+pub struct SoftmaxAttentionConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections (the LRA reference has none).
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl SoftmaxAttentionConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> SoftmaxAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        SoftmaxAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+        }
+    }
+}
+
+impl VariantConfig for SoftmaxAttentionConfig {
+    type Module = SoftmaxAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> SoftmaxAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head exact softmax attention. Create with [`SoftmaxAttentionConfig`].
+#[derive(Module, Debug)]
+pub struct SoftmaxAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+}
+
+impl AttentionModule for SoftmaxAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
+        crate::core::variant::check_capabilities(&INFO, n_q, n_k, masks.causal)?;
+        Ok(exact_softmax_attention(
+            q,
+            k,
+            v,
+            masks.key_pad,
+            masks.causal,
+            Some(&self.dropout),
+        ))
+    }
+
+    /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
+    /// position t.
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let (keys, values) = match state {
+            DecodingState::Empty => (k, v),
+            DecodingState::KeyValueCache { keys, values } => (
+                Tensor::cat(vec![keys, k], 2),
+                Tensor::cat(vec![values, v], 2),
+            ),
+            DecodingState::Recurrent(_) => {
+                return Err(AttentionError::unsupported(
+                    INFO.name,
+                    "a recurrent decoding state (it carries a key/value cache)",
+                ));
+            }
+        };
+        let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache { keys, values },
+        ))
+    }
+}
+
+/// Exact softmax attention on per-head tensors, the functional form of [`SoftmaxAttention`].
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
+/// - `mask_pad`: `[batch, n_k]`, `true` = padding
+/// - output: `[batch, heads, n_q, d]`
+pub fn softmax_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+) -> Tensor<4> {
+    exact_softmax_attention(q, k, v, mask_pad, causal, None)
+}

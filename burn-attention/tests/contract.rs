@@ -1,0 +1,376 @@
+//! The contract beyond self-attention, for every registered variant that supports it:
+//! - cross-attention (queries from one sequence, keys and values from another of a different
+//!   length, each with its own padding) against a float64 reference of each variant's formula,
+//!   and its invariants: cross-attention of a sequence with itself is self-attention, and
+//!   padding on either side leaves the real outputs unchanged;
+//! - decoding token by token equals the causal forward pass, for a layer and for an encoder;
+//!   the recurrent state of the kernelized variants does not grow with the position;
+//! - what is not defined is refused with an error that says what.
+
+mod reference;
+
+use burn::prelude::*;
+use burn::tensor::{Distribution, Tolerance};
+use burn_attention_zoo::{
+    Attention, AttentionConfig, AttentionInput, AttentionModule, DecodingState, EncoderBlockConfig,
+    EncoderConfig, FeedForwardKernel, FeedForwardKernelConfig, HeadMasks, NystromConfig, VARIANTS,
+    padding_mask_from_lengths,
+};
+use reference::{
+    favor_features, kernelized_head, matmul, matrix, max_rel_err, nystrom_cross_f64, phi_f64,
+    project, softmax_head, softmax_rows, to_heads, to_rows, transpose,
+};
+
+const D_MODEL: usize = 16;
+const N_HEADS: usize = 2;
+const N_MAX: usize = 24;
+
+fn device() -> Device {
+    Device::flex()
+}
+
+/// A small configuration of the variant `name`, dropout off.
+fn config_for(name: &str) -> AttentionConfig {
+    let config = AttentionConfig::from_name(name, D_MODEL, N_HEADS, N_MAX)
+        .unwrap()
+        .with_dropout(0.0);
+    match config {
+        AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
+        AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
+        AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
+        other => other,
+    }
+}
+
+fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+}
+
+fn tol() -> Tolerance<f32> {
+    Tolerance::absolute(1e-5).set_relative(1e-4)
+}
+
+fn names_with(capability: impl Fn(&burn_attention_zoo::Capabilities) -> bool) -> Vec<&'static str> {
+    VARIANTS
+        .iter()
+        .filter(|v| capability(&v.capabilities))
+        .map(|v| v.name)
+        .collect()
+}
+
+fn map_rows(x: &[Vec<f64>], f: impl Fn(f64) -> f64) -> Vec<Vec<f64>> {
+    x.iter()
+        .map(|r| r.iter().map(|&a| f(a)).collect())
+        .collect()
+}
+
+/// A `[p, k, n_max]` projection's first matrix as f64 rows `[k][n_max]`.
+fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
+    let [_, k, n_max] = p.dims();
+    to_rows(&p.slice(s![0..1]).reshape([k, n_max]))
+}
+
+/// `ρ_q(Q) (ρ_k(K)ᵀ V)`: each query row's softmax over its features; each key feature's softmax
+/// over the key rows.
+fn efficient_f64(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let rho_k = transpose(&softmax_rows(&transpose(k)));
+    matmul(&softmax_rows(q), &matmul(&transpose(&rho_k), v))
+}
+
+/// One head of cross-attention in float64, from each variant's formula and the module's own
+/// parameters: `q_len` real queries over `k_len` real keys.
+fn cross_f64(
+    attention: &Attention,
+    name: &str,
+    [q, k, v]: [&[Vec<f64>]; 3],
+    (q_len, k_len): (usize, usize),
+) -> Vec<Vec<f64>> {
+    let (q, k, v) = (&q[..q_len], &k[..k_len], &v[..k_len]);
+    let d = q[0].len() as f64;
+    let all = |_: usize, _: usize| false;
+    match (name, attention) {
+        ("softmax", _) => softmax_head(q, k, v, all),
+        ("efficient", _) => efficient_f64(q, k, v),
+        ("linear", _) => {
+            let phi = |x: f64| if x > 0.0 { x + 1.0 } else { x.exp() };
+            kernelized_head(&map_rows(q, phi), &map_rows(k, phi), v, all)
+        }
+        ("performer-relu", _) => {
+            let phi = |x: f64| x.max(0.0) + 1e-3;
+            kernelized_head(&map_rows(q, phi), &map_rows(k, phi), v, all)
+        }
+        ("performer", Attention::Performer(m)) => {
+            let w = matrix(m.features.as_ref().unwrap());
+            kernelized_head(&favor_features(q, &w), &favor_features(k, &w), v, all)
+        }
+        (_, Attention::FeedForward(m)) => kernelized_head(&phi_f64(m, q), &phi_f64(m, k), v, all),
+        (_, Attention::Linformer(m)) => {
+            let e = first_projection(m.e.as_ref().unwrap().val());
+            let f = first_projection(m.f.as_ref().unwrap().val());
+            let e: Vec<Vec<f64>> = e.iter().map(|r| r[..k_len].to_vec()).collect();
+            let f: Vec<Vec<f64>> = f.iter().map(|r| r[..k_len].to_vec()).collect();
+            let (ek, fv) = (project(&e, k, |_| false), project(&f, v, |_| false));
+            if name == "linformer" {
+                softmax_head(q, &ek, &fv, all)
+            } else {
+                // H (L X): H = ρ_q(Q/√d), L = ρ_k((E K)ᵀ/√d) over the k projected positions.
+                let scaled = |x: &[Vec<f64>]| map_rows(x, |a| a / d.sqrt());
+                let h = softmax_rows(&scaled(q));
+                let l = softmax_rows(&transpose(&scaled(&ek)));
+                matmul(&h, &matmul(&l, &fv))
+            }
+        }
+        ("nystrom", _) => nystrom_cross_f64(q, k, v, (q_len, k_len), 4, 6),
+        _ => panic!("no float64 reference for {name}"),
+    }
+}
+
+/// Cross-attention against each variant's float64 formula, on per-head tensors with the
+/// module's own parameters: 7 queries over 11 keys, both sides padded (real lengths 7 and 4
+/// queries, 11 and 6 keys), compared on the real queries; 1e-4 relative (floor 0.01, see
+/// `max_rel_err`). Every registered variant with cross-attention takes part.
+#[test]
+fn cross_attention_matches_float64_reference() {
+    let device = device();
+    device.seed(12);
+    let (n_q, n_k, d) = (7, 11, D_MODEL / N_HEADS);
+    let (q_lens, k_lens) = ([7, 4], [11, 6]);
+    let masks = HeadMasks::cross(
+        Some(padding_mask_from_lengths(&k_lens, n_k, &device)),
+        Some(padding_mask_from_lengths(&q_lens, n_q, &device)),
+    );
+    let names = names_with(|c| c.cross_attention);
+    assert!(names.len() >= 13, "{names:?}");
+    for name in names {
+        let attention = config_for(name).init(&device);
+        let q = random([2, N_HEADS, n_q, d], &device);
+        let [k, v] = [0, 1].map(|_| random([2, N_HEADS, n_k, d], &device));
+        let out = attention
+            .attend(q.clone(), k.clone(), v.clone(), masks.clone())
+            .unwrap();
+        assert_eq!(out.dims(), [2, N_HEADS, n_q, d], "{name}");
+        let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+        for b in 0..2 {
+            for h in 0..N_HEADS {
+                let expected = cross_f64(
+                    &attention,
+                    name,
+                    [&q[b][h], &k[b][h], &v[b][h]],
+                    (q_lens[b], k_lens[b]),
+                );
+                let err = max_rel_err(&out[b][h][..q_lens[b]], &expected, 1e-2);
+                assert!(
+                    err < 1e-4,
+                    "{name} batch {b} head {h}: relative error {err}"
+                );
+            }
+        }
+    }
+}
+
+/// Cross-attention of a sequence with itself is self-attention, masks included, for every
+/// variant with cross-attention.
+#[test]
+fn cross_attention_with_itself_is_self_attention() {
+    let device = device();
+    let mask = padding_mask_from_lengths(&[9, 5], 9, &device);
+    for name in names_with(|c| c.cross_attention) {
+        let attention = config_for(name).init(&device);
+        let x = random([2, 9, D_MODEL], &device);
+        let own = attention.forward(AttentionInput::new(x.clone()).mask_pad(mask.clone()));
+        let cross = attention.forward(
+            AttentionInput::cross(x.clone(), x.clone(), x)
+                .mask_pad(mask.clone())
+                .mask_pad_query(mask.clone()),
+        );
+        for (b, len) in [(0, 9), (1, 5)] {
+            cross
+                .clone()
+                .slice(s![b..b + 1, 0..len])
+                .into_data()
+                .assert_approx_eq::<f32>(
+                    &own.clone().slice(s![b..b + 1, 0..len]).into_data(),
+                    tol(),
+                );
+        }
+    }
+}
+
+/// Padding on both sides of cross-attention leaves the real outputs unchanged: a batch of two
+/// with 5 and 3 real queries over 8 and 4 real keys, padded (with large junk) to 9 queries and 13
+/// keys, equals each pair run alone without padding. For every variant with cross-attention.
+#[test]
+fn cross_attention_padding_on_both_sides() {
+    let device = device();
+    device.seed(13);
+    let (q_lens, k_lens) = ([5, 3], [8, 4]);
+    let (n_q, n_k) = (9, 13);
+    for name in names_with(|c| c.cross_attention) {
+        let attention = config_for(name).init(&device);
+        let queries = random([2, n_q, D_MODEL], &device);
+        let memory = random([2, n_k, D_MODEL], &device);
+        let q_real = padding_mask_from_lengths(&q_lens, n_q, &device).bool_not();
+        let k_real = padding_mask_from_lengths(&k_lens, n_k, &device).bool_not();
+        let junk = |x: Tensor<3>, real: Tensor<2, Bool>| {
+            let [b, n, d] = x.dims();
+            random([b, n, d], &device)
+                .mul_scalar(50.0)
+                .mask_where(real.reshape([b, n, 1]).expand([b, n, d]), x)
+        };
+        let padded = attention.forward(
+            AttentionInput::cross(
+                junk(queries.clone(), q_real),
+                junk(memory.clone(), k_real.clone()),
+                junk(memory.clone(), k_real),
+            )
+            .mask_pad(padding_mask_from_lengths(&k_lens, n_k, &device))
+            .mask_pad_query(padding_mask_from_lengths(&q_lens, n_q, &device)),
+        );
+        for b in 0..2 {
+            let q = queries.clone().slice(s![b..b + 1, 0..q_lens[b]]);
+            let m = memory.clone().slice(s![b..b + 1, 0..k_lens[b]]);
+            let alone = attention.forward(AttentionInput::cross(q, m.clone(), m));
+            padded
+                .clone()
+                .slice(s![b..b + 1, 0..q_lens[b]])
+                .into_data()
+                .assert_approx_eq::<f32>(&alone.into_data(), tol());
+        }
+    }
+}
+
+/// What cross-attention cannot do is refused with an error that names it: causal masking
+/// between sequences of different lengths, Nyströmformer's convolution skip, more keys than
+/// Linformer's `n_max`.
+#[test]
+fn cross_attention_refusals_name_the_reason() {
+    let device = device();
+    let (q, m) = (
+        random([1, 4, D_MODEL], &device),
+        random([1, 6, D_MODEL], &device),
+    );
+    let cross = || AttentionInput::cross(q.clone(), m.clone(), m.clone());
+    let err = config_for("softmax")
+        .init(&device)
+        .try_forward(cross().causal(true))
+        .unwrap_err();
+    assert!(err.to_string().contains("causal"), "{err}");
+    let nystrom = AttentionConfig::Nystrom(
+        NystromConfig::new(D_MODEL, N_HEADS)
+            .with_n_landmarks(2)
+            .with_conv_kernel(Some(3)),
+    );
+    let err = nystrom.init(&device).try_forward(cross()).unwrap_err();
+    assert!(err.to_string().contains("conv_kernel"), "{err}");
+    assert!(nystrom.check_input(4, 6, false).is_err());
+    let long = random([1, N_MAX + 1, D_MODEL], &device);
+    let err = config_for("linformer")
+        .init(&device)
+        .try_forward(AttentionInput::cross(q.clone(), long.clone(), long))
+        .unwrap_err();
+    assert!(err.to_string().contains("n_max"), "{err}");
+}
+
+/// Every causal configuration: each registered causal variant and the gated kernel at depth 2.
+fn causal_configs() -> Vec<AttentionConfig> {
+    let mut configs: Vec<AttentionConfig> = names_with(|c| c.causal)
+        .into_iter()
+        .map(config_for)
+        .collect();
+    configs.push(AttentionConfig::FeedForward(
+        FeedForwardKernelConfig::new(D_MODEL, N_HEADS, FeedForwardKernel::Glu).with_depth(2),
+    ));
+    configs
+}
+
+/// Runs `decode` over the positions of `x: [batch, n, d_model]` one at a time, concatenating
+/// the outputs; also returns the final state.
+fn decode_all<S>(
+    x: &Tensor<3>,
+    mut state: S,
+    mut step: impl FnMut(Tensor<3>, S) -> (Tensor<3>, S),
+) -> (Tensor<3>, S) {
+    let n = x.dims()[1];
+    let mut outputs = Vec::with_capacity(n);
+    for t in 0..n {
+        let (y, next) = step(x.clone().slice(s![.., t..t + 1]), state);
+        outputs.push(y);
+        state = next;
+    }
+    (Tensor::cat(outputs, 1), state)
+}
+
+/// Decoding token by token equals the causal forward pass at every position, for every causal
+/// variant, over 70 positions (two chunks of the chunked causal form) at input norms of √d_model
+/// and 3√d_model; the kernelized variants' state is the same size after 1 token and after 70.
+#[test]
+fn decoding_equals_causal_forward() {
+    let device = device();
+    device.seed(14);
+    let n = 70;
+    for config in causal_configs() {
+        let attention = config.init(&device);
+        for norm in [1.0, 3.0] {
+            let x = random([2, n, D_MODEL], &device).mul_scalar(norm);
+            let full = attention.forward(AttentionInput::new(x.clone()).causal(true));
+            let (decoded, state) = decode_all(&x, DecodingState::default(), |x, state| {
+                attention.decode(x, state).unwrap()
+            });
+            decoded.into_data().assert_approx_eq::<f32>(
+                &full.into_data(),
+                Tolerance::absolute(1e-5).set_relative(2e-4),
+            );
+            let (_, first) = attention
+                .decode(x.clone().slice(s![.., 0..1]), DecodingState::default())
+                .unwrap();
+            match (first, state) {
+                (DecodingState::Recurrent(first), DecodingState::Recurrent(last)) => {
+                    assert_eq!(first.s.dims(), last.s.dims(), "{}", config.name());
+                    assert_eq!(first.z.dims(), last.z.dims(), "{}", config.name());
+                }
+                (
+                    DecodingState::KeyValueCache { .. },
+                    DecodingState::KeyValueCache { keys, .. },
+                ) => {
+                    assert_eq!(config.name(), "softmax");
+                    assert_eq!(keys.dims()[2], n);
+                }
+                (_, other) => panic!("{}: unexpected state {other:?}", config.name()),
+            }
+        }
+    }
+}
+
+/// A two-layer encoder decoding token by token equals its causal forward pass (the LM use).
+#[test]
+fn encoder_decoding_equals_causal_forward() {
+    let device = device();
+    device.seed(15);
+    for name in ["softmax", "linear", "performer", "ff-glu"] {
+        let block = EncoderBlockConfig::new(config_for(name), 32);
+        let encoder = EncoderConfig::new(block, 2).init(&device);
+        let x = random([2, 40, D_MODEL], &device);
+        let full = encoder.forward(AttentionInput::new(x.clone()).causal(true));
+        let (decoded, states) = decode_all(&x, Vec::new(), |x, states| {
+            encoder.decode(x, states).unwrap()
+        });
+        assert_eq!(states.len(), 2);
+        decoded.into_data().assert_approx_eq::<f32>(
+            &full.into_data(),
+            Tolerance::absolute(1e-5).set_relative(2e-4),
+        );
+    }
+}
+
+/// Variants without a causal form refuse to decode, naming what they do not support.
+#[test]
+fn decoding_is_refused_without_a_causal_form() {
+    let device = device();
+    for name in names_with(|c| !c.causal) {
+        let attention = config_for(name).init(&device);
+        let err = attention
+            .decode(random([1, 1, D_MODEL], &device), DecodingState::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("decoding"), "{name}: {err}");
+    }
+}
