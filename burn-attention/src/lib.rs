@@ -16,7 +16,7 @@ mod encoder;
 mod registry;
 pub mod variants;
 
-pub use crate::core::contract::{AttentionModule, DecodingState, RecurrentState};
+pub use crate::core::contract::{AttentionModule, Capabilities, DecodingState, RecurrentState};
 pub use crate::core::error::AttentionError;
 pub use crate::core::features::{orthogonal_features, random_orthogonal};
 pub use crate::core::heads::{QkvoProjection, merge_heads, split_heads};
@@ -27,7 +27,7 @@ pub use crate::core::kernelized::{
     CAUSAL_CHUNK, causal_kernelized_attention, kernelized_attention, kernelized_step,
 };
 pub use crate::core::params::num_trainable_params;
-pub use crate::core::variant::{Capabilities, ModelShape, VariantConfig, VariantInfo};
+pub use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 pub use encoder::{BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
 pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
 pub use variants::efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};

@@ -11,10 +11,10 @@ use burn::module::Param;
 use burn::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::AttentionError;
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::variant::{Capabilities, ModelShape, VariantConfig, VariantInfo};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};

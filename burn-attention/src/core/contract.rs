@@ -1,4 +1,5 @@
-//! The contract every attention meets: the [`AttentionModule`] trait that the encoder blocks
+//! The contract every attention meets: the [`AttentionModule`] trait and the [`Capabilities`] it
+//! declares that the encoder blocks
 //! accept (the registry's [`Attention`](crate::Attention) and any module of the user's), and
 //! the state a causal attention carries from token to token ([`DecodingState`]).
 
@@ -6,7 +7,6 @@ use burn::prelude::*;
 
 use super::error::AttentionError;
 use super::input::{AttentionInput, HeadMasks};
-use super::variant::Capabilities;
 
 /// An attention layer: `[batch, n_q, d_model]` queries (and keys and values, see
 /// [`AttentionInput`]) in, `[batch, n_q, d_model]` out.
@@ -89,6 +89,23 @@ pub trait AttentionModule: Module {
     fn penalty(&self) -> Option<Tensor<1>> {
         None
     }
+}
+
+/// What a variant supports; asking for anything else is an error before training starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Honours a key padding mask.
+    pub padding_mask: bool,
+    /// Supports causal masking, and decoding token by token.
+    pub causal: bool,
+    /// Supports cross-attention: queries and keys from sequences of different lengths.
+    pub cross_attention: bool,
+    /// Needs a fixed maximum sequence length (`n_max`) at construction.
+    pub fixed_max_len: bool,
+    /// The implied weights of each query over the values sum to one, so a constant `v` comes
+    /// back unchanged and a sequence of one position returns its own `v`, whatever the queries
+    /// and keys.
+    pub weights_sum_to_one: bool,
 }
 
 /// What a causal attention carries from one decoded token to the next, per layer.

@@ -1,27 +1,9 @@
-//! What a variant states about itself, once, in its own file: its facts ([`VariantInfo`],
-//! [`Capabilities`]) and its configuration's side of the registry ([`VariantConfig`]).
+//! What a variant states about itself, once, in its own file: its facts ([`VariantInfo`]) and its configuration's side of the registry ([`VariantConfig`]).
 
 use burn::prelude::*;
 
-use super::contract::AttentionModule;
+use super::contract::{AttentionModule, Capabilities};
 use super::error::AttentionError;
-
-/// What a variant supports; asking for anything else is an error before training starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Honours a key padding mask.
-    pub padding_mask: bool,
-    /// Supports causal masking, and decoding token by token.
-    pub causal: bool,
-    /// Supports cross-attention: queries and keys from sequences of different lengths.
-    pub cross_attention: bool,
-    /// Needs a fixed maximum sequence length (`n_max`) at construction.
-    pub fixed_max_len: bool,
-    /// The implied weights of each query over the values sum to one, so a constant `v` comes
-    /// back unchanged and a sequence of one position returns its own `v`, whatever the queries
-    /// and keys.
-    pub weights_sum_to_one: bool,
-}
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
 #[derive(Debug, Clone, Copy)]

@@ -11,13 +11,11 @@
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::AttentionModule;
+use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

@@ -25,15 +25,13 @@ use burn::tensor::activation::{sigmoid, softplus};
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,

@@ -13,14 +13,12 @@
 
 use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

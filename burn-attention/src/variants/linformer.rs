@@ -28,14 +28,12 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::AttentionModule;
+use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,

@@ -40,14 +40,12 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::AttentionModule;
+use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const NAME: &str = "nystrom";
 

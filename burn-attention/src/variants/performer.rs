@@ -49,16 +49,14 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, DecodingState, RecurrentState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState, RecurrentState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::orthogonal_features;
 use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
-use crate::core::variant::{
-    Capabilities, ModelShape, VariantConfig, VariantInfo, check_capabilities,
-};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,

@@ -8,12 +8,12 @@
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{Capabilities, ModelShape, VariantConfig, VariantInfo};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
