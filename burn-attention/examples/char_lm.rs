@@ -1,0 +1,394 @@
+//! A causal character-level language model: trains for a few minutes on a CPU, then generates
+//! with the recurrent decoding state and times it against re-running the whole prefix for every
+//! token.
+//!
+//! ```sh
+//! cargo run --release --example char_lm -- --data-dir path/to/imdb   # aclImdb folder or .tar.gz
+//! cargo run --release --example char_lm                             # generated text
+//! cargo run --release --example char_lm -- --attention performer --seconds 60
+//! ```
+//!
+//! Model: byte embeddings plus sinusoidal positions, a pre-LN `Encoder` with causal attention
+//! (`linear` by default, any causal variant by `--attention`), a linear head over the 256 bytes.
+//! Decoding carries one `DecodingState` per layer: for the kernelized variants the sums
+//! `S = Σ φ(k) vᵀ` and `z = Σ φ(k)`, so a token costs the same at position 100 and 4,000.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::prelude::*;
+use burn_attention_zoo::{
+    AttentionConfig, AttentionInput, DecodingState, Encoder, EncoderBlockConfig, EncoderConfig,
+};
+
+const VOCAB: usize = 256;
+const D_MODEL: usize = 128;
+const HEADS: usize = 4;
+const LAYERS: usize = 2;
+const CONTEXT: usize = 128;
+const BATCH: usize = 16;
+/// Text read from a corpus, at most.
+const MAX_TEXT: usize = 4 << 20;
+
+struct Args {
+    data_dir: Option<PathBuf>,
+    attention: String,
+    seconds: f64,
+    decode_to: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        data_dir: None,
+        attention: "linear".into(),
+        seconds: 150.0,
+        decode_to: 4_100,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("`{flag}` needs a value"));
+        match flag.as_str() {
+            "--data-dir" => args.data_dir = Some(PathBuf::from(value()?)),
+            "--attention" => args.attention = value()?,
+            "--seconds" => {
+                let v = value()?;
+                args.seconds = v.parse().map_err(|_| format!("--seconds: not a number: {v}"))?;
+            }
+            "--decode-to" => {
+                let v = value()?;
+                args.decode_to = v.parse().map_err(|_| format!("--decode-to: not a count: {v}"))?;
+            }
+            other => return Err(format!("unknown argument `{other}` (expected --data-dir, --attention, --seconds, --decode-to)")),
+        }
+    }
+    if args.decode_to < 200 {
+        return Err("--decode-to: at least 200 positions".into());
+    }
+    Ok(args)
+}
+
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("error: {err}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let text = match &args.data_dir {
+        Some(dir) => read_corpus(dir)?,
+        None => generated_text(1 << 20),
+    };
+    println!(
+        "text: {} bytes from {}",
+        text.len(),
+        args.data_dir
+            .as_ref()
+            .map_or("the generator".to_string(), |d| d.display().to_string())
+    );
+    let attention = AttentionConfig::from_name(&args.attention, D_MODEL, HEADS, CONTEXT)
+        .map_err(|e| e.to_string())?;
+    if !attention.info().capabilities.causal {
+        return Err(format!("`{}` has no causal form; try linear or performer", args.attention));
+    }
+    let device = Device::flex();
+    device.seed(0);
+    let model = train(CharLmConfig { attention }, &text, args.seconds, &device.clone().autodiff());
+    let model = model.valid();
+    let prompt = b"This movie ";
+    let (generated, times) = generate(&model, prompt, args.decode_to, &device);
+    println!(
+        "\n--- generated (recurrent state, temperature 0.8) ---\n{}{}\n---",
+        String::from_utf8_lossy(prompt),
+        String::from_utf8_lossy(&generated[..300.min(generated.len())])
+    );
+    report_speed(&model, &args.attention, &generated, &times, &device);
+    Ok(())
+}
+
+/// The model's configuration: its attention.
+struct CharLmConfig {
+    attention: AttentionConfig,
+}
+
+/// Bytes in, next-byte logits out.
+#[derive(Module, Debug)]
+struct CharLm {
+    embedding: Embedding,
+    encoder: Encoder,
+    head: Linear,
+}
+
+impl CharLmConfig {
+    fn init(&self, device: &Device) -> CharLm {
+        let block = EncoderBlockConfig::new(self.attention.clone(), 2 * D_MODEL).with_dropout(0.0);
+        CharLm {
+            embedding: EmbeddingConfig::new(VOCAB, D_MODEL).init(device),
+            encoder: EncoderConfig::new(block, LAYERS).init(device),
+            head: LinearConfig::new(D_MODEL, VOCAB).init(device),
+        }
+    }
+}
+
+impl CharLm {
+    /// Logits `[batch, n, 256]` for the bytes `ids: [batch, n]` at positions `0..n`, causal.
+    fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let n = ids.dims()[1];
+        let x = self.embedding.forward(ids) + positions(0, n, &self.head.weight.device()).unsqueeze();
+        let h = self.encoder.forward(AttentionInput::new(x).causal(true));
+        self.head.forward(h)
+    }
+
+    /// Logits `[1, 1, 256]` of the byte after `byte` at `position`, and the new states.
+    fn step(
+        &self,
+        byte: u8,
+        position: usize,
+        states: Vec<DecodingState>,
+    ) -> (Tensor<3>, Vec<DecodingState>) {
+        let device = self.head.weight.device();
+        let id = Tensor::<2, Int>::from_data(TensorData::new(vec![byte as i64], [1, 1]), &device);
+        let x = self.embedding.forward(id) + positions(position, 1, &device).unsqueeze();
+        let (h, states) = self.encoder.decode(x, states).expect("a causal attention decodes");
+        (self.head.forward(h), states)
+    }
+}
+
+/// Sinusoidal position encodings of positions `start..start + n`, `[n, d_model]`: defined at
+/// any position, so decoding can run past the training context.
+fn positions(start: usize, n: usize, device: &Device) -> Tensor<2> {
+    let mut data = Vec::with_capacity(n * D_MODEL);
+    for p in start..start + n {
+        for i in 0..D_MODEL / 2 {
+            let angle = p as f64 / 10_000f64.powf(2.0 * i as f64 / D_MODEL as f64);
+            data.push(angle.sin() as f32);
+            data.push(angle.cos() as f32);
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [n, D_MODEL]), device)
+}
+
+/// Trains on random windows of `text` for `seconds`, printing the loss.
+fn train(config: CharLmConfig, text: &[u8], seconds: f64, device: &Device) -> CharLm {
+    let mut model = config.init(device);
+    let mut optim = AdamConfig::new().init();
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let started = Instant::now();
+    let mut step = 0;
+    let mut running = None::<f64>;
+    println!(
+        "training {} ({LAYERS} layers, d_model {D_MODEL}, {HEADS} heads) on windows of {CONTEXT} bytes, batch {BATCH}, for {seconds} s",
+        config.attention.name()
+    );
+    while started.elapsed().as_secs_f64() < seconds {
+        let mut window = Vec::with_capacity(BATCH * (CONTEXT + 1));
+        for _ in 0..BATCH {
+            let at = rng.below(text.len() - CONTEXT - 1);
+            window.extend(text[at..at + CONTEXT + 1].iter().map(|&b| b as i64));
+        }
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(window, [BATCH, CONTEXT + 1]), device);
+        let inputs = ids.clone().slice(s![.., 0..CONTEXT]);
+        let targets = ids.slice(s![.., 1..CONTEXT + 1]).reshape([BATCH * CONTEXT]);
+        let logits = model.forward(inputs).reshape([BATCH * CONTEXT, VOCAB]);
+        let loss = loss_fn.forward(logits, targets);
+        let value = loss.clone().into_scalar::<f64>();
+        running = Some(running.map_or(value, |r| 0.95 * r + 0.05 * value));
+        let lr = if step < 100 { 3e-3 * (step + 1) as f64 / 100.0 } else { 3e-3 };
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+        step += 1;
+        if step % 100 == 0 {
+            println!(
+                "step {step:5}  loss {:.3} (bits per byte {:.2})  {:.0} s",
+                running.unwrap(),
+                running.unwrap() / std::f64::consts::LN_2,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    println!("{step} steps in {:.0} s", started.elapsed().as_secs_f64());
+    model
+}
+
+/// Feeds `prompt`, then samples until position `decode_to`, one token at a time through the
+/// recurrent state. Returns the generated bytes and the time of each step (by position).
+fn generate(model: &CharLm, prompt: &[u8], decode_to: usize, device: &Device) -> (Vec<u8>, Vec<f64>) {
+    let _ = device;
+    let mut rng = Rng(42);
+    let mut states = Vec::new();
+    let mut times = Vec::with_capacity(decode_to);
+    let mut generated = Vec::new();
+    let mut next = prompt[0];
+    for position in 0..decode_to {
+        let started = Instant::now();
+        let (logits, new_states) = model.step(next, position, states);
+        states = new_states;
+        let probs: Vec<f32> = burn::tensor::activation::softmax(logits.reshape([VOCAB]).div_scalar(0.8), 0)
+            .into_data()
+            .try_to_vec::<f32>()
+            .expect("f32 probabilities");
+        times.push(started.elapsed().as_secs_f64());
+        next = match prompt.get(position + 1) {
+            Some(&b) => b,
+            None => {
+                let b = rng.sample(&probs);
+                generated.push(b);
+                b
+            }
+        };
+    }
+    (generated, times)
+}
+
+/// Tokens per second of recurrent decoding (from the timed steps) and of re-running the causal
+/// forward pass over the whole prefix for each token, at positions 100 and `decode_to - 100`.
+fn report_speed(model: &CharLm, name: &str, generated: &[u8], times: &[f64], device: &Device) {
+    let late = times.len() - 100;
+    let recurrent = |at: usize| 100.0 / times[at..at + 100].iter().sum::<f64>();
+    let bytes: Vec<i64> = b"This movie ".iter().chain(generated).map(|&b| b as i64).collect();
+    let full_prefix = |at: usize, tokens: usize| {
+        let started = Instant::now();
+        for t in at..at + tokens {
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(bytes[..t + 1].to_vec(), [1, t + 1]), device);
+            let logits = model.forward(ids);
+            let _ = logits.slice(s![.., t..t + 1]).into_data();
+        }
+        tokens as f64 / started.elapsed().as_secs_f64()
+    };
+    println!("\ndecoding speed, {name}, batch 1, flex ({} threads):", std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!("| position | recurrent state, tokens/s | full prefix re-run, tokens/s |");
+    println!("|---|---|---|");
+    println!("| 100 | {:.0} | {:.1} |", recurrent(100), full_prefix(100, 10));
+    println!("| {late} | {:.0} | {:.2} |", recurrent(late), full_prefix(late, 3));
+}
+
+/// Reads up to 4 MiB of text: the reviews of an aclImdb folder or `.tar.gz` (train split), any
+/// folder of `.txt` files, or one text file.
+fn read_corpus(path: &Path) -> Result<Vec<u8>, String> {
+    let mut text = Vec::new();
+    if path.is_file() && path.to_string_lossy().ends_with(".tar.gz") {
+        read_archive(path, &mut text)?;
+    } else if path.is_file() {
+        text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    } else if path.is_dir() {
+        let archives: Vec<PathBuf> = list(path)?
+            .into_iter()
+            .filter(|p| p.to_string_lossy().ends_with(".tar.gz"))
+            .collect();
+        match archives.first() {
+            Some(archive) => read_archive(archive, &mut text)?,
+            None => read_folder(path, &mut text)?,
+        }
+    } else {
+        return Err(format!("{}: no such file or folder", path.display()));
+    }
+    text.truncate(MAX_TEXT);
+    if text.len() < 10 * CONTEXT {
+        return Err(format!("{}: only {} bytes of text (need {})", path.display(), text.len(), 10 * CONTEXT));
+    }
+    Ok(text)
+}
+
+fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    paths.sort();
+    Ok(paths)
+}
+
+fn read_folder(dir: &Path, text: &mut Vec<u8>) -> Result<(), String> {
+    for path in list(dir)? {
+        if text.len() >= MAX_TEXT {
+            break;
+        }
+        if path.is_dir() {
+            read_folder(&path, text)?;
+        } else if path.extension().is_some_and(|e| e == "txt") {
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            text.extend(bytes);
+            text.push(b'\n');
+        }
+    }
+    Ok(())
+}
+
+fn read_archive(path: &Path, text: &mut Vec<u8>) -> Result<(), String> {
+    let unreadable = |e: std::io::Error| format!("{}: unreadable archive ({e})", path.display());
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(BufReader::new(file)));
+    for entry in archive.entries().map_err(unreadable)? {
+        let mut entry = entry.map_err(unreadable)?;
+        let name = entry.path().map_err(unreadable)?.to_string_lossy().into_owned();
+        if !(name.contains("train/pos/") || name.contains("train/neg/")) || !name.ends_with(".txt") {
+            continue;
+        }
+        entry.read_to_end(text).map_err(unreadable)?;
+        text.push(b'\n');
+        if text.len() >= MAX_TEXT {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Sentences from a small grammar, for when no corpus is given: enough structure (agreement,
+/// punctuation, a few hundred words) for the loss to fall visibly in a few minutes.
+fn generated_text(bytes: usize) -> Vec<u8> {
+    let subjects = ["the film", "this movie", "the story", "the actor", "the ending", "the music", "every scene"];
+    let verbs = ["was", "felt", "seemed", "looked", "remained"];
+    let adjectives = ["wonderful", "boring", "far too long", "beautifully shot", "predictable", "moving", "funny"];
+    let endings = [".", "!", ", and I loved it.", ", but the plot was thin.", "."];
+    let mut rng = Rng(7);
+    let mut text = Vec::with_capacity(bytes);
+    while text.len() < bytes {
+        let mut sentence = format!(
+            "{} {} {}{}",
+            subjects[rng.below(subjects.len())],
+            verbs[rng.below(verbs.len())],
+            adjectives[rng.below(adjectives.len())],
+            endings[rng.below(endings.len())]
+        );
+        sentence[..1].make_ascii_uppercase();
+        text.extend(sentence.bytes());
+        text.push(b' ');
+    }
+    text
+}
+
+/// A small deterministic generator (xorshift64*), for windows and sampling.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn sample(&mut self, probs: &[f32]) -> u8 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        for (i, &p) in probs.iter().enumerate() {
+            acc += p as f64;
+            if u < acc {
+                return i as u8;
+            }
+        }
+        (probs.len() - 1) as u8
+    }
+}
