@@ -828,7 +828,7 @@ fn check_4_linformer_linear_matches_float64_reference() {
     assert!(err < 1e-4, "relative error {err}");
 }
 
-/// Check 4, its limiting case (ATTENTION.md section 4): with `k = n` and `E = F = I` it equals
+/// Check 4, its limiting case (docs/attention.md): with `k = n` and `E = F = I` it equals
 /// Efficient Attention applied to `Q/√d` and `K/√d`, to f32 round-off.
 #[test]
 fn check_4_linformer_linear_identity_projection_is_efficient() {

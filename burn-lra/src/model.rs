@@ -2,7 +2,7 @@
 //!
 //! Token embedding (N(0, 1)) -> CLS vector prepended (zero-initialised, CLS pooling only) ->
 //! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
-//! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, LRA.md).
+//! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, docs/lra.md).
 
 use anyhow::Result;
 use burn::module::Param;
@@ -56,7 +56,7 @@ impl LraClassifier {
     ) -> Result<Self> {
         let m = &config.model;
         let encoder = config.encoder_config(attention)?;
-        // Matching (LRA.md): `MLP([X1, X2, X1*X2, X1-X2])` or `MLP([X1, X2])`, with
+        // Matching (docs/lra.md): `MLP([X1, X2, X1*X2, X1-X2])` or `MLP([X1, X2])`, with
         // Dense(mlp) ReLU Dense(mlp/2) ReLU Dense(classes).
         let pair_features = (config.task == Task::Matching).then_some(m.pair_features);
         let head_in = match pair_features {
@@ -338,7 +338,7 @@ mod tests {
         );
     }
 
-    /// The `lra` presets build the LRA reference models: parameter counts derived in LRA.md
+    /// The `lra` presets build the LRA reference models: parameter counts derived in docs/lra.md
     /// (ListOps 8.95M, Text 3.49M, Matching 1.09M with the concat head).
     #[test]
     fn lra_presets_have_the_reference_sizes() {
@@ -363,7 +363,7 @@ mod tests {
             .n_params as f64;
             assert!(
                 (n - expected).abs() < 0.005e6,
-                "{}: {n} parameters, LRA.md: {expected}",
+                "{}: {n} parameters, docs/lra.md: {expected}",
                 task.name()
             );
         }

@@ -1,4 +1,4 @@
-//! ATTENTION.md check 7 and the backend promise of the harness: on every compiled-in backend,
+//! Check 7 of docs/attention.md and the backend promise of the harness: on every compiled-in backend,
 //! the same weights and inputs give the default backend's (`flex`) outputs, through a few
 //! training steps.
 //!

@@ -413,7 +413,7 @@ fn bench_attention_args(backend: &str, causal: bool) -> Vec<&str> {
 }
 
 /// LRA's Table 2 (Tay et al. 2021; TPU v3, batch 32, Text task): steps per second and peak
-/// memory in GB at 1K, 2K, 3K, 4K, as quoted in LRA.md.
+/// memory in GB at 1K, 2K, 3K, 4K, as quoted in docs/lra.md (the LRA paper's Table 2).
 const LRA_TABLE2: &[(&str, [f64; 4], [f64; 4])] = &[
     (
         "Transformer",

@@ -1,7 +1,7 @@
 //! Byte-level text: IMDB reviews in the aclImdb layout (a directory or its `.tar.gz`, read
 //! without unpacking), and a generic `label<TAB>text` corpus.
 //!
-//! Tokens are the UTF-8 bytes, id = byte + 1, 0 = padding (vocabulary 257; LRA.md).
+//! Tokens are the UTF-8 bytes, id = byte + 1, 0 = padding (vocabulary 257; docs/lra.md).
 
 use std::fs::File;
 use std::io::{BufReader, Read};

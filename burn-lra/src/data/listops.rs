@@ -385,7 +385,7 @@ mod tests {
 
     #[test]
     fn printed_form_matches_lra() {
-        // The example of LRA.md: MAX over 2 and 9.
+        // The example of docs/lra.md: MAX over 2 and 9.
         let tree = Tree::Op(Op::Max, vec![Tree::Value(2), Tree::Value(9)]);
         assert_eq!(tree.to_lra_string(), "( ( ( [MAX 2 ) 9 ) ] )");
         assert_eq!(tree.length(), 4);
