@@ -138,18 +138,19 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::List { names: false } => {
             println!(
-                "{:<16} {:<14} {:<8} {:<8} {:<10} paper",
-                "name", "time", "padding", "causal", "fixed n"
+                "{:<16} {:<14} {:<8} {:<8} {:<6} {:<10} paper",
+                "name", "time", "padding", "causal", "cross", "fixed n"
             );
             for v in burn_attention_zoo::VARIANTS {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
-                    "{:<16} {:<14} {:<8} {:<8} {:<10} {}",
+                    "{:<16} {:<14} {:<8} {:<8} {:<6} {:<10} {}",
                     v.name,
                     v.time,
                     yes(c.padding_mask),
                     yes(c.causal),
+                    yes(c.cross_attention),
                     yes(c.fixed_max_len),
                     v.paper
                 );
