@@ -49,8 +49,3 @@ pub use variants::performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
 };
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
-
-/// The README's Rust examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
