@@ -85,14 +85,15 @@ impl QkvoProjection {
 
     /// Projects an input's queries, keys and values to heads `[batch, h, n, d]` (in
     /// self-attention all three from its one sequence).
-    pub fn project(&self, input: &AttentionInput) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        if !input.is_cross() {
-            return self.qkv(input.query().clone());
+    pub fn project(&self, input: AttentionInput) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        match input.into_sequences() {
+            (x, None) => self.qkv(x),
+            (query, Some((key, value))) => (
+                split_heads(self.query.forward(query), self.n_heads),
+                split_heads(self.key.forward(key), self.n_heads),
+                split_heads(self.value.forward(value), self.n_heads),
+            ),
         }
-        let q = split_heads(self.query.forward(input.query().clone()), self.n_heads);
-        let k = split_heads(self.key.forward(input.key().clone()), self.n_heads);
-        let v = split_heads(self.value.forward(input.value().clone()), self.n_heads);
-        (q, k, v)
     }
 
     /// Projection, per-head attention, output projection: the forward pass of every variant
@@ -107,8 +108,9 @@ impl QkvoProjection {
             HeadMasks,
         ) -> Result<Tensor<4>, AttentionError>,
     ) -> Result<Tensor<3>, AttentionError> {
-        let (q, k, v) = self.project(&input);
-        Ok(self.out(attend(q, k, v, input.head_masks())?))
+        let masks = input.head_masks();
+        let (q, k, v) = self.project(input);
+        Ok(self.out(attend(q, k, v, masks)?))
     }
 
     /// Merges per-head outputs `[batch, h, n, d]` and applies the output projection.

@@ -148,6 +148,12 @@ impl AttentionInput {
         self.shared_projection.as_ref()
     }
 
+    /// The queries and, in cross-attention, the keys and values, taking the input apart (so
+    /// that no tensor of it outlives its use).
+    pub fn into_sequences(self) -> (Tensor<3>, Option<(Tensor<3>, Tensor<3>)>) {
+        (self.query, self.memory)
+    }
+
     /// The masks per head: the key mask, the query mask (in self-attention the key mask) and the
     /// causal flag.
     pub fn head_masks(&self) -> HeadMasks {
