@@ -305,7 +305,7 @@ fn report_speed(model: &CharLm, name: &str, generated: &[u8], times: &[f64], dev
         "\ndecoding speed, {name}, batch 1, flex ({} threads):",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    println!("| position | recurrent state, tokens/s | full prefix re-run, tokens/s |");
+    println!("| position | decoding state, tokens/s | full prefix re-run, tokens/s |");
     println!("|---|---|---|");
     println!(
         "| 100 | {:.0} | {:.1} |",

@@ -22,7 +22,7 @@
 //!
 //! A factor common to a whole query row, or to every key of a sequence and head, multiplies the
 //! numerator and the denominator alike and cancels exactly, because no ε is added to the
-//! normaliser ([`crate::kernelized`] explains why). So the outputs are the paper's estimator to
+//! normaliser ([`crate::core::kernelized`] explains why). So the outputs are the paper's estimator to
 //! f32 round-off (checked against a float64 implementation of the paper's formula at query and
 //! key norms up to 3√d, causal and not, with padding). Without causal masking each row's
 //! denominator is at least 1, the product of the row's largest feature and that feature's
