@@ -279,6 +279,16 @@ pub enum Selection {
     Last,
 }
 
+impl Selection {
+    /// The spelling of config files and `result.json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BestVal => "best-val",
+            Self::Last => "last",
+        }
+    }
+}
+
 /// Training settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -355,7 +365,7 @@ impl RunConfig {
 
     fn parse_toml(text: &str, origin: &str) -> Result<Self> {
         let config: Self = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("config file {origin}: {}", e.to_string().trim_end()))?;
+            .map_err(|e| anyhow::anyhow!("config file {origin}: {}", toml_error_line(&e, text)))?;
         config
             .validate()
             .with_context(|| format!("config file {origin}"))?;
@@ -417,17 +427,17 @@ impl RunConfig {
                 bail!("`{key}` must be in [0, 1), got {b}");
             }
         }
-        if o.epsilon <= 0.0 || o.weight_decay < 0.0 {
-            bail!("`training.optimizer`: epsilon must be > 0 and weight_decay >= 0");
+        positive_finite("training.optimizer.epsilon", o.epsilon.into())?;
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            bail!(
+                "`training.optimizer.weight_decay` must be finite and >= 0, got {}",
+                o.weight_decay
+            );
         }
         match self.training.schedule {
-            Schedule::Rsqrt { base, .. } if base <= 0.0 => {
-                bail!("`training.schedule.base` must be > 0, got {base}")
-            }
+            Schedule::Rsqrt { base, .. } => positive_finite("training.schedule.base", base)?,
             Schedule::OneCycle { peak, warmup } => {
-                if peak <= 0.0 {
-                    bail!("`training.schedule.peak` must be > 0, got {peak}");
-                }
+                positive_finite("training.schedule.peak", peak)?;
                 if warmup >= self.training.steps {
                     bail!(
                         "`training.schedule.warmup` ({warmup}) must be below `training.steps` ({})",
@@ -435,12 +445,11 @@ impl RunConfig {
                     );
                 }
             }
-            _ => {}
         }
         if let Some(clip) = self.training.grad_clip
             && !(clip.is_finite() && clip > 0.0)
         {
-            bail!("`training.grad_clip` must be > 0, got {clip}");
+            bail!("`training.grad_clip` must be finite and > 0, got {clip}");
         }
         if let Some(generate) = &self.data.generate {
             if self.task != Task::Listops {
@@ -489,6 +498,56 @@ impl RunConfig {
     }
 }
 
+/// Refuses a value that is not a finite number above 0 (NaN and infinity included), naming `key`.
+fn positive_finite(key: &str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("`{key}` must be finite and > 0, got {value}");
+    }
+    Ok(())
+}
+
+/// A TOML error on one line: the field, the reason, then the position, e.g.
+/// ``"`training.steps`: invalid type: string "ten", expected usize (line 2, column 9)"``. The
+/// field is read from the text: the key on the error's line under the table header above it.
+fn toml_error_line(err: &toml::de::Error, text: &str) -> String {
+    let reason = err.message().trim().replace('\n', " ");
+    let Some(span) = err.span() else {
+        return reason;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    let mut table = String::new();
+    for header in before.lines() {
+        let header = header.trim();
+        if header.starts_with('[') {
+            table = header
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
+        }
+    }
+    let this_line = text.lines().nth(line - 1).unwrap_or("");
+    let field = match this_line.split_once('=') {
+        Some((key, _)) if !this_line.trim_start().starts_with('[') => {
+            let key = key.trim();
+            if table.is_empty() {
+                key.to_string()
+            } else {
+                format!("{table}.{key}")
+            }
+        }
+        // An error at a table header (a field missing from it or from a table above it): the
+        // reason names the field, the position the header.
+        _ => String::new(),
+    };
+    if field.is_empty() || reason.contains(&format!("`{field}`")) {
+        format!("{reason} (line {line}, column {column})")
+    } else {
+        format!("`{field}`: {reason} (line {line}, column {column})")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,6 +582,61 @@ mod tests {
             format!("{err:#}").contains("unknown attention `nope`"),
             "{err:#}"
         );
+    }
+
+    #[test]
+    fn parse_errors_are_one_line_naming_the_field() {
+        let err = RunConfig::parse_toml("[training]\nsteps = \"ten\"\n", "f.toml").unwrap_err();
+        let err = format!("{err:#}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("config file f.toml: `training.steps`: invalid type"),
+            "{err}"
+        );
+        assert!(err.ends_with("(line 2, column 9)"), "{err}");
+    }
+
+    #[test]
+    fn floats_must_be_finite() {
+        let base = PRESETS[0].2;
+        assert!(
+            base.contains("peak = "),
+            "the first preset has a one-cycle peak"
+        );
+        for (key, bad) in [
+            ("peak", "nan"),
+            ("peak", "inf"),
+            ("epsilon", "nan"),
+            ("weight_decay", "nan"),
+            ("weight_decay", "inf"),
+            ("grad_clip", "nan"),
+        ] {
+            let text = if base.contains(&format!("\n{key} = ")) {
+                base.lines()
+                    .map(|l| {
+                        if l.starts_with(&format!("{key} = ")) {
+                            format!("{key} = {bad}")
+                        } else {
+                            l.to_string()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            } else {
+                let table = if key == "grad_clip" {
+                    "[training]"
+                } else {
+                    "[training.optimizer]"
+                };
+                base.replacen(table, &format!("{table}\n{key} = {bad}"), 1)
+            };
+            let err = RunConfig::parse_toml(&text, "x").expect_err(&format!("{key} = {bad}"));
+            let err = format!("{err:#}");
+            assert!(
+                err.contains(key) && err.contains("finite"),
+                "{key} = {bad}: {err}"
+            );
+        }
     }
 
     #[test]

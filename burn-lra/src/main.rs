@@ -315,13 +315,13 @@ fn train_command(args: TrainArgs) -> Result<()> {
         },
     )?;
     println!(
-        "{} {} seed {}: test accuracy {:.2}% ({:?}; last {:.2}%, best-val {:.2}% at step {}), \
+        "{} {} seed {}: test accuracy {:.2}% ({}; last {:.2}%, best-val {:.2}% at step {}), \
          majority class {:.2}%, {} parameters ({:+.2}% over softmax), {:.0} s -> {}",
         result.task,
         result.attention,
         result.seed,
         100.0 * result.test_accuracy,
-        result.selection,
+        result.selection.as_str(),
         100.0 * result.test_accuracy_last,
         100.0 * result.test_accuracy_best_val,
         result.best_val_step,
