@@ -258,6 +258,64 @@ struct TrainState {
 
 const CHECKPOINT: &str = "checkpoint";
 
+/// The files of a checkpoint whose SHA-256 it records (in `checksums.json`) and a resume checks.
+const CHECKSUMMED: [&str; 2] = ["model.bpk", "optimizer.bpk"];
+
+/// The SHA-256 of `path`'s bytes, in hex.
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Records the checksums of a checkpoint's files in `dir/checksums.json`.
+fn write_checksums(dir: &Path) -> Result<()> {
+    let mut sums = serde_json::Map::new();
+    for name in CHECKSUMMED {
+        sums.insert(name.into(), sha256_file(&dir.join(name))?.into());
+    }
+    write_atomic(
+        &dir.join("checksums.json"),
+        serde_json::to_string_pretty(&sums)?.as_bytes(),
+    )
+}
+
+/// Checks a checkpoint's files against its `checksums.json`; a mismatch is an error naming the
+/// file. A checkpoint written before checksums were kept is accepted with a warning.
+fn verify_checksums(dir: &Path) -> Result<()> {
+    let path = dir.join("checksums.json");
+    if !path.exists() {
+        eprintln!(
+            "warning: {} has no checksums.json (written before checksums were kept); its files \
+             are not verified",
+            dir.display()
+        );
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let sums: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a checksum list", path.display()))?;
+    for name in CHECKSUMMED {
+        let file = dir.join(name);
+        let expected = sums
+            .get(name)
+            .and_then(|v| v.as_str())
+            .with_context(|| format!("{}: no checksum for {name}", path.display()))?;
+        if sha256_file(&file)? != expected {
+            bail!(
+                "{}: corrupted (its SHA-256 differs from the one recorded when the checkpoint was \
+                 written); the checkpoint cannot be resumed",
+                file.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Seed of the device generator from `step` on (see the module docs).
 fn step_seed(seed: u64, step: usize) -> u64 {
     crate::rng::Rng::new(seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
@@ -283,6 +341,7 @@ fn write_checkpoint(
     optim.save(new.join("optimizer.bpk")).map_err(|e| {
         anyhow::anyhow!("cannot save the optimiser state in {}: {e}", new.display())
     })?;
+    write_checksums(&new)?;
     write_atomic(
         &new.join("state.json"),
         serde_json::to_string_pretty(state)?.as_bytes(),
@@ -458,6 +517,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     // Validation accuracy of the final weights, when this process validated them.
     let mut last_val_accuracy: Option<f64> = None;
     if let Some(dir) = &checkpoint {
+        verify_checksums(dir)?;
         let text = std::fs::read_to_string(dir.join("state.json"))
             .with_context(|| format!("cannot read {}", dir.join("state.json").display()))?;
         state = serde_json::from_str(&text).with_context(|| {

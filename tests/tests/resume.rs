@@ -40,8 +40,13 @@ fn last_weights(config: &RunConfig, run_dir: &std::path::Path) -> Vec<Vec<f32>> 
 /// test accuracies, identical final weights. Dropout is on, gradients are accumulated over
 /// two micro-batches and clipped, and Performer redraws its features at step 15, so every piece
 /// of state a checkpoint must carry is exercised.
+/// The tests of this binary train on the same device, whose random generator is global: they
+/// take turns, or one's draws would change the other's run.
+static DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_killed_run_resumes_to_the_same_result() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("resume");
     let mut config = short_listops(40);
     config.training.grad_accumulation = 2;
@@ -96,5 +101,42 @@ fn a_killed_run_resumes_to_the_same_result() {
     fresh.resume = true;
     let err = train(&config, &splits, &fresh).unwrap_err().to_string();
     assert!(err.contains("no checkpoint to resume from"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A checkpoint whose weights were overwritten after it was written is refused on resume, with
+/// an error naming the file; the run directory is left as it was.
+#[test]
+fn a_corrupted_checkpoint_is_refused() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("corrupt");
+    let config = short_listops(30);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let run_dir = dir.join("run");
+    let mut opts = options(run_dir.clone(), "softmax");
+    opts.stop_after = Some(20);
+    train(&config, &splits, &opts).unwrap_err();
+    let weights = run_dir.join("checkpoint").join("model.bpk");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let at = bytes.len() - 100;
+    for b in &mut bytes[at..at + 16] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&weights, &bytes).unwrap();
+    opts.stop_after = None;
+    opts.resume = true;
+    let metrics_before = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+    let err = format!("{:#}", train(&config, &splits, &opts).unwrap_err());
+    assert!(
+        err.contains("model.bpk") && err.contains("corrupted"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(std::fs::read(&weights).unwrap(), bytes);
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        metrics_before
+    );
+    assert!(!run_dir.join("result.json").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
