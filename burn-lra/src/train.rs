@@ -434,6 +434,13 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     let device = base_device.clone().autodiff();
     device.seed(opts.seed);
     let run_dir = &opts.run_dir;
+    if opts.resume && !run_dir.join("config.json").is_file() {
+        // Nothing to resume: refuse without creating the directory.
+        bail!(
+            "{}: no run to resume (no config.json there); start it without --resume",
+            run_dir.display()
+        );
+    }
     std::fs::create_dir_all(run_dir)
         .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
     if run_dir.join("result.json").exists() {
@@ -458,10 +465,6 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     });
     let config_path = run_dir.join("config.json");
     match (opts.resume, &checkpoint) {
-        (true, None) => bail!(
-            "{}: no checkpoint to resume from (a run writes one at each validation)",
-            run_dir.display()
-        ),
         (true, Some(_)) => {
             let saved: serde_json::Value = serde_json::from_str(
                 &std::fs::read_to_string(&config_path)
@@ -493,8 +496,14 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
             "{} holds an unfinished run; pass --resume to continue it, or remove it",
             run_dir.display()
         ),
-        (false, None) => {
-            // A fresh run (or one killed before its first checkpoint): start the files over.
+        (resume, None) => {
+            // A fresh run, or one killed before its first checkpoint: start the files over.
+            if resume {
+                eprintln!(
+                    "{}: killed before its first checkpoint; starting it over from step 0",
+                    run_dir.display()
+                );
+            }
             write_atomic(
                 &config_path,
                 serde_json::to_string_pretty(&config_json)?.as_bytes(),

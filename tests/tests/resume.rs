@@ -95,12 +95,14 @@ fn a_killed_run_resumes_to_the_same_result() {
         weights(&broken_dir) == weights(&unbroken_dir),
         "the resumed run's final weights differ from the unbroken run's"
     );
-    // A finished run keeps no checkpoint, and --resume on a fresh directory is an error.
+    // A finished run keeps no checkpoint, and --resume where no run was started is an error
+    // that creates nothing.
     assert!(!broken_dir.join("checkpoint").exists());
     let mut fresh = options(dir.join("fresh"), "softmax");
     fresh.resume = true;
     let err = train(&config, &splits, &fresh).unwrap_err().to_string();
-    assert!(err.contains("no checkpoint to resume from"), "{err}");
+    assert!(err.contains("no run to resume"), "{err}");
+    assert!(!dir.join("fresh").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -138,5 +140,30 @@ fn a_corrupted_checkpoint_is_refused() {
         metrics_before
     );
     assert!(!run_dir.join("result.json").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run killed before its first checkpoint is started over by --resume, which says so, and ends
+/// where an unbroken run ends.
+#[test]
+fn resume_before_the_first_checkpoint_starts_over() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("early");
+    let config = short_listops(20);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let unbroken = train(&config, &splits, &options(dir.join("unbroken"), "softmax")).unwrap();
+    let run_dir = dir.join("run");
+    let mut opts = options(run_dir.clone(), "softmax");
+    opts.stop_after = Some(5);
+    train(&config, &splits, &opts).unwrap_err();
+    assert!(run_dir.join("config.json").exists() && !run_dir.join("checkpoint").exists());
+    opts.stop_after = None;
+    opts.resume = true;
+    let resumed = train(&config, &splits, &opts).unwrap();
+    assert_eq!(resumed.test_accuracy_last, unbroken.test_accuracy_last);
+    assert_eq!(
+        metrics_without_time(&run_dir),
+        metrics_without_time(&dir.join("unbroken"))
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
