@@ -36,7 +36,10 @@ pub struct TextSplits {
 ///   `aclImdb/`), a `.tar.gz` of it, or a directory holding exactly one `.tar.gz`.
 pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<TextSplits> {
     if !path.exists() {
-        bail!("data path {} does not exist", path.display());
+        bail!(
+            "data path {} does not exist; expected {TEXT_LAYOUTS}",
+            path.display()
+        );
     }
     if path.is_dir() && path.join("train.tsv").is_file() {
         let read = |name: &str| read_labelled_tsv(&path.join(name), max_len, n_classes);
@@ -187,11 +190,30 @@ enum ImdbSource {
     Directory(PathBuf),
 }
 
+/// What `--data-dir` may hold for the text task, for error messages.
+const TEXT_LAYOUTS: &str = "a folder holding train.tsv and test.tsv, the aclImdb folders \
+                            train/{pos,neg} and test/{pos,neg}, or an aclImdb .tar.gz";
+
+/// Whether `path` starts with gzip's magic bytes.
+fn is_gzip(path: &Path) -> Result<bool> {
+    let mut magic = [0u8; 2];
+    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let read = std::io::Read::read(&mut file, &mut magic)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(read == 2 && magic == [0x1f, 0x8b])
+}
+
 fn imdb_source(path: &Path) -> Result<ImdbSource> {
     let is_archive = |p: &Path| {
         p.to_string_lossy().ends_with(".tar.gz") || p.extension().is_some_and(|e| e == "tgz")
     };
     if path.is_file() {
+        if !is_gzip(path)? {
+            bail!(
+                "{} is a file but not a gzip archive; expected {TEXT_LAYOUTS}",
+                path.display()
+            );
+        }
         return Ok(ImdbSource::Archive(path.to_path_buf()));
     }
     for root in [path.to_path_buf(), path.join("aclImdb")] {
@@ -207,8 +229,7 @@ fn imdb_source(path: &Path) -> Result<ImdbSource> {
     match archives.as_slice() {
         [one] => Ok(ImdbSource::Archive(one.clone())),
         [] => bail!(
-            "{}: no text data found (expected train.tsv/test.tsv, the aclImdb folders \
-             train/{{pos,neg}} and test/{{pos,neg}}, or an aclImdb .tar.gz)",
+            "{}: no text data found; expected {TEXT_LAYOUTS}",
             path.display()
         ),
         _ => bail!(
@@ -299,9 +320,18 @@ mod tests {
             "{}",
             err(&missing)
         );
-        // Unreadable archive.
+        // A file that is not an archive (a TSV given as the data path): what was found, and
+        // what was expected.
+        let tsv = dir.join("train.tsv");
+        std::fs::write(&tsv, b"1\tgreat film\n").unwrap();
+        let e = err(&tsv);
+        assert!(
+            e.contains("train.tsv is a file but not a gzip archive; expected a folder"),
+            "{e}"
+        );
+        // A gzip header followed by junk: an unreadable archive.
         let broken = dir.join("broken.tar.gz");
-        std::fs::write(&broken, b"this is not gzip").unwrap();
+        std::fs::write(&broken, b"\x1f\x8b this is not gzip").unwrap();
         let e = err(&broken);
         assert!(
             e.contains("broken.tar.gz") && e.contains("unreadable archive"),

@@ -356,9 +356,11 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
 
 /// Reads the three splits from `dir` (`basic_{train,val,test}.tsv`).
 pub fn read_splits(dir: &Path, max_len: usize) -> Result<[Dataset; 3]> {
-    if !dir.is_dir() {
-        bail!("ListOps data directory {} does not exist", dir.display());
-    }
+    let files: Vec<&str> = SPLIT_FILES.iter().map(|(_, file)| *file).collect();
+    super::expect_folder(
+        dir,
+        &format!("a ListOps folder holding {}", files.join(", ")),
+    )?;
     let [train, val, test] = SPLIT_FILES.map(|(_, file)| dir.join(file));
     Ok([
         read_tsv(&train, max_len)?,

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::bytes::{byte_tokens, parse_label};
 use super::{Dataset, Example, for_each_row, write_atomic};
@@ -50,9 +50,8 @@ pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dat
 
 /// Reads the three AAN files from `dir`.
 pub fn read_splits(dir: &Path, max_len: usize, doc_max_bytes: usize) -> Result<[Dataset; 3]> {
-    if !dir.is_dir() {
-        bail!("data directory {} does not exist", dir.display());
-    }
+    let files: Vec<&str> = SPLIT_FILES.iter().map(|(_, file)| *file).collect();
+    super::expect_folder(dir, &format!("a folder holding {}", files.join(", ")))?;
     let read = |i: usize| read_tsv(&dir.join(SPLIT_FILES[i].1), max_len, doc_max_bytes);
     Ok([read(0)?, read(1)?, read(2)?])
 }
@@ -171,6 +170,12 @@ mod tests {
         );
         let e = format!("{:#}", read_splits(&dir.join("none"), 8, 8).unwrap_err());
         assert!(e.contains("does not exist"), "{e}");
+        // A file given where the folder of the three files is expected.
+        let e = format!("{:#}", read_splits(&path, 8, 8).unwrap_err());
+        assert!(
+            e.contains("pairs.tsv is a file; expected a folder holding new_aan_pairs.train.tsv"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -226,6 +226,18 @@ pub(crate) fn for_each_row(
     }
 }
 
+/// Checks that `dir` is a folder; the error says what was found (nothing, or a file) and what
+/// was expected (`expected`, e.g. "a folder holding basic_train.tsv, ...").
+pub fn expect_folder(dir: &Path, expected: &str) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if dir.exists() {
+        anyhow::bail!("{} is a file; expected {expected}", dir.display());
+    }
+    anyhow::bail!("{} does not exist; expected {expected}", dir.display())
+}
+
 /// Writes `contents` to `path` atomically: a temporary file beside it, then a rename, so a
 /// reader never sees half a file and a killed writer leaves the old one intact.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
