@@ -202,9 +202,9 @@ fn text_and_matching_bad_inputs_are_named() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--resume` without a checkpoint is an error that says so.
+/// `--resume` where no run was started is an error that says so and creates nothing.
 #[test]
-fn resume_without_checkpoint_is_an_error() {
+fn resume_without_a_run_is_an_error() {
     let dir = temp_dir("resume");
     let run_dir = dir.join("run");
     let (ok, stderr) = train_softmax(&[
@@ -215,7 +215,8 @@ fn resume_without_checkpoint_is_an_error() {
         "--resume",
     ]);
     assert!(!ok);
-    assert_one_line_error(&stderr, "no checkpoint to resume from");
+    assert_one_line_error(&stderr, "no run to resume");
+    assert!(!run_dir.exists(), "--resume created {}", run_dir.display());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
