@@ -8,8 +8,8 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
 use burn_attention_zoo::{
-    FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, kernelized_attention,
-    padding_mask_from_lengths,
+    AttentionModule, FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig,
+    kernelized_attention, padding_mask_from_lengths,
 };
 use reference::{kernelized_head, matmul, matrix, max_rel_err, phi_f64, to_heads, transpose};
 

@@ -6,7 +6,7 @@
 //! (every `φ` here is positive, so the normaliser needs no ε), with `φ` one of:
 //! - `ff-linear`: `φ(X) = Softplus(X W)`;
 //! - `ff-orth-linear`: the same with `W` orthogonally initialised and the orthogonality penalty
-//!   `λ ‖W Wᵀ − I‖²_F` ([`FeedForwardKernelAttention::penalty`]), which the training loss adds;
+//!   `λ ‖W Wᵀ − I‖²_F` ([`AttentionModule::penalty`]), which the training loss adds;
 //! - `ff-glu`: a stack of `depth` gated units, inner units `X W_f ⊙ σ(X W_g)`, the last one
 //!   `Softplus(X W_f) ⊙ σ(X W_g)` so that `φ > 0`;
 //! - `ff-oglu`: `ff-glu` with every `W_f` orthogonal (initialisation and penalty);
@@ -362,24 +362,9 @@ impl AttentionModule for FeedForwardKernelAttention {
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
-    fn penalty(&self) -> Option<Tensor<1>> {
-        FeedForwardKernelAttention::penalty(self)
-    }
-}
-
-impl FeedForwardKernelAttention {
-    /// The learned feature map `φ` on per-head tensors `[batch, heads, n, d]`.
-    pub fn feature_map(&self, x: Tensor<4>) -> Tensor<4> {
-        let last = self.units.len() - 1;
-        self.units
-            .iter()
-            .enumerate()
-            .fold(x, |x, (i, unit)| unit.forward(x, i == last))
-    }
-
     /// The orthogonality penalty `λ Σ ‖W_f W_fᵀ − I‖²_F` over the orthogonal matrices, for the
     /// training loss to add; `None` for the kernels without orthogonality.
-    pub fn penalty(&self) -> Option<Tensor<1>> {
+    fn penalty(&self) -> Option<Tensor<1>> {
         if !self.kernel.orthogonal() {
             return None;
         }
@@ -394,5 +379,16 @@ impl FeedForwardKernelAttention {
             })
             .reduce(|a, b| a + b)
             .map(|sum| sum.mul_scalar(self.ortho_penalty))
+    }
+}
+
+impl FeedForwardKernelAttention {
+    /// The learned feature map `φ` on per-head tensors `[batch, heads, n, d]`.
+    pub fn feature_map(&self, x: Tensor<4>) -> Tensor<4> {
+        let last = self.units.len() - 1;
+        self.units
+            .iter()
+            .enumerate()
+            .fold(x, |x, (i, unit)| unit.forward(x, i == last))
     }
 }

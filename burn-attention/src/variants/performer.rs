@@ -41,7 +41,7 @@
 //! prefix sums of [`kernelized_attention`].
 //!
 //! `W` is saved with the module but not trained. Redrawing it is an explicit call
-//! ([`PerformerAttention::redraw`]) that a training loop makes every N steps, never a side effect
+//! ([`AttentionModule::redraw`]) that a training loop makes every N steps, never a side effect
 //! of `forward`.
 
 use burn::module::Param;
@@ -205,18 +205,6 @@ pub struct PerformerAttention {
     pub kernel: PerformerKernel,
 }
 
-impl PerformerAttention {
-    /// Draws new random features from `device`'s generator (a no-op for the ReLU kernel).
-    pub fn redraw(mut self) -> Self {
-        if let Some(w) = self.features.take() {
-            let [m, d] = w.val().dims();
-            let device = w.val().device();
-            self.features = Some(frozen(orthogonal_features(m, d, &device)));
-        }
-        self
-    }
-}
-
 impl AttentionModule for PerformerAttention {
     fn name(&self) -> &'static str {
         self.kernel.info().name
@@ -261,8 +249,14 @@ impl AttentionModule for PerformerAttention {
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
-    fn redraw(self) -> Self {
-        PerformerAttention::redraw(self)
+    /// Draws new random features from the device's generator (a no-op for the ReLU kernel).
+    fn redraw(mut self) -> Self {
+        if let Some(w) = self.features.take() {
+            let [m, d] = w.val().dims();
+            let device = w.val().device();
+            self.features = Some(frozen(orthogonal_features(m, d, &device)));
+        }
+        self
     }
 }
 

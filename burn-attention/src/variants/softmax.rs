@@ -13,7 +13,7 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -121,7 +121,7 @@ impl AttentionModule for SoftmaxAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
-        crate::core::variant::check_capabilities(&INFO, n_q, n_k, masks.causal)?;
+        check_capabilities(&INFO, n_q, n_k, masks.causal)?;
         Ok(exact_softmax_attention(
             q,
             k,
