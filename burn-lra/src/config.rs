@@ -446,10 +446,8 @@ impl RunConfig {
                 }
             }
         }
-        if let Some(clip) = self.training.grad_clip
-            && !(clip.is_finite() && clip > 0.0)
-        {
-            bail!("`training.grad_clip` must be finite and > 0, got {clip}");
+        if let Some(clip) = self.training.grad_clip {
+            positive_finite("training.grad_clip", clip.into())?;
         }
         if let Some(generate) = &self.data.generate {
             if self.task != Task::Listops {
