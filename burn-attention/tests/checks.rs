@@ -19,6 +19,7 @@
 //! inside the crate's `Encoder`.
 
 mod reference;
+mod small;
 mod user;
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -35,8 +36,8 @@ use burn_attention_zoo::{
     causal_kernelized_attention, favor_attention, nystrom_attention, orthogonal_features,
 };
 use reference::{
-    kernelized_head, matmul, max_rel_err, max_row_rel_err, mean_rel_err, project, scale,
-    softmax_head, softmax_rows, to_heads, to_rows, transpose,
+    efficient_head, elu_plus_one, kernelized_head, matmul, max_rel_err, max_row_rel_err,
+    mean_rel_err, project, scale, softmax_head, softmax_rows, to_heads, to_rows, transpose,
 };
 
 const D_MODEL: usize = 16;
@@ -47,17 +48,9 @@ fn device() -> Device {
     Device::flex()
 }
 
-/// A small configuration of each registered variant, dropout off.
+/// A small configuration of the variant `name` (see [`small::small_config`]).
 fn config_for(name: &str) -> AttentionConfig {
-    let config = AttentionConfig::from_name(name, D_MODEL, N_HEADS, N_MAX)
-        .unwrap()
-        .with_dropout(0.0);
-    match config {
-        AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
-        AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
-        AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
-        other => other,
-    }
+    small::small_config(name, D_MODEL, N_HEADS, N_MAX)
 }
 
 /// Every configuration the shared checks run: each variant, each Linformer sharing mode,
@@ -803,9 +796,7 @@ fn check_4_efficient_matches_float64_reference() {
     for b in 0..2 {
         for h in 0..2 {
             let real = lengths[b];
-            let rho_q = softmax_rows(&q[b][h]);
-            let rho_k_t = softmax_rows(&transpose(&k[b][h][..real])); // [d][real]
-            let expected = matmul(&rho_q, &matmul(&rho_k_t, &v[b][h][..real]));
+            let expected = efficient_head(&q[b][h], &k[b][h][..real], &v[b][h][..real]);
             let err = max_rel_err(&out[b][h], &expected, 1e-2);
             assert!(err < 1e-4, "batch {b} head {h}: relative error {err}");
         }
@@ -854,7 +845,7 @@ fn check_4_linear_matches_quadratic_form() {
     let [q, k, v] = qkv(2, 2, n, 4, &device);
     let lengths = [n, 97];
     let mask = padding_mask_from_lengths(&lengths, n, &device);
-    let phi = |x: f64| if x > 0.0 { x + 1.0 } else { x.exp() };
+    let phi = elu_plus_one;
     for (causal, input_scale) in [(false, 1.0), (true, 1.0), (false, 4.0), (true, 4.0)] {
         let (q, k) = (
             q.clone().mul_scalar(input_scale),

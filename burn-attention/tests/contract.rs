@@ -8,6 +8,7 @@
 //! - what is not defined is refused with an error that says what.
 
 mod reference;
+mod small;
 
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
@@ -17,8 +18,8 @@ use burn_attention_zoo::{
     padding_mask_from_lengths,
 };
 use reference::{
-    favor_features, kernelized_head, matmul, matrix, max_rel_err, nystrom_cross_f64, phi_f64,
-    project, softmax_head, softmax_rows, to_heads, to_rows, transpose,
+    efficient_head, elu_plus_one, favor_features, kernelized_head, matmul, matrix, max_rel_err,
+    nystrom_cross_f64, phi_f64, project, softmax_head, softmax_rows, to_heads, to_rows, transpose,
 };
 
 const D_MODEL: usize = 16;
@@ -29,17 +30,9 @@ fn device() -> Device {
     Device::flex()
 }
 
-/// A small configuration of the variant `name`, dropout off.
+/// A small configuration of the variant `name` (see [`small::small_config`]).
 fn config_for(name: &str) -> AttentionConfig {
-    let config = AttentionConfig::from_name(name, D_MODEL, N_HEADS, N_MAX)
-        .unwrap()
-        .with_dropout(0.0);
-    match config {
-        AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
-        AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
-        AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
-        other => other,
-    }
+    small::small_config(name, D_MODEL, N_HEADS, N_MAX)
 }
 
 fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
@@ -70,13 +63,6 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
     to_rows(&p.slice(s![0..1]).reshape([k, n_max]))
 }
 
-/// `ρ_q(Q) (ρ_k(K)ᵀ V)`: each query row's softmax over its features; each key feature's softmax
-/// over the key rows.
-fn efficient_f64(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let rho_k = transpose(&softmax_rows(&transpose(k)));
-    matmul(&softmax_rows(q), &matmul(&transpose(&rho_k), v))
-}
-
 /// One head of cross-attention in float64, from each variant's formula and the module's own
 /// parameters: `q_len` real queries over `k_len` real keys.
 fn cross_f64(
@@ -90,11 +76,13 @@ fn cross_f64(
     let all = |_: usize, _: usize| false;
     match (name, attention) {
         ("softmax", _) => softmax_head(q, k, v, all),
-        ("efficient", _) => efficient_f64(q, k, v),
-        ("linear", _) => {
-            let phi = |x: f64| if x > 0.0 { x + 1.0 } else { x.exp() };
-            kernelized_head(&map_rows(q, phi), &map_rows(k, phi), v, all)
-        }
+        ("efficient", _) => efficient_head(q, k, v),
+        ("linear", _) => kernelized_head(
+            &map_rows(q, elu_plus_one),
+            &map_rows(k, elu_plus_one),
+            v,
+            all,
+        ),
         ("performer-relu", _) => {
             let phi = |x: f64| x.max(0.0) + 1e-3;
             kernelized_head(&map_rows(q, phi), &map_rows(k, phi), v, all)

@@ -362,3 +362,14 @@ pub fn phi_f64(module: &FeedForwardKernelAttention, x: &[Vec<f64>]) -> Vec<Vec<f
     }
     x
 }
+
+/// `elu(x) + 1` in float64, as the Linear Transformer paper writes it.
+pub fn elu_plus_one(x: f64) -> f64 {
+    if x > 0.0 { x + 1.0 } else { x.exp() }
+}
+
+/// Efficient Attention's `ρ_q(Q) (ρ_k(K)ᵀ V)` for one head over the given (real) keys: each
+/// query row's softmax over its features, each key feature's softmax over the key rows.
+pub fn efficient_head(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    matmul(&softmax_rows(q), &matmul(&softmax_rows(&transpose(k)), v))
+}
