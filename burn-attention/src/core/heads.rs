@@ -77,10 +77,7 @@ impl QkvoProjection {
 
     /// Projects `x: [batch, n, d_model]` to per-head `(Q, K, V)`, each `[batch, h, n, d]`.
     pub fn qkv(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        let q = split_heads(self.query.forward(x.clone()), self.n_heads);
-        let k = split_heads(self.key.forward(x.clone()), self.n_heads);
-        let v = split_heads(self.value.forward(x), self.n_heads);
-        (q, k, v)
+        self.project_each(x.clone(), x.clone(), x)
     }
 
     /// Projects an input's queries, keys and values to heads `[batch, h, n, d]` (in
@@ -88,12 +85,22 @@ impl QkvoProjection {
     pub fn project(&self, input: AttentionInput) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         match input.into_sequences() {
             (x, None) => self.qkv(x),
-            (query, Some((key, value))) => (
-                split_heads(self.query.forward(query), self.n_heads),
-                split_heads(self.key.forward(key), self.n_heads),
-                split_heads(self.value.forward(value), self.n_heads),
-            ),
+            (query, Some((key, value))) => self.project_each(query, key, value),
         }
+    }
+
+    fn project_each(
+        &self,
+        query: Tensor<3>,
+        key: Tensor<3>,
+        value: Tensor<3>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let heads = |linear: &Linear, x| split_heads(linear.forward(x), self.n_heads);
+        (
+            heads(&self.query, query),
+            heads(&self.key, key),
+            heads(&self.value, value),
+        )
     }
 
     /// Projection, per-head attention, output projection: the forward pass of every variant
