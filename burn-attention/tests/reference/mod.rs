@@ -282,16 +282,7 @@ pub fn nystrom_f64(
     m: usize,
     iterations: usize,
 ) -> Vec<Vec<f64>> {
-    let s = (q[0].len() as f64).powf(-0.25);
-    let (q, k, v) = (scale(&q[..len], s), scale(&k[..len], s), &v[..len]);
-    let (q_land, k_land) = (means(&q, len, m), means(&k, len, m));
-    let kernel_1 = softmax_rows(&matmul(&q, &transpose(&k_land)));
-    let kernel_2 = softmax_rows(&matmul(&q_land, &transpose(&k_land)));
-    let kernel_3 = softmax_rows(&matmul(&q_land, &transpose(&k)));
-    matmul(
-        &matmul(&kernel_1, &pinv_f64(&kernel_2, iterations)),
-        &matmul(&kernel_3, v),
-    )
+    nystrom_cross_f64(q, k, v, (len, len), m, iterations)
 }
 
 /// Nyströmformer's formula for one head of cross-attention: the first `q_len` queries over the
