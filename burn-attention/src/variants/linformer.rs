@@ -350,13 +350,13 @@ fn check_input(
 
 /// Linformer attention on per-head tensors, the functional form of [`LinformerAttention`].
 ///
-/// `e` and `f` are `[p, k, n_max]` with `p` = 1 (shared by heads) or `heads`, and `n_max >= n`;
-/// their first `n` columns are used.
+/// `e` and `f` are `[p, k, n_max]` with `p` = 1 (shared by heads) or `heads`, and `n_max >= n_k`;
+/// their first `n_k` columns are used.
 ///
 /// # Shapes
-/// - `q`, `k`, `v`: `[batch, heads, n, d]`
-/// - `mask_pad`: `[batch, n]`, `true` = padding
-/// - output: `[batch, heads, n, d]`
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`, `n_k <= n_max`
+/// - `mask_pad`: `[batch, n_k]`, `true` = padding
+/// - output: `[batch, heads, n_q, d]`
 pub fn linformer_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -372,9 +372,9 @@ pub fn linformer_attention(
 /// `H = ρ_q(Q/√d)`, `L = ρ_k((E K)ᵀ/√d)`, `X = F V`; `e`, `f` as in [`linformer_attention`].
 ///
 /// # Shapes
-/// - `q`, `k`, `v`: `[batch, heads, n, d]`
-/// - `mask_pad`: `[batch, n]`, `true` = padding
-/// - output: `[batch, heads, n, d]`
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`, `n_k <= n_max`
+/// - `mask_pad`: `[batch, n_k]`, `true` = padding
+/// - output: `[batch, heads, n_q, d]`
 pub fn linformer_linear_attention(
     q: Tensor<4>,
     k: Tensor<4>,
