@@ -276,6 +276,12 @@ fn train_command(args: TrainArgs) -> Result<()> {
     config
         .attention_config(&args.attention)
         .with_context(|| format!("attention `{}`", args.attention))?;
+    burn_lra::model::check_memory(
+        &config,
+        &args.attention,
+        args.task.vocab_size(),
+        args.task.n_classes(),
+    )?;
     let device = args.backend.device()?;
     eprintln!(
         "burn-lra: {} / {} / preset {preset} / seed {} on {} ({device:?})",

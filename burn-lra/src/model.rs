@@ -4,8 +4,8 @@
 //! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
 //! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, docs/lra.md).
 
-use anyhow::Result;
-use burn::module::Param;
+use anyhow::{Result, bail};
+use burn::module::{Module, Param};
 use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
@@ -225,6 +225,66 @@ impl ParamBudget {
     pub fn increase(&self) -> f64 {
         self.n_params as f64 / self.softmax_params as f64 - 1.0
     }
+}
+
+/// Bytes training holds per parameter, activations aside: the f32 weights, their gradients,
+/// AdamW's two moments and the best-validation copy.
+const TRAINING_BYTES_PER_PARAM: u64 = 5 * 4;
+
+/// Refuses a configuration whose parameters cannot be trained in the memory this machine has
+/// available, naming the field that makes them too large, before anything is allocated (the
+/// model is built with lazily initialised parameters and only their shapes are counted).
+///
+/// Activations are not counted: batches are padded to their longest example, so they grow with
+/// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), nothing
+/// is checked.
+pub fn check_memory(
+    config: &RunConfig,
+    attention: &str,
+    vocab_size: usize,
+    n_classes: usize,
+) -> Result<()> {
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    let needs = |config: &RunConfig| -> Option<u64> {
+        let device = Device::flex();
+        let model = LraClassifier::new(config, attention, vocab_size, n_classes, &device).ok()?;
+        Some(model.num_params() as u64 * TRAINING_BYTES_PER_PARAM)
+    };
+    let bytes = needs(config).unwrap_or(0);
+    if bytes <= available {
+        return Ok(());
+    }
+    // The field to name: the first whose smaller value brings the model within reach.
+    let mut shorter = config.clone();
+    shorter.data.max_len = config.data.max_len.min(512);
+    let mut defaults = config.clone();
+    defaults.attention.remove(attention);
+    let field = if needs(&shorter).is_some_and(|b| b <= available) {
+        format!("`data.max_len` = {}", config.data.max_len)
+    } else if needs(&defaults).is_some_and(|b| b <= available) {
+        format!("`attention.{attention}`")
+    } else {
+        "the `model` sizes (`d_model`, `d_ff`, `n_layers`)".to_string()
+    };
+    let gb = |b: u64| b as f64 / 1e9;
+    bail!(
+        "{field} is too large: training the model's {} parameters needs {:.1} GB (weights, \
+         gradients, AdamW's two moments and the best-validation copy), more than the {:.1} GB \
+         of memory available",
+        bytes / TRAINING_BYTES_PER_PARAM,
+        gb(bytes),
+        gb(available)
+    )
+}
+
+/// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Fixed sinusoidal positions `[n, d]`: sines in the first half of the features, cosines in the

@@ -26,7 +26,7 @@ use crate::backend::BackendKind;
 use crate::config::{OptimizerConfig, RunConfig, Selection};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
-use crate::model::{LraClassifier, ParamBudget};
+use crate::model::{LraClassifier, ParamBudget, check_memory};
 
 /// The three splits of a task and its vocabulary size.
 #[derive(Debug, Clone)]
@@ -416,6 +416,12 @@ pub fn objective(
 pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
     let cfg = &config.training;
     let base_device = opts.backend.device()?;
+    check_memory(
+        config,
+        &opts.attention,
+        data.vocab_size,
+        data.train.n_classes,
+    )?;
     // Counted before seeding: building the two models for the count draws random numbers, and
     // the run must not depend on it.
     let budget = ParamBudget::count(

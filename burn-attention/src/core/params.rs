@@ -20,3 +20,35 @@ pub fn num_trainable_params<M: Module>(module: &M) -> usize {
     module.clone().train().visit(&mut count);
     count.0
 }
+
+/// A parameter of `shape` whose value `init` draws on first use, as Burn's own initialisers do:
+/// building a module allocates none of it, so a configuration's size can be counted
+/// ([`Module::num_params`]) before any memory is committed to it.
+pub(crate) fn lazy_param<const D: usize, F>(
+    shape: [usize; D],
+    device: &Device,
+    require_grad: bool,
+    init: F,
+) -> Param<Tensor<D>>
+where
+    F: Fn(&Device) -> Tensor<D> + Send + Sync + 'static,
+{
+    Param::uninitialized(
+        burn::module::ParamId::new(),
+        move |device, require_grad| {
+            // As Burn's initialisers: parameters live for the module's life, outside the
+            // backends' pools of short-lived buffers.
+            device.memory_persistent_allocations((), |_| {
+                let tensor = init(device);
+                if require_grad {
+                    tensor.require_grad()
+                } else {
+                    tensor
+                }
+            })
+        },
+        device.clone(),
+        require_grad,
+        shape.into(),
+    )
+}

@@ -31,6 +31,7 @@ use crate::core::features::random_orthogonal;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::params::lazy_param;
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -213,7 +214,9 @@ impl FeedForwardKernelConfig {
         let units = (0..self.depth)
             .map(|_| {
                 let w_f = if self.kernel.orthogonal() {
-                    Param::from_tensor(random_orthogonal(d, device))
+                    lazy_param([d, d], device, true, move |device| {
+                        random_orthogonal(d, device)
+                    })
                 } else {
                     xavier(d, d)
                 };

@@ -32,6 +32,7 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
@@ -190,11 +191,10 @@ impl LinformerConfig {
 
     fn projection(&self, count: usize, device: &Device) -> Param<Tensor<3>> {
         let std = 1.0 / (self.k as f64).sqrt();
-        Param::from_tensor(Tensor::random(
-            [count, self.k, self.n_max],
-            Distribution::Normal(0.0, std),
-            device,
-        ))
+        let shape = [count, self.k, self.n_max];
+        lazy_param(shape, device, true, move |device| {
+            Tensor::random(shape, Distribution::Normal(0.0, std), device)
+        })
     }
 }
 

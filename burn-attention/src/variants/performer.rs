@@ -56,6 +56,7 @@ use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::params::lazy_param;
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -150,9 +151,12 @@ impl PerformerConfig {
         }
         let d_head = self.d_model / self.n_heads;
         let features = match self.kernel {
-            PerformerKernel::Softmax => {
-                Some(frozen(orthogonal_features(self.n_features, d_head, device)))
-            }
+            PerformerKernel::Softmax => Some({
+                let m = self.n_features;
+                lazy_param([m, d_head], device, false, move |device| {
+                    orthogonal_features(m, d_head, device)
+                })
+            }),
             PerformerKernel::Relu => None,
         };
         PerformerAttention {
