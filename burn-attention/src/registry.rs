@@ -69,6 +69,12 @@ macro_rules! registry {
                 match self { $(Self::$arm(c) => c.check(),)* }
             }
 
+            /// Settings that work but are likely a mistake, one sentence each naming the field
+            /// (see [`VariantConfig::warnings`]).
+            pub fn warnings(&self) -> Vec<String> {
+                match self { $(Self::$arm(c) => c.warnings(),)* }
+            }
+
             /// Checks that the variant can take `n_q` queries over `n_k` keys (self-attention:
             /// `n_q = n_k`), causal or not.
             pub fn check_input(

@@ -70,6 +70,15 @@ impl BackendKind {
         Self::ALL.into_iter().filter(|b| b.is_compiled()).collect()
     }
 
+    /// A device of the first compiled-in backend (flex in a default build): for building
+    /// models whose parameters are only counted or loaded, not trained.
+    pub fn any_device() -> Result<Device> {
+        match Self::compiled().first() {
+            Some(backend) => backend.device(),
+            None => bail!("no backend is compiled in (enable one of the features)"),
+        }
+    }
+
     /// The device to run on (without autodiff), or an error naming the missing feature.
     #[allow(deprecated, unreachable_code)] // ndarray and tch constructors are deprecated in 0.22
     pub fn device(self) -> Result<Device> {

@@ -7,7 +7,8 @@
 //! - [`config`]: presets and user configuration files, strictly checked.
 //! - [`data`]: the tasks' readers, generators and batching.
 //! - [`model`]: the LRA encoder classifier.
-//! - [`train`]: the training loop and run directories.
+//! - [`train`]: the training loop.
+//! - [`run_dir`]: a run directory's files: checkpoints, resumes, the lock, comparisons.
 //! - [`backend`]: backends as cargo features, picked at run time.
 
 pub mod backend;
@@ -17,5 +18,6 @@ pub mod data;
 pub mod memory;
 pub mod model;
 pub mod rng;
+pub mod run_dir;
 pub mod task;
 pub mod train;

@@ -59,6 +59,14 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Compare two run directories: configuration, metrics and results (times aside) and the
+    /// values of their weights. Exits with 1 when they differ, naming the files.
+    Compare {
+        /// One run directory.
+        a: PathBuf,
+        /// The other.
+        b: PathBuf,
+    },
     /// Trainable parameters of every attention's model for a preset, and the increase over
     /// softmax (LRA's rule: at most 10%).
     Params {
@@ -206,6 +214,24 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::Compare { a, b } => {
+            let differences = burn_lra::run_dir::compare_run_dirs(&a, &b)?;
+            if differences.is_empty() {
+                println!(
+                    "{} and {} are the same run (configuration, metrics, results, weights)",
+                    a.display(),
+                    b.display()
+                );
+                Ok(())
+            } else {
+                anyhow::bail!(
+                    "{} and {} differ in {}",
+                    a.display(),
+                    b.display(),
+                    differences.join(", ")
+                )
+            }
+        }
         Command::Params {
             task,
             preset,
@@ -337,5 +363,16 @@ fn train_command(args: TrainArgs) -> Result<()> {
         result.train_seconds,
         run_dir.display()
     );
+    for change in &result.config_changes {
+        let fields: Vec<&str> = change.fields.keys().map(String::as_str).collect();
+        println!(
+            "  resumed from step {} with a changed configuration: {}",
+            change.from_step,
+            fields.join(", ")
+        );
+    }
+    for warning in &result.warnings {
+        println!("  warning: {warning}");
+    }
     Ok(())
 }

@@ -247,8 +247,8 @@ pub fn check_memory(
     let Some(available) = available_memory() else {
         return Ok(());
     };
+    let device = crate::backend::BackendKind::any_device()?;
     let needs = |config: &RunConfig| -> Option<u64> {
-        let device = Device::flex();
         let model = LraClassifier::new(config, attention, vocab_size, n_classes, &device).ok()?;
         Some(model.num_params() as u64 * TRAINING_BYTES_PER_PARAM)
     };

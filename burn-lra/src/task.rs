@@ -80,6 +80,18 @@ pub fn load_splits(
         (Validation::Test, _) => None,
         (Validation::Holdout(n), _) => Some(train.split_off_holdout(n, "validation hold-out")?),
     };
+    let classes: Vec<usize> = (train.label_counts().iter())
+        .enumerate()
+        .filter(|(_, count)| **count > 0)
+        .map(|(class, _)| class)
+        .collect();
+    if let [only] = classes.as_slice() {
+        bail!(
+            "{}: every training example has label {only}; a classifier needs at least two \
+             classes to learn from",
+            train.source
+        );
+    }
     if let Some(n) = config.data.test_subset
         && n < test.len()
     {

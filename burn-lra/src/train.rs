@@ -9,6 +9,7 @@
 //! redraws) is reseeded from (seed, step) at every checkpoint step, in unbroken and resumed runs
 //! alike.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,13 +21,17 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::backend::BackendKind;
 use crate::config::{OptimizerConfig, RunConfig, Selection};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget, check_memory};
+use crate::run_dir::{
+    CHECKPOINT, ConfigChange, RESUMABLE_FIELDS, RunDirLock, config_changes, find_checkpoint,
+    load_weights, read_state, save_weights, truncate_metrics, verify_checksums, write_checkpoint,
+};
 
 /// The three splits of a task and its vocabulary size.
 #[derive(Debug, Clone)]
@@ -52,6 +57,26 @@ impl Splits {
     pub fn sizes(&self) -> [usize; 3] {
         [self.train.len(), self.validation().len(), self.test.len()]
     }
+}
+
+/// What in a configuration and its data works but is likely a mistake, one sentence each: a
+/// run prints them once at its start and records them in `result.json`. (What cannot work is an
+/// error, raised by the configuration and the data readers.)
+pub fn suspicious_settings(
+    config: &RunConfig,
+    attention: &str,
+    data: &Splits,
+) -> Result<Vec<String>> {
+    let mut warnings = config.attention_config(attention)?.warnings();
+    let batch = config.training.batch_size;
+    if batch > data.train.len() {
+        warnings.push(format!(
+            "`training.batch_size` ({batch}) is larger than the training split ({} examples): \
+             every batch is the whole split",
+            data.train.len()
+        ));
+    }
+    Ok(warnings)
 }
 
 /// What a run is: which attention, seed and backend, and where it writes.
@@ -120,6 +145,12 @@ pub struct RunResult {
     pub validated_on_test: bool,
     /// Wall-clock training time, validation included.
     pub train_seconds: f64,
+    /// Settings that worked but were likely a mistake ([`suspicious_settings`]).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// Resumes that changed the configuration (from which step, which fields).
+    #[serde(default)]
+    pub config_changes: Vec<ConfigChange>,
 }
 
 /// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
@@ -157,22 +188,6 @@ fn accuracy_count(logits: Tensor<2>, labels: Tensor<1, Int>) -> i64 {
         .int()
         .sum()
         .into_scalar::<i64>()
-}
-
-/// Saves `model`'s weights to `path` atomically.
-fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("bpk.tmp");
-    model
-        .clone()
-        .save_file(&tmp)
-        .map_err(|e| anyhow::anyhow!("cannot save weights to {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn load_weights(model: LraClassifier, path: &Path) -> Result<LraClassifier> {
-    model
-        .try_load_file(path)
-        .map_err(|e| anyhow::anyhow!("cannot load weights from {}: {e}", path.display()))
 }
 
 /// Scales `grads` so that their global L2 norm is at most `max_norm` (PyTorch's
@@ -254,137 +269,15 @@ struct TrainState {
     seen: usize,
     /// Training time before this process.
     elapsed_s: f64,
-}
-
-const CHECKPOINT: &str = "checkpoint";
-
-/// The files of a checkpoint whose SHA-256 it records (in `checksums.json`) and a resume checks.
-const CHECKSUMMED: [&str; 2] = ["model.bpk", "optimizer.bpk"];
-
-/// The SHA-256 of `path`'s bytes, in hex.
-fn sha256_file(path: &Path) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
-}
-
-/// Records the checksums of a checkpoint's files in `dir/checksums.json`.
-fn write_checksums(dir: &Path) -> Result<()> {
-    let mut sums = serde_json::Map::new();
-    for name in CHECKSUMMED {
-        sums.insert(name.into(), sha256_file(&dir.join(name))?.into());
-    }
-    write_atomic(
-        &dir.join("checksums.json"),
-        serde_json::to_string_pretty(&sums)?.as_bytes(),
-    )
-}
-
-/// Checks a checkpoint's files against its `checksums.json`; a mismatch is an error naming the
-/// file. A checkpoint written before checksums were kept is accepted with a warning.
-fn verify_checksums(dir: &Path) -> Result<()> {
-    let path = dir.join("checksums.json");
-    if !path.exists() {
-        eprintln!(
-            "warning: {} has no checksums.json (written before checksums were kept); its files \
-             are not verified",
-            dir.display()
-        );
-        return Ok(());
-    }
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let sums: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a checksum list", path.display()))?;
-    for name in CHECKSUMMED {
-        let file = dir.join(name);
-        let expected = sums
-            .get(name)
-            .and_then(|v| v.as_str())
-            .with_context(|| format!("{}: no checksum for {name}", path.display()))?;
-        if sha256_file(&file)? != expected {
-            bail!(
-                "{}: corrupted (its SHA-256 differs from the one recorded when the checkpoint was \
-                 written); the checkpoint cannot be resumed",
-                file.display()
-            );
-        }
-    }
-    Ok(())
+    /// Micro-batches drawn so far (the data order's position; `None` in checkpoints written
+    /// before it was kept, where it is the step times the accumulation).
+    #[serde(default)]
+    micro_batches: Option<usize>,
 }
 
 /// Seed of the device generator from `step` on (see the module docs).
 fn step_seed(seed: u64, step: usize) -> u64 {
     crate::rng::Rng::new(seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
-}
-
-/// Writes the checkpoint atomically: a complete `checkpoint.new/`, then renames; a reader sees
-/// the old checkpoint or the new one, never a mix.
-fn write_checkpoint(
-    run_dir: &Path,
-    model: &LraClassifier,
-    optim: &burn::optim::ModuleOptimizer,
-    state: &TrainState,
-) -> Result<()> {
-    let new = run_dir.join("checkpoint.new");
-    let old = run_dir.join("checkpoint.old");
-    let current = run_dir.join(CHECKPOINT);
-    if new.exists() {
-        std::fs::remove_dir_all(&new)
-            .with_context(|| format!("cannot remove {}", new.display()))?;
-    }
-    std::fs::create_dir_all(&new).with_context(|| format!("cannot create {}", new.display()))?;
-    save_weights(model, &new.join("model.bpk"))?;
-    optim.save(new.join("optimizer.bpk")).map_err(|e| {
-        anyhow::anyhow!("cannot save the optimiser state in {}: {e}", new.display())
-    })?;
-    write_checksums(&new)?;
-    write_atomic(
-        &new.join("state.json"),
-        serde_json::to_string_pretty(state)?.as_bytes(),
-    )?;
-    if current.exists() {
-        if old.exists() {
-            std::fs::remove_dir_all(&old)
-                .with_context(|| format!("cannot remove {}", old.display()))?;
-        }
-        std::fs::rename(&current, &old)
-            .with_context(|| format!("cannot move {}", current.display()))?;
-    }
-    std::fs::rename(&new, &current).with_context(|| format!("cannot move {}", new.display()))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old)
-            .with_context(|| format!("cannot remove {}", old.display()))?;
-    }
-    Ok(())
-}
-
-/// The newest complete checkpoint of `run_dir`, if any (a kill between the two renames leaves
-/// it as `checkpoint.old`).
-fn find_checkpoint(run_dir: &Path) -> Option<PathBuf> {
-    [CHECKPOINT, "checkpoint.old"]
-        .iter()
-        .map(|name| run_dir.join(name))
-        .find(|dir| dir.join("state.json").is_file())
-}
-
-/// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites the later ones).
-fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let kept: String = text
-        .lines()
-        .filter(|line| {
-            serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s as usize <= step)
-        })
-        .map(|line| format!("{line}\n"))
-        .collect();
-    write_atomic(path, kept.as_bytes())
 }
 
 /// The AdamW optimiser of a run configuration (Adam with decoupled weight decay).
@@ -412,9 +305,178 @@ pub fn objective(
     (objective, loss)
 }
 
+/// A checkpoint to continue from: where it is, its state, the saved configuration record and
+/// the changes this resume makes to it.
+struct Resume {
+    dir: PathBuf,
+    state: TrainState,
+    record: Value,
+    changes: BTreeMap<String, [Value; 2]>,
+}
+
+/// Opens `opts.run_dir` for training: refuses a finished run, an unfinished one without
+/// `--resume`, a resume with nothing to resume or with a field a resume may not change; takes
+/// the directory's lock. A fresh run (or one killed before its first checkpoint) gets its
+/// `config.json` and an empty `metrics.jsonl`; a resumed one is returned, its files untouched
+/// until its checkpoint has loaded.
+fn open_run_dir(
+    config: &RunConfig,
+    opts: &TrainOptions,
+    record: &Value,
+) -> Result<(RunDirLock, Option<Resume>)> {
+    let run_dir = &opts.run_dir;
+    let config_path = run_dir.join("config.json");
+    let finished = || {
+        anyhow::anyhow!(
+            "{} already holds a finished run (result.json); remove it to train again",
+            run_dir.display()
+        )
+    };
+    if opts.resume && !config_path.is_file() {
+        bail!(
+            "{}: no run to resume (no config.json there); start it without --resume",
+            run_dir.display()
+        );
+    }
+    if run_dir.join("result.json").exists() {
+        return Err(finished());
+    }
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
+    let lock = RunDirLock::acquire(run_dir)?;
+    if run_dir.join("result.json").exists() {
+        // Finished by another process while this one waited for nothing: still refuse.
+        return Err(finished());
+    }
+    let resume = match (opts.resume, find_checkpoint(run_dir)) {
+        (true, Some(dir)) => Some(check_resume(config, record, &config_path, dir)?),
+        (false, Some(_)) => bail!(
+            "{} holds an unfinished run; pass --resume to continue it, or remove it",
+            run_dir.display()
+        ),
+        (resume, None) => {
+            if resume {
+                eprintln!(
+                    "{}: killed before its first checkpoint; starting it over from step 0",
+                    run_dir.display()
+                );
+            }
+            write_atomic(
+                &config_path,
+                serde_json::to_string_pretty(record)?.as_bytes(),
+            )?;
+            write_atomic(&run_dir.join("metrics.jsonl"), b"")?;
+            None
+        }
+    };
+    Ok((lock, resume))
+}
+
+/// Checks that the run recorded in `config_path` can continue from the checkpoint `dir` with
+/// `config`: the same attention, seed and backend, a configuration that differs only in the
+/// fields a resume may change, intact checkpoint files.
+fn check_resume(
+    config: &RunConfig,
+    record: &Value,
+    config_path: &Path,
+    dir: PathBuf,
+) -> Result<Resume> {
+    let saved: Value = serde_json::from_str(
+        &std::fs::read_to_string(config_path)
+            .with_context(|| format!("cannot read {}", config_path.display()))?,
+    )
+    .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+    let run_dir = config_path.parent().unwrap_or(Path::new("."));
+    for key in ["attention_name", "seed", "backend"] {
+        if saved[key] != record[key] {
+            bail!(
+                "cannot resume {}: its `{key}` differs from this command's (was {}, now {})",
+                run_dir.display(),
+                saved[key],
+                record[key]
+            );
+        }
+    }
+    let saved_run: RunConfig = serde_json::from_value(saved["run"].clone())
+        .with_context(|| format!("{}: `run` is not a configuration", config_path.display()))?;
+    let changes = config_changes(&saved_run, config)
+        .with_context(|| format!("cannot resume {}", run_dir.display()))?;
+    verify_checksums(&dir)?;
+    let mut state: TrainState = read_state(&dir)?;
+    if config.training.steps < state.step {
+        bail!(
+            "cannot resume {}: `training.steps` ({}) is below the checkpoint's step ({})",
+            run_dir.display(),
+            config.training.steps,
+            state.step
+        );
+    }
+    state
+        .micro_batches
+        .get_or_insert(state.step * saved_run.training.grad_accumulation);
+    Ok(Resume {
+        dir,
+        state,
+        record: saved,
+        changes,
+    })
+}
+
+/// Records a resume's configuration changes in `config.json` (the new `run` and a
+/// `config_changes` entry) and returns every change the run has had.
+fn record_changes(
+    run_dir: &Path,
+    resume: &mut Resume,
+    config: &RunConfig,
+) -> Result<Vec<ConfigChange>> {
+    let mut history: Vec<ConfigChange> =
+        serde_json::from_value(resume.record["config_changes"].clone()).unwrap_or_default();
+    if resume.changes.is_empty() {
+        return Ok(history);
+    }
+    let listed: Vec<String> = (resume.changes.iter())
+        .map(|(field, [was, now])| format!("{field} {was} -> {now}"))
+        .collect();
+    eprintln!(
+        "resuming from step {} with a changed configuration: {}",
+        resume.state.step,
+        listed.join(", ")
+    );
+    history.push(ConfigChange {
+        from_step: resume.state.step,
+        fields: std::mem::take(&mut resume.changes),
+    });
+    resume.record["run"] = serde_json::to_value(config)?;
+    resume.record["config_changes"] = serde_json::to_value(&history)?;
+    write_atomic(
+        &run_dir.join("config.json"),
+        serde_json::to_string_pretty(&resume.record)?.as_bytes(),
+    )?;
+    Ok(history)
+}
+
+/// What the training loop works with besides the model and the optimiser.
+struct Session<'a> {
+    config: &'a RunConfig,
+    data: &'a Splits,
+    opts: &'a TrainOptions,
+    device: Device,
+    eval_device: Device,
+    bar: ProgressBar,
+}
+
+/// The model and optimiser state the loop carries, with the running record.
+struct Progress {
+    model: LraClassifier,
+    optim: burn::optim::ModuleOptimizer,
+    state: TrainState,
+    best_model: Option<LraClassifier>,
+    /// Validation accuracy of the final weights, when this process validated them.
+    last_val_accuracy: Option<f64>,
+}
+
 /// Trains one model and writes its run directory (or continues it, with `opts.resume`).
 pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
-    let cfg = &config.training;
     let base_device = opts.backend.device()?;
     check_memory(
         config,
@@ -422,6 +484,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         data.vocab_size,
         data.train.n_classes,
     )?;
+    let warnings = suspicious_settings(config, &opts.attention, data)?;
     // Counted before seeding: building the two models for the count draws random numbers, and
     // the run must not depend on it.
     let budget = ParamBudget::count(
@@ -431,144 +494,67 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         data.train.n_classes,
         &base_device,
     )?;
-    let n_params = budget.n_params;
-    eprintln!(
-        "model: {n_params} trainable parameters, {:+.2}% over softmax ({})",
-        100.0 * budget.increase(),
-        budget.softmax_params
-    );
-    let device = base_device.clone().autodiff();
-    device.seed(opts.seed);
-    let run_dir = &opts.run_dir;
-    if opts.resume && !run_dir.join("config.json").is_file() {
-        // Nothing to resume: refuse without creating the directory.
-        bail!(
-            "{}: no run to resume (no config.json there); start it without --resume",
-            run_dir.display()
-        );
-    }
-    std::fs::create_dir_all(run_dir)
-        .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
-    if run_dir.join("result.json").exists() {
-        bail!(
-            "{} already holds a finished run (result.json); remove it to train again",
-            run_dir.display()
-        );
-    }
-    let checkpoint = find_checkpoint(run_dir);
-    let metrics_path = run_dir.join("metrics.jsonl");
-    let config_json = json!({
+    let record = json!({
         "run": config,
         "attention_name": opts.attention,
         "attention_resolved": config.attention_config(&opts.attention)?,
         "seed": opts.seed,
         "backend": opts.backend,
         "preset": opts.preset,
-        "n_params": n_params,
+        "n_params": budget.n_params,
         "n_params_softmax": budget.softmax_params,
         "param_increase": budget.increase(),
         "split_sizes": data.sizes(),
+        "config_changes": [],
     });
-    let config_path = run_dir.join("config.json");
-    match (opts.resume, &checkpoint) {
-        (true, Some(_)) => {
-            let saved: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(&config_path)
-                    .with_context(|| format!("cannot read {}", config_path.display()))?,
-            )
-            .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
-            // Compared as a configuration: floats may print differently after a JSON round trip.
-            let saved_run: Option<RunConfig> = serde_json::from_value(saved["run"].clone()).ok();
-            if saved_run.as_ref() != Some(config) {
-                bail!(
-                    "cannot resume {}: its configuration (config.json `run`) differs from this \
-                     command's",
-                    run_dir.display()
-                );
-            }
-            for key in ["attention_name", "seed", "backend"] {
-                if saved[key] != config_json[key] {
-                    bail!(
-                        "cannot resume {}: its `{key}` differs from this command's \
-                         (was {}, now {})",
-                        run_dir.display(),
-                        saved[key],
-                        config_json[key]
-                    );
-                }
-            }
-        }
-        (false, Some(_)) => bail!(
-            "{} holds an unfinished run; pass --resume to continue it, or remove it",
-            run_dir.display()
-        ),
-        (resume, None) => {
-            // A fresh run, or one killed before its first checkpoint: start the files over.
-            if resume {
-                eprintln!(
-                    "{}: killed before its first checkpoint; starting it over from step 0",
-                    run_dir.display()
-                );
-            }
-            write_atomic(
-                &config_path,
-                serde_json::to_string_pretty(&config_json)?.as_bytes(),
-            )?;
-            write_atomic(&metrics_path, b"")?;
-        }
+    let (_lock, resume) = open_run_dir(config, opts, &record)?;
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
     }
-
-    let mut model = LraClassifier::new(
+    eprintln!(
+        "model: {} trainable parameters, {:+.2}% over softmax ({})",
+        budget.n_params,
+        100.0 * budget.increase(),
+        budget.softmax_params
+    );
+    let device = base_device.clone().autodiff();
+    device.seed(opts.seed);
+    let model = LraClassifier::new(
         config,
         &opts.attention,
         data.vocab_size,
         data.train.n_classes,
         &device,
     )?;
-    let mut optim = adamw(&cfg.optimizer).init();
-    let eval_device = base_device.clone();
-    let mut state = TrainState::default();
-    let mut best_model: Option<LraClassifier> = None;
-    // Validation accuracy of the final weights, when this process validated them.
-    let mut last_val_accuracy: Option<f64> = None;
-    if let Some(dir) = &checkpoint {
-        verify_checksums(dir)?;
-        let text = std::fs::read_to_string(dir.join("state.json"))
-            .with_context(|| format!("cannot read {}", dir.join("state.json").display()))?;
-        state = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{}: not a checkpoint state",
-                dir.join("state.json").display()
-            )
-        })?;
-        model = load_weights(model, &dir.join("model.bpk"))?;
-        optim = optim.load(dir.join("optimizer.bpk")).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot load the optimiser state from {}: {e}",
-                dir.display()
-            )
-        })?;
-        if state.best.is_some() {
-            best_model = Some(load_weights(
-                model.valid(),
-                &run_dir.join("model-best.bpk"),
-            )?);
-        }
-        truncate_metrics(&metrics_path, state.step)?;
-        device.seed(step_seed(opts.seed, state.step));
-        eprintln!("resuming {} from step {}", run_dir.display(), state.step);
+    let mut progress = Progress {
+        model,
+        optim: adamw(&config.training.optimizer).init(),
+        state: TrainState {
+            micro_batches: Some(0),
+            ..TrainState::default()
+        },
+        best_model: None,
+        last_val_accuracy: None,
+    };
+    let mut config_changes = Vec::new();
+    if let Some(mut resume) = resume {
+        progress = progress.restore(&resume, &opts.run_dir)?;
+        config_changes = record_changes(&opts.run_dir, &mut resume, config)?;
+        truncate_metrics(&opts.run_dir.join("metrics.jsonl"), resume.state.step)?;
+        device.seed(step_seed(opts.seed, resume.state.step));
+        eprintln!(
+            "resuming {} from step {}",
+            opts.run_dir.display(),
+            resume.state.step
+        );
     }
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot open {}", metrics_path.display()))?;
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-
     let bar = if opts.progress {
-        ProgressBar::new(cfg.steps as u64)
+        ProgressBar::new(config.training.steps as u64)
     } else {
-        ProgressBar::with_draw_target(Some(cfg.steps as u64), ProgressDrawTarget::hidden())
+        ProgressBar::with_draw_target(
+            Some(config.training.steps as u64),
+            ProgressDrawTarget::hidden(),
+        )
     };
     bar.set_style(
         ProgressStyle::with_template(
@@ -576,176 +562,286 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         )
         .expect("valid template"),
     );
-    bar.set_position(state.step as u64);
-
-    let accumulation = cfg.grad_accumulation;
-    let checkpoint_every = cfg.checkpoint_every.unwrap_or(cfg.eval_every);
-    let mut plan = BatchPlan::new(data.train.len(), cfg.batch_size, opts.seed);
-    plan.skip(state.step * accumulation);
+    bar.set_position(progress.state.step as u64);
+    let session = Session {
+        config,
+        data,
+        opts,
+        device,
+        eval_device: base_device,
+        bar,
+    };
     let started = Instant::now();
-    let first_step = state.step + 1;
-    let validation = data.validation();
+    let progress = session.run_steps(progress, started)?;
+    // The result line goes below the bar, not onto its line.
+    session.bar.finish_and_clear();
+    let train_seconds = progress.state.elapsed_s + started.elapsed().as_secs_f64();
+    session.finish(progress, budget, train_seconds, warnings, config_changes)
+}
 
-    let model = std::thread::scope(|scope| -> Result<LraClassifier> {
-        let mut model = model;
-        let batches = training_batches(
-            scope,
-            &data.train,
-            plan,
-            (cfg.steps + 1 - first_step) * accumulation,
-        );
-        for step in first_step..=cfg.steps {
-            let lr = cfg.schedule.lr(step, cfg.steps);
-            let mut accumulator = GradientsAccumulator::<LraClassifier>::new();
-            let mut step_loss = 0.0;
-            for _ in 0..accumulation {
-                let batch = batches
-                    .recv()
-                    .context("the data loader stopped early")?
-                    .to_device(&device);
-                let take = batch.labels.dims()[0];
-                let logits = model.forward(batch.tokens, batch.pair);
-                // The reported loss stays the cross-entropy, comparable across variants.
-                let (objective, loss) =
-                    objective(&model, logits.clone(), batch.labels.clone(), &loss_fn);
-                let objective = objective.div_scalar(accumulation as f32);
-                accumulator.accumulate(
-                    &model,
-                    GradientsParams::from_grads(objective.backward(), &model),
-                );
-                let loss_value = loss.into_scalar::<f64>();
-                step_loss += loss_value;
-                state.loss_sum += loss_value * take as f64;
-                state.correct += accuracy_count(logits.detach(), batch.labels);
-                state.seen += take;
-            }
-            if !step_loss.is_finite() {
-                let kept = match find_checkpoint(run_dir) {
-                    Some(dir) => format!(
-                        "the last good checkpoint is {} (resume with --resume after lowering the \
-                         learning rate, or enabling training.grad_clip)",
-                        dir.display()
-                    ),
-                    None => "no checkpoint was written yet".to_string(),
-                };
-                bail!("training diverged at step {step}: the loss is {step_loss}; {kept}");
-            }
-            let mut grads = accumulator.grads();
-            if let Some(max_norm) = cfg.grad_clip {
-                grads = clip_global_norm(&model, grads, max_norm).0;
-            }
-            model = optim.step(lr, model, grads);
-            if cfg.redraw_every.is_some_and(|every| step % every == 0) {
-                model.encoder = model.encoder.redraw();
-            }
-            bar.set_position(step as u64);
+impl Progress {
+    /// Loads the checkpoint's weights, optimiser state and best-validation weights.
+    fn restore(mut self, resume: &Resume, run_dir: &Path) -> Result<Self> {
+        self.state = resume.state.clone();
+        self.model = load_weights(self.model, &resume.dir.join("model.bpk"))?;
+        self.optim = self
+            .optim
+            .load(resume.dir.join("optimizer.bpk"))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot load the optimiser state from {}: {e}",
+                    resume.dir.display()
+                )
+            })?;
+        if self.state.best.is_some() {
+            self.best_model = Some(load_weights(
+                self.model.valid(),
+                &run_dir.join("model-best.bpk"),
+            )?);
+        }
+        Ok(self)
+    }
+}
 
-            if step % cfg.eval_every == 0 || step == cfg.steps {
-                let valid = model.valid();
-                let (val_acc, val_loss) =
-                    evaluate(&valid, validation, cfg.batch_size, &eval_device);
-                if step == cfg.steps {
-                    last_val_accuracy = Some(val_acc);
+impl Session<'_> {
+    /// Trains from the step after `progress.state.step` to the last, validating, keeping the
+    /// best weights and writing checkpoints on the way.
+    fn run_steps(&self, progress: Progress, started: Instant) -> Result<Progress> {
+        let cfg = &self.config.training;
+        let run_dir = &self.opts.run_dir;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        let mut metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+        let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
+        let accumulation = cfg.grad_accumulation;
+        let checkpoint_every = cfg.checkpoint_every.unwrap_or(cfg.eval_every);
+        let Progress {
+            mut model,
+            mut optim,
+            mut state,
+            mut best_model,
+            mut last_val_accuracy,
+        } = progress;
+        let mut micro_batches = state.micro_batches.unwrap_or(0);
+        let mut plan = BatchPlan::new(self.data.train.len(), cfg.batch_size, self.opts.seed);
+        plan.skip(micro_batches);
+        let first_step = state.step + 1;
+        std::thread::scope(|scope| -> Result<Progress> {
+            let batches = training_batches(
+                scope,
+                &self.data.train,
+                plan,
+                (cfg.steps + 1 - first_step) * accumulation,
+            );
+            for step in first_step..=cfg.steps {
+                let lr = cfg.schedule.lr(step, cfg.steps);
+                let mut accumulator = GradientsAccumulator::<LraClassifier>::new();
+                let mut step_loss = 0.0;
+                for _ in 0..accumulation {
+                    let batch = batches
+                        .recv()
+                        .context("the data loader stopped early")?
+                        .to_device(&self.device);
+                    micro_batches += 1;
+                    let take = batch.labels.dims()[0];
+                    let logits = model.forward(batch.tokens, batch.pair);
+                    // The reported loss stays the cross-entropy, comparable across variants.
+                    let (objective, loss) =
+                        objective(&model, logits.clone(), batch.labels.clone(), &loss_fn);
+                    let objective = objective.div_scalar(accumulation as f32);
+                    accumulator.accumulate(
+                        &model,
+                        GradientsParams::from_grads(objective.backward(), &model),
+                    );
+                    let loss_value = loss.into_scalar::<f64>();
+                    step_loss += loss_value;
+                    state.loss_sum += loss_value * take as f64;
+                    state.correct += accuracy_count(logits.detach(), batch.labels);
+                    state.seen += take;
                 }
-                let train_loss = state.loss_sum / state.seen as f64;
-                let train_acc = state.correct as f64 / state.seen as f64;
-                let line = json!({
-                    "step": step,
-                    "lr": lr,
-                    "train_loss": train_loss,
-                    "train_accuracy": train_acc,
-                    "val_loss": val_loss,
-                    "val_accuracy": val_acc,
-                    "elapsed_s": state.elapsed_s + started.elapsed().as_secs_f64(),
-                });
-                writeln!(metrics, "{line}")
-                    .and_then(|_| metrics.flush())
-                    .with_context(|| format!("cannot write {}", metrics_path.display()))?;
-                let message = format!(
-                    "loss {train_loss:.3} acc {train_acc:.3} | val acc {val_acc:.3} loss {val_loss:.3}"
-                );
-                if !opts.progress {
-                    eprintln!("step {step}/{}: {message}", cfg.steps);
-                }
-                bar.set_message(message);
-                (state.loss_sum, state.correct, state.seen) = (0.0, 0, 0);
-                if state.best.is_none_or(|(acc, _)| val_acc > acc) {
-                    save_weights(&valid, &run_dir.join("model-best.bpk"))?;
-                    state.best = Some((val_acc, step));
-                    best_model = Some(valid);
-                }
-            }
-            if step % checkpoint_every == 0 || step == cfg.steps {
-                if !weights_finite(&model) {
+                if !step_loss.is_finite() {
                     bail!(
-                        "training diverged at step {step}: the weights are not finite; the last \
-                         good checkpoint is kept in {}",
-                        run_dir.join(CHECKPOINT).display()
+                        "training diverged at step {step}: the loss is {step_loss}; {}",
+                        recovery_advice(run_dir)
                     );
                 }
-                state.step = step;
-                let elapsed = state.elapsed_s;
-                state.elapsed_s += started.elapsed().as_secs_f64();
-                write_checkpoint(run_dir, &model, &optim, &state)?;
-                state.elapsed_s = elapsed;
-                device.seed(step_seed(opts.seed, step));
+                let mut grads = accumulator.grads();
+                if let Some(max_norm) = cfg.grad_clip {
+                    grads = clip_global_norm(&model, grads, max_norm).0;
+                }
+                model = optim.step(lr, model, grads);
+                if cfg.redraw_every.is_some_and(|every| step % every == 0) {
+                    model.encoder = model.encoder.redraw();
+                }
+                self.bar.set_position(step as u64);
+                if step % cfg.eval_every == 0 || step == cfg.steps {
+                    let valid = model.valid();
+                    let val_accuracy =
+                        self.validate(step, lr, &valid, &mut state, &mut metrics, started)?;
+                    if step == cfg.steps {
+                        last_val_accuracy = Some(val_accuracy);
+                    }
+                    if state.best.is_none_or(|(best, _)| val_accuracy > best) {
+                        save_weights(&valid, &run_dir.join("model-best.bpk"))?;
+                        state.best = Some((val_accuracy, step));
+                        best_model = Some(valid);
+                    }
+                }
+                if step % checkpoint_every == 0 || step == cfg.steps {
+                    if !weights_finite(&model) {
+                        bail!(
+                            "training diverged at step {step}: the weights are not finite; {}",
+                            recovery_advice(run_dir)
+                        );
+                    }
+                    state.step = step;
+                    state.micro_batches = Some(micro_batches);
+                    let elapsed = state.elapsed_s;
+                    state.elapsed_s += started.elapsed().as_secs_f64();
+                    write_checkpoint(run_dir, &model, &optim, &state)?;
+                    state.elapsed_s = elapsed;
+                    self.device.seed(step_seed(self.opts.seed, step));
+                }
+                if self.opts.stop_after == Some(step) {
+                    bail!("stopped after step {step} (--stop-after)");
+                }
             }
-            if opts.stop_after == Some(step) {
-                bail!("stopped after step {step} (--stop-after)");
-            }
-        }
-        Ok(model)
-    })?;
-    bar.finish();
-    let train_seconds = state.elapsed_s + started.elapsed().as_secs_f64();
+            Ok(Progress {
+                model,
+                optim,
+                state,
+                best_model,
+                last_val_accuracy,
+            })
+        })
+    }
 
-    let last = model.valid();
-    save_weights(&last, &run_dir.join("model-last.bpk"))?;
-    let (best_val_accuracy, best_val_step) = state.best.expect("the last step validates");
-    let best_model = best_model.expect("the best weights are kept");
-    let test = |model: &LraClassifier| evaluate(model, &data.test, cfg.batch_size, &eval_device).0;
-    // When the test split is also the validation split, both weights were just measured on it.
-    let validated_on_test = data.val.is_none();
-    let test_last = match last_val_accuracy {
-        Some(acc) if validated_on_test => acc,
-        _ => test(&last),
-    };
-    let test_best = if validated_on_test {
-        best_val_accuracy
-    } else {
-        test(&best_model)
-    };
-    let result = RunResult {
-        task: config.task.name().to_string(),
-        attention: opts.attention.clone(),
-        preset: opts.preset.clone(),
-        seed: opts.seed,
-        backend: opts.backend,
-        device: format!("{base_device:?}"),
-        steps: cfg.steps,
-        n_params,
-        n_params_softmax: budget.softmax_params,
-        param_increase: budget.increase(),
-        selection: cfg.selection,
-        test_accuracy: match cfg.selection {
-            Selection::BestVal => test_best,
-            Selection::Last => test_last,
-        },
-        test_accuracy_last: test_last,
-        test_accuracy_best_val: test_best,
-        best_val_accuracy,
-        best_val_step,
-        test_majority_rate: data.test.majority_rate(),
-        split_sizes: data.sizes(),
-        validation_source: validation.source.clone(),
-        validated_on_test,
-        train_seconds,
-    };
-    write_atomic(
-        &run_dir.join("result.json"),
-        serde_json::to_string_pretty(&result)?.as_bytes(),
-    )?;
-    // The run is complete: its last weights are model-last.bpk, the checkpoint is spent.
-    let _ = std::fs::remove_dir_all(run_dir.join(CHECKPOINT));
-    Ok(result)
+    /// Measures `valid` on the validation split, appends the metrics line (with the training
+    /// sums since the last validation, which it resets) and returns the validation accuracy.
+    fn validate(
+        &self,
+        step: usize,
+        lr: f64,
+        valid: &LraClassifier,
+        state: &mut TrainState,
+        metrics: &mut std::fs::File,
+        started: Instant,
+    ) -> Result<f64> {
+        let batch_size = self.config.training.batch_size;
+        let (val_acc, val_loss) =
+            evaluate(valid, self.data.validation(), batch_size, &self.eval_device);
+        let train_loss = state.loss_sum / state.seen as f64;
+        let train_acc = state.correct as f64 / state.seen as f64;
+        let line = json!({
+            "step": step,
+            "lr": lr,
+            "train_loss": train_loss,
+            "train_accuracy": train_acc,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "elapsed_s": state.elapsed_s + started.elapsed().as_secs_f64(),
+        });
+        let path = self.opts.run_dir.join("metrics.jsonl");
+        writeln!(metrics, "{line}")
+            .and_then(|_| metrics.flush())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let message = format!(
+            "loss {train_loss:.3} acc {train_acc:.3} | val acc {val_acc:.3} loss {val_loss:.3}"
+        );
+        if !self.opts.progress {
+            eprintln!("step {step}/{}: {message}", self.config.training.steps);
+        }
+        self.bar.set_message(message);
+        (state.loss_sum, state.correct, state.seen) = (0.0, 0, 0);
+        Ok(val_acc)
+    }
+
+    /// Writes the last weights, measures both weights on the test split and writes
+    /// `result.json`; the spent checkpoint is removed.
+    fn finish(
+        &self,
+        progress: Progress,
+        budget: ParamBudget,
+        train_seconds: f64,
+        warnings: Vec<String>,
+        config_changes: Vec<ConfigChange>,
+    ) -> Result<RunResult> {
+        let (config, data, opts) = (self.config, self.data, self.opts);
+        let cfg = &config.training;
+        let run_dir = &opts.run_dir;
+        let last = progress.model.valid();
+        save_weights(&last, &run_dir.join("model-last.bpk"))?;
+        let (best_val_accuracy, best_val_step) =
+            progress.state.best.expect("the last step validates");
+        let best_model = progress.best_model.expect("the best weights are kept");
+        let test = |model: &LraClassifier| {
+            evaluate(model, &data.test, cfg.batch_size, &self.eval_device).0
+        };
+        // When the test split is also the validation split, both weights were just measured on it.
+        let validated_on_test = data.val.is_none();
+        let test_last = match progress.last_val_accuracy {
+            Some(acc) if validated_on_test => acc,
+            _ => test(&last),
+        };
+        let test_best = if validated_on_test {
+            best_val_accuracy
+        } else {
+            test(&best_model)
+        };
+        let result = RunResult {
+            task: config.task.name().to_string(),
+            attention: opts.attention.clone(),
+            preset: opts.preset.clone(),
+            seed: opts.seed,
+            backend: opts.backend,
+            device: format!("{:?}", self.eval_device),
+            steps: cfg.steps,
+            n_params: budget.n_params,
+            n_params_softmax: budget.softmax_params,
+            param_increase: budget.increase(),
+            selection: cfg.selection,
+            test_accuracy: match cfg.selection {
+                Selection::BestVal => test_best,
+                Selection::Last => test_last,
+            },
+            test_accuracy_last: test_last,
+            test_accuracy_best_val: test_best,
+            best_val_accuracy,
+            best_val_step,
+            test_majority_rate: data.test.majority_rate(),
+            split_sizes: data.sizes(),
+            validation_source: data.validation().source.clone(),
+            validated_on_test,
+            train_seconds,
+            warnings,
+            config_changes,
+        };
+        write_atomic(
+            &run_dir.join("result.json"),
+            serde_json::to_string_pretty(&result)?.as_bytes(),
+        )?;
+        // The run is complete: its last weights are model-last.bpk, the checkpoint is spent, and
+        // the lock is no longer needed (result.json now refuses any other process).
+        let _ = std::fs::remove_dir_all(run_dir.join(CHECKPOINT));
+        let _ = std::fs::remove_file(run_dir.join(".lock"));
+        Ok(result)
+    }
+}
+
+/// What to do after a divergence: where the last good checkpoint is and how to resume from it.
+fn recovery_advice(run_dir: &Path) -> String {
+    match find_checkpoint(run_dir) {
+        Some(dir) => format!(
+            "the last good checkpoint is {}: resume it with --resume and a lower \
+             `training.schedule` peak or base, or with `training.grad_clip` (a resume may change \
+             {})",
+            dir.display(),
+            RESUMABLE_FIELDS.join(", ")
+        ),
+        None => "no checkpoint was written yet: start the run over with a lower learning rate"
+            .to_string(),
+    }
 }

@@ -3,37 +3,11 @@
 
 mod common;
 
-use burn_lra::config::RunConfig;
+use burn_lra::config::Schedule;
+use burn_lra::run_dir::compare_run_dirs;
 use burn_lra::task::load_splits;
 use burn_lra::train::train;
 use common::{metrics_without_time, options, short_listops, temp_dir};
-
-/// Every float parameter of a run's `model-last.bpk`, in module order (the files themselves
-/// differ: they embed random parameter ids).
-fn last_weights(config: &RunConfig, run_dir: &std::path::Path) -> Vec<Vec<f32>> {
-    use burn::module::{Module, ModuleVisitor, Param};
-    use burn::prelude::*;
-    struct Collect(Vec<Vec<f32>>);
-    impl ModuleVisitor for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(
-                param
-                    .val()
-                    .into_data()
-                    .convert::<f32>()
-                    .try_to_vec::<f32>()
-                    .unwrap(),
-            );
-        }
-    }
-    let device = Device::flex();
-    let model = burn_lra::model::LraClassifier::new(config, "performer", 16, 10, &device)
-        .unwrap()
-        .load_file(run_dir.join("model-last.bpk"));
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
-}
 
 /// A run stopped mid-way (after its step-20 checkpoint, 7 steps of work lost) and resumed ends
 /// exactly where an unbroken run with the same seed ends: same metrics at every validation, same
@@ -90,11 +64,9 @@ fn a_killed_run_resumes_to_the_same_result() {
         metrics_without_time(&broken_dir),
         metrics_without_time(&unbroken_dir)
     );
-    let weights = |dir: &std::path::Path| last_weights(&config, dir);
-    assert!(
-        weights(&broken_dir) == weights(&unbroken_dir),
-        "the resumed run's final weights differ from the unbroken run's"
-    );
+    // Configuration, metrics, results and the values of both weight files: the same run.
+    let differences = compare_run_dirs(&broken_dir, &unbroken_dir).unwrap();
+    assert!(differences.is_empty(), "{differences:?}");
     // A finished run keeps no checkpoint, and --resume where no run was started is an error
     // that creates nothing.
     assert!(!broken_dir.join("checkpoint").exists());
@@ -164,6 +136,117 @@ fn resume_before_the_first_checkpoint_starts_over() {
     assert_eq!(
         metrics_without_time(&run_dir),
         metrics_without_time(&dir.join("unbroken"))
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run pushed into divergence on purpose (resumed from its step-10 checkpoint with a learning
+/// rate of 1e36) stops naming its last good checkpoint and how to recover; resumed from it with a
+/// lower learning rate and twice the accumulation, it finishes, and its result records both
+/// changes. A change to the model's shape is refused, naming the field, with the run untouched.
+#[test]
+fn a_diverged_run_recovers_with_a_lower_learning_rate() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("diverge");
+    let config = short_listops(30);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let run_dir = dir.join("run");
+    let mut opts = options(run_dir.clone(), "softmax");
+    opts.stop_after = Some(10);
+    train(&config, &splits, &opts).unwrap_err();
+    opts.stop_after = None;
+    opts.resume = true;
+
+    let mut wild = config.clone();
+    wild.training.schedule = Schedule::OneCycle {
+        peak: 1e36,
+        warmup: 5,
+    };
+    let err = format!("{:#}", train(&wild, &splits, &opts).unwrap_err());
+    assert!(err.contains("training diverged at step 1"), "{err}");
+    assert!(
+        err.contains("--resume") && err.contains("training.schedule"),
+        "{err}"
+    );
+    let state = std::fs::read_to_string(run_dir.join("checkpoint/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["step"], 10, "the last good checkpoint is kept");
+
+    let mut wider = config.clone();
+    wider.model.d_model = 128;
+    let before = std::fs::read(run_dir.join("config.json")).unwrap();
+    let err = format!("{:#}", train(&wider, &splits, &opts).unwrap_err());
+    assert!(err.contains("`model.d_model` differs"), "{err}");
+    assert_eq!(std::fs::read(run_dir.join("config.json")).unwrap(), before);
+
+    let mut calm = config.clone();
+    calm.training.schedule = Schedule::OneCycle {
+        peak: 5e-4,
+        warmup: 5,
+    };
+    calm.training.grad_accumulation = 2;
+    let result = train(&calm, &splits, &opts).unwrap();
+    assert_eq!(result.steps, 30);
+    let changes: Vec<(usize, Vec<&str>)> = result
+        .config_changes
+        .iter()
+        .map(|c| (c.from_step, c.fields.keys().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (10, vec!["training.schedule.peak"]),
+            (
+                10,
+                vec!["training.grad_accumulation", "training.schedule.peak"]
+            ),
+        ]
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["run"]["training"]["schedule"]["peak"], 5e-4);
+    assert_eq!(saved["config_changes"].as_array().unwrap().len(), 2);
+    // A genuinely different run is told apart from an unbroken one.
+    let unbroken = dir.join("unbroken");
+    train(&config, &splits, &options(unbroken.clone(), "softmax")).unwrap();
+    let differences = compare_run_dirs(&run_dir, &unbroken).unwrap();
+    assert!(
+        differences.contains(&"config.json".to_string()),
+        "{differences:?}"
+    );
+    assert!(
+        differences.contains(&"model-last.bpk".to_string()),
+        "{differences:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Settings that work but look like mistakes are recorded in the result: a batch larger than
+/// the training split, Linformer's `k` not below `n_max`.
+#[test]
+fn suspicious_settings_are_recorded_as_warnings() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("warnings");
+    let mut config = short_listops(4);
+    config.training.eval_every = 2;
+    config.training.schedule = Schedule::OneCycle {
+        peak: 1e-3,
+        warmup: 1,
+    };
+    config.training.batch_size = 500;
+    config.attention.insert(
+        "linformer".into(),
+        serde_json::from_str(r#"{"k": 100}"#).unwrap(),
+    );
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let result = train(&config, &splits, &options(dir.join("run"), "linformer")).unwrap();
+    assert_eq!(result.warnings.len(), 2, "{:?}", result.warnings);
+    assert!(result.warnings[0].contains("`k` (100) is not below `n_max` (64)"));
+    assert!(
+        result.warnings[1].contains(
+            "`training.batch_size` (500) is larger than the training split (200 examples)"
+        )
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -125,20 +125,54 @@ fn cargo_feature(backend: &str) -> &str {
     }
 }
 
-/// A private copy of the burn-lra binary, removed when the sweep ends.
-pub(crate) struct Harness(PathBuf);
+/// A private copy of the burn-lra binary. On Linux the copy is deleted as soon as it is open and
+/// runs through its descriptor (`/proc/self/fd/N`), so nothing is left on disk however the sweep
+/// ends (SIGTERM and SIGKILL included); elsewhere its folder is removed when the sweep ends.
+pub(crate) struct Harness {
+    /// What `Command::new` runs.
+    path: PathBuf,
+    /// The open, already deleted copy (Linux).
+    _file: Option<std::fs::File>,
+    /// The folder to remove on drop (not Linux).
+    folder: Option<PathBuf>,
+}
+
+impl Harness {
+    #[cfg(target_os = "linux")]
+    fn new(copy: &Path, folder: &Path) -> Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file =
+            std::fs::File::open(copy).with_context(|| format!("cannot open {}", copy.display()))?;
+        std::fs::remove_dir_all(folder)
+            .with_context(|| format!("cannot remove {}", folder.display()))?;
+        Ok(Self {
+            path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            _file: Some(file),
+            folder: None,
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new(copy: &Path, folder: &Path) -> Result<Self> {
+        Ok(Self {
+            path: copy.to_path_buf(),
+            _file: None,
+            folder: Some(folder.to_path_buf()),
+        })
+    }
+}
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
+        if let Some(folder) = &self.folder {
+            let _ = std::fs::remove_dir_all(folder);
         }
     }
 }
 
 impl AsRef<std::ffi::OsStr> for Harness {
     fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
+        self.path.as_os_str()
     }
 }
 
@@ -179,7 +213,7 @@ pub(crate) fn build_harness(backend: &str, release: bool) -> Result<Harness> {
     let profile = if release { "release" } else { "debug" };
     std::fs::copy(target.join(profile).join(&exe), &copy)
         .with_context(|| format!("cannot copy the harness to {}", copy.display()))?;
-    Ok(Harness(copy))
+    Harness::new(&copy, &private)
 }
 
 /// The attentions a `--attention` list names: every registered one when the list is absent or

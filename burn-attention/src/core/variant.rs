@@ -70,6 +70,13 @@ pub trait VariantConfig: Config + Clone {
         check_capabilities(self.info(), n_q, n_k, causal)
     }
 
+    /// Settings that work but are likely a mistake (a projection that compresses nothing, say),
+    /// one sentence each naming the field; none by default. Callers decide whether to print
+    /// them; [`check`](Self::check) refuses what cannot work.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Creates the module.
     fn build(&self, device: &Device) -> Self::Module;
 

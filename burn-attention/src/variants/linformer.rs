@@ -219,6 +219,18 @@ impl VariantConfig for LinformerConfig {
     fn check(&self) -> Result<(), AttentionError> {
         self.validate()
     }
+    fn warnings(&self) -> Vec<String> {
+        if self.k < self.n_max {
+            return Vec::new();
+        }
+        vec![format!(
+            "{}: `k` ({}) is not below `n_max` ({}): projecting the keys to k positions \
+             compresses nothing",
+            self.scoring.info().name,
+            self.k,
+            self.n_max
+        )]
+    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(self.scoring.info(), self.n_max, n_q, n_k, causal)
     }

@@ -73,6 +73,11 @@ pub fn read_labelled_tsv(path: &Path, max_len: usize, n_classes: usize) -> Resul
             .position(|&b| b == b'\t')
             .ok_or_else(|| at("expected `label<TAB>text`, found no tab".into()))?;
         let label = parse_label(&row[..tab], n_classes).map_err(at)?;
+        if row.len() == tab + 1 {
+            return Err(at(
+                "the text is empty (an example needs at least one byte)".into()
+            ));
+        }
         examples.push(Example::new(byte_tokens(&row[tab + 1..], max_len), label));
         Ok(())
     })?;
@@ -122,14 +127,21 @@ fn imdb_entry(path: &Path) -> Option<(usize, usize, String)> {
 /// label and file name, whatever the archive's or directory's order.
 pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
     let mut found: [Vec<(usize, String, Example)>; 2] = [Vec::new(), Vec::new()];
-    let mut add = |entry: &Path, bytes: &[u8]| {
+    let mut add = |entry: &Path, bytes: &[u8]| -> Result<()> {
         if let Some((split, label, name)) = imdb_entry(entry) {
+            if bytes.is_empty() {
+                bail!(
+                    "{}: the review is empty (an example needs at least one byte)",
+                    entry.display()
+                );
+            }
             found[split].push((
                 label,
                 name,
                 Example::new(byte_tokens(bytes, max_len), label),
             ));
         }
+        Ok(())
     };
     let source = match imdb_source(path)? {
         ImdbSource::Archive(archive) => {
@@ -148,7 +160,7 @@ pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
                 }
                 bytes.clear();
                 entry.read_to_end(&mut bytes).map_err(unreadable)?;
-                add(&entry_path, &bytes);
+                add(&entry_path, &bytes).with_context(|| archive.display().to_string())?;
             }
             archive
         }
@@ -167,7 +179,7 @@ pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
                         }
                         let bytes = std::fs::read(&file)
                             .with_context(|| format!("cannot read {}", file.display()))?;
-                        add(&file, &bytes);
+                        add(&file, &bytes)?;
                     }
                 }
             }

@@ -285,12 +285,21 @@ pub fn write_splits(dir: &Path, splits: &[Vec<(String, u8)>; 3]) -> Result<()> {
 
 /// Tokenizes an expression as LRA does: parentheses dropped, `]` a closing token, split on
 /// whitespace. Ids: 0 padding, 1-10 digits 0-9, 11-14 `[MIN [MAX [MED [SM`, 15 `]`.
+///
+/// Every operator must be closed by a `]` and every `]` close an operator: an unbalanced
+/// expression has no value, and its label could only be noise.
 pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
     let mut out = Vec::with_capacity(expr.len() / 2);
+    let mut open = 0usize;
     for token in expr.split_whitespace() {
         let id = match token {
             "(" | ")" => continue,
-            "]" => 15,
+            "]" => {
+                open = open
+                    .checked_sub(1)
+                    .ok_or("unbalanced expression: a `]` closes no operator")?;
+                15
+            }
             "[MIN" => 11,
             "[MAX" => 12,
             "[MED" => 13,
@@ -300,7 +309,13 @@ pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
             }
             t => return Err(format!("unknown token `{t}`")),
         };
+        open += usize::from((11..=14).contains(&id));
         out.push(id);
+    }
+    if open > 0 {
+        return Err(format!(
+            "unbalanced expression: {open} operator(s) not closed by `]`"
+        ));
     }
     Ok(out)
 }

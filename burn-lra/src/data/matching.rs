@@ -30,7 +30,7 @@ pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dat
     let mut examples = Vec::new();
     for_each_row(path, |number, row| {
         let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", path.display());
-        let fields: Vec<&[u8]> = row.splitn(5, |&b| b == b'\t').collect();
+        let fields: Vec<&[u8]> = row.split(|&b| b == b'\t').collect();
         let [label, _id1, _id2, text1, text2] = fields.as_slice() else {
             return Err(at(format!(
                 "expected 5 tab-separated fields (label, id1, id2, text1, text2), found {}",
@@ -38,6 +38,13 @@ pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dat
             )));
         };
         let label = parse_label(label, 2).map_err(at)?;
+        for (field, text) in [("text1", text1), ("text2", text2)] {
+            if text.is_empty() {
+                return Err(at(format!(
+                    "{field} is empty (a document needs at least one byte)"
+                )));
+            }
+        }
         examples.push(Example {
             tokens: byte_tokens(text1, keep),
             pair: Some(byte_tokens(text2, keep)),
