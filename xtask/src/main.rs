@@ -176,6 +176,25 @@ impl AsRef<std::ffi::OsStr> for Harness {
     }
 }
 
+/// Makes the child receive SIGTERM when this process ends (Linux), so that a sweep stopped by a
+/// signal stops its training run too instead of leaving it running unattended (the run resumes
+/// from its checkpoint next time).
+fn stop_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// Builds burn-lra with the backend's feature (in the release profile for benchmarks) and
 /// returns a private copy of the binary.
 pub(crate) fn build_harness(backend: &str, release: bool) -> Result<Harness> {
@@ -301,6 +320,7 @@ fn lra(args: &[String]) -> Result<()> {
                 eprintln!("{attention} seed {seed}: resuming from its checkpoint");
                 cmd.arg("--resume");
             }
+            stop_with_parent(&mut cmd);
             if !cmd.status().context("cannot run burn-lra")?.success() {
                 failures.push(format!("{attention} seed {seed}"));
             }

@@ -147,15 +147,19 @@ mod tests {
     fn aan_rows_are_cut_then_tokenized() {
         let dir = temp_dir("rows");
         let path = dir.join("pairs.tsv");
-        std::fs::write(&path, "1.0\tid1\tid2\tabcdef\txy\n0\ta\tb\tq\tr\ts\n").unwrap();
-        // doc_max_bytes 4 then max_len 3: the first 3 bytes; the second row's text2 keeps its tab.
+        std::fs::write(&path, "1.0\tid1\tid2\tabcdef\txy\n0\ta\tb\tq\trs\n").unwrap();
+        // doc_max_bytes 4 then max_len 3: the first 3 bytes.
         let data = read_tsv(&path, 3, 4).unwrap();
         let t = |s: &str| s.bytes().map(|b| b as u16 + 1).collect::<Vec<_>>();
         assert_eq!(data.examples[0].tokens, t("abc"));
         assert_eq!(data.examples[0].pair, Some(t("xy")));
         assert_eq!(data.examples[0].label, 1);
-        assert_eq!(data.examples[1].pair, Some(t("r\ts")));
+        assert_eq!(data.examples[1].pair, Some(t("rs")));
         assert_eq!(read_tsv(&path, 10, 2).unwrap().examples[0].tokens, t("ab"));
+        // A sixth column is not glued into the second document: the row is refused.
+        std::fs::write(&path, "1\ta\tb\tq\tr\ts\n").unwrap();
+        let err = format!("{:#}", read_tsv(&path, 10, 10).unwrap_err());
+        assert!(err.ends_with("pairs.tsv:1: expected 5 tab-separated fields (label, id1, id2, text1, text2), found 6"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
