@@ -261,8 +261,8 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "linformer-memory",
         "linformer",
         "max_len = 64",
-        "max_len = 200000000",
-        "`data.max_len` = 200000000",
+        "max_len = 2000000000",
+        "`data.max_len` = 2000000000",
     );
     b.config_case(
         "unknown-attention-table",
@@ -289,13 +289,13 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     b.config_case("toml-syntax", "softmax", "[model]", "[model", "line");
     // Learned positions grow with `max_len`.
     let learned = short_config()
-        .replace("max_len = 64", "max_len = 200000000")
+        .replace("max_len = 64", "max_len = 2000000000")
         .replace("positions = \"sinusoidal\"", "positions = \"learned\"");
     b.config_text_case(
         "positions-memory",
         "softmax",
         &learned,
-        "`data.max_len` = 200000000 is too large",
+        "`data.max_len` = 2000000000 is too large",
     );
     // The command line.
     let missing_config = b.path("missing.toml");

@@ -289,6 +289,29 @@ mod tests {
         tar.into_inner().unwrap().finish().unwrap();
     }
 
+    #[test]
+    fn an_empty_review_is_named_in_folder_and_archive() {
+        let root = temp_dir("empty-review");
+        write_tree(&root);
+        std::fs::write(root.join("aclImdb/train/pos/3_8.txt"), "").unwrap();
+        let err = format!("{:#}", read_imdb(&root.join("aclImdb"), 16).unwrap_err());
+        assert!(
+            err.ends_with("3_8.txt: the review is empty (an example needs at least one byte)"),
+            "{err}"
+        );
+        let archive = root.join("imdb.tar.gz");
+        write_archive(&root, &archive);
+        let err = format!("{:#}", read_imdb(&archive, 16).unwrap_err());
+        assert!(
+            err.starts_with(&format!(
+                "{}: aclImdb/train/pos/3_8.txt: the review is empty",
+                archive.display()
+            )),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     /// Expected tokens: the bytes plus one, cut to `max_len`; ordered by label, then file name.
     fn expected(split: &str, max_len: usize) -> Vec<Example> {
         let mut rows: Vec<_> = REVIEWS.iter().filter(|r| r.0 == split).collect();

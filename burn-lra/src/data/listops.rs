@@ -410,6 +410,27 @@ mod tests {
     }
 
     #[test]
+    fn unbalanced_expressions_are_refused() {
+        assert!(
+            tokenize("[MAX 2 3")
+                .unwrap_err()
+                .contains("1 operator(s) not closed")
+        );
+        assert!(
+            tokenize("[MAX [MIN 2 ] 3")
+                .unwrap_err()
+                .contains("1 operator(s) not closed")
+        );
+        assert!(
+            tokenize("[MAX 2 ] ]")
+                .unwrap_err()
+                .contains("a `]` closes no operator")
+        );
+        assert!(tokenize("2 ]").unwrap_err().contains("closes no operator"));
+        assert_eq!(tokenize("( [SM 1 ( [MED 2 ] ) ] )").unwrap().len(), 6);
+    }
+
+    #[test]
     fn operators_follow_lra_semantics() {
         // Hand-computed: median of [1, 2, 3, 8] is 2.5 -> int 2; sum 14 mod 10 = 4.
         assert_eq!(Op::Med.apply(&[8, 1, 3, 2]), 2);
