@@ -368,10 +368,11 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
     Ok(differences)
 }
 
-fn read_json(path: &Path) -> Result<Value> {
+/// Reads a JSON file; errors name it.
+pub fn read_json(path: &Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
 /// Every float parameter of a weight file, in module order, as bits (so that NaN equals NaN).

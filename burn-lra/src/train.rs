@@ -30,7 +30,8 @@ use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget, check_memory};
 use crate::run_dir::{
     CHECKPOINT, ConfigChange, RESUMABLE_FIELDS, RunDirLock, config_changes, find_checkpoint,
-    load_weights, read_state, save_weights, truncate_metrics, verify_checksums, write_checkpoint,
+    load_weights, read_json, read_state, save_weights, truncate_metrics, verify_checksums,
+    write_checkpoint,
 };
 
 /// The three splits of a task and its vocabulary size.
@@ -169,8 +170,9 @@ pub fn evaluate(
             let n = batch.labels.dims()[0];
             let logits = model.forward(batch.tokens, batch.pair);
             let loss = loss_fn.forward(logits.clone(), batch.labels.clone());
-            loss_sum += loss.into_scalar::<f64>() * n as f64;
-            correct += accuracy_count(logits, batch.labels);
+            let (loss, right) = batch_stats(loss, logits, batch.labels);
+            loss_sum += loss * n as f64;
+            correct += right;
         }
     });
     (
@@ -179,15 +181,23 @@ pub fn evaluate(
     )
 }
 
-fn accuracy_count(logits: Tensor<2>, labels: Tensor<1, Int>) -> i64 {
+/// A batch's mean loss and its number of correct predictions, read from the device in one
+/// transfer (one host synchronisation per batch, not one per figure).
+fn batch_stats(loss: Tensor<1>, logits: Tensor<2>, labels: Tensor<1, Int>) -> (f64, i64) {
     let [batch, _] = logits.dims();
-    logits
+    let correct = logits
         .argmax(1)
         .reshape([batch])
         .equal(labels)
         .int()
         .sum()
-        .into_scalar::<i64>()
+        .float();
+    let values = Tensor::cat(vec![loss.reshape([1]), correct.reshape([1])], 0)
+        .into_data()
+        .convert::<f64>()
+        .try_to_vec::<f64>()
+        .expect("two f64 values");
+    (values[0], values[1] as i64)
 }
 
 /// Scales `grads` so that their global L2 norm is at most `max_norm` (PyTorch's
@@ -381,11 +391,7 @@ fn check_resume(
     config_path: &Path,
     dir: PathBuf,
 ) -> Result<Resume> {
-    let saved: Value = serde_json::from_str(
-        &std::fs::read_to_string(config_path)
-            .with_context(|| format!("cannot read {}", config_path.display()))?,
-    )
-    .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+    let saved = read_json(config_path)?;
     let run_dir = config_path.parent().unwrap_or(Path::new("."));
     for key in ["attention_name", "seed", "backend"] {
         if saved[key] != record[key] {
@@ -656,10 +662,11 @@ impl Session<'_> {
                         &model,
                         GradientsParams::from_grads(objective.backward(), &model),
                     );
-                    let loss_value = loss.into_scalar::<f64>();
+                    let (loss_value, correct) =
+                        batch_stats(loss.detach(), logits.detach(), batch.labels);
                     step_loss += loss_value;
                     state.loss_sum += loss_value * take as f64;
-                    state.correct += accuracy_count(logits.detach(), batch.labels);
+                    state.correct += correct;
                     state.seen += take;
                 }
                 if !step_loss.is_finite() {

@@ -60,15 +60,27 @@ impl Battery {
         self.root.join(name).to_str().unwrap().to_string()
     }
 
-    /// `burn-lra train --task listops --attention <attention> --out <runs>` and `extra`.
+    /// `burn-lra train --task <task> --attention <attention> --out <runs>` and `extra`.
+    fn train_task(&self, task: &str, attention: &str, extra: &[&str]) -> Vec<String> {
+        let runs = self.runs.to_str().unwrap();
+        [
+            "train",
+            "--task",
+            task,
+            "--attention",
+            attention,
+            "--out",
+            runs,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// A ListOps run of `attention` with `extra` flags.
     fn train(&self, attention: &str, extra: &[&str]) -> Vec<String> {
-        let mut args: Vec<String> = ["train", "--task", "listops", "--attention", attention]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(["--out".into(), self.runs.to_str().unwrap().into()]);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args
+        self.train_task("listops", attention, extra)
     }
 
     fn case(&mut self, name: &str, args: Vec<String>, needle: &str) {
@@ -128,14 +140,9 @@ impl Battery {
         self.case(name, args, needle);
     }
 
+    /// A softmax run of `task` on the data in `data`.
     fn task_args(&self, task: &str, data: &str) -> Vec<String> {
-        let mut args: Vec<String> = ["train", "--task", task, "--attention", "softmax"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(["--out".into(), self.runs.to_str().unwrap().into()]);
-        args.extend(["--data-dir".into(), data.into(), "--no-progress".into()]);
-        args
+        self.train_task(task, "softmax", &["--data-dir", data, "--no-progress"])
     }
 }
 
