@@ -2,61 +2,43 @@
 
 use anyhow::{Result, bail};
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 
-/// A Burn backend the harness can run on. Each is a cargo feature of this crate; `flex` is the
-/// default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendKind {
-    /// Burn's pure-Rust CPU backend (feature `flex`, the default).
-    Flex,
-    /// ndarray CPU backend (feature `ndarray`).
-    Ndarray,
-    /// libtorch on the CPU (feature `tch`).
-    Tch,
-    /// libtorch on CUDA device 0 (feature `tch`).
-    TchCuda,
-    /// wgpu: Vulkan, Metal or WebGPU, whichever the machine has (feature `wgpu`).
-    Wgpu,
-    /// CUDA through CubeCL, device 0 (feature `cuda`).
-    Cuda,
+pub use lra_runs::BackendKind;
+
+/// The backends this build has.
+pub fn compiled() -> Vec<BackendKind> {
+    BackendKind::ALL
+        .into_iter()
+        .filter(|b| b.is_compiled())
+        .collect()
 }
 
-impl BackendKind {
-    /// All backends, in the order listings show them.
-    pub const ALL: [BackendKind; 6] = [
-        Self::Flex,
-        Self::Ndarray,
-        Self::Tch,
-        Self::TchCuda,
-        Self::Wgpu,
-        Self::Cuda,
-    ];
-
-    /// The flag spelling, e.g. `tch-cuda`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Flex => "flex",
-            Self::Ndarray => "ndarray",
-            Self::Tch => "tch",
-            Self::TchCuda => "tch-cuda",
-            Self::Wgpu => "wgpu",
-            Self::Cuda => "cuda",
-        }
+/// A device of the first compiled-in backend (flex in a default build): for building models
+/// whose parameters are only counted or loaded, not trained.
+pub fn any_device() -> Result<Device> {
+    match compiled().first() {
+        Some(backend) => backend.device(),
+        None => bail!("no backend is compiled in (enable one of the features)"),
     }
+}
 
-    /// The cargo feature that compiles it in.
-    pub fn feature(self) -> &'static str {
-        match self {
-            Self::TchCuda => "tch",
-            other => other.name(),
-        }
-    }
-
+/// What this build can do with a backend: whether it is compiled in, and its devices.
+pub trait BackendDevice {
     /// Whether this build has it.
-    pub fn is_compiled(self) -> bool {
-        match self {
+    fn is_compiled(&self) -> bool;
+
+    /// Its default device (without autodiff), or an error naming the missing feature.
+    fn device(&self) -> Result<Device>;
+
+    /// Its device number `index` (`burn-lra train --device`): the CUDA device for `cuda` and
+    /// `tch-cuda`, the discrete GPU for `wgpu`; `None` is the default device. CPU backends have
+    /// no numbered devices.
+    fn device_at(&self, index: Option<usize>) -> Result<Device>;
+}
+
+impl BackendDevice for BackendKind {
+    fn is_compiled(&self) -> bool {
+        match *self {
             Self::Flex => cfg!(feature = "flex"),
             Self::Ndarray => cfg!(feature = "ndarray"),
             Self::Tch | Self::TchCuda => cfg!(feature = "tch"),
@@ -65,25 +47,14 @@ impl BackendKind {
         }
     }
 
-    /// The backends this build has.
-    pub fn compiled() -> Vec<BackendKind> {
-        Self::ALL.into_iter().filter(|b| b.is_compiled()).collect()
+    fn device(&self) -> Result<Device> {
+        self.device_at(None)
     }
 
-    /// A device of the first compiled-in backend (flex in a default build): for building
-    /// models whose parameters are only counted or loaded, not trained.
-    pub fn any_device() -> Result<Device> {
-        match Self::compiled().first() {
-            Some(backend) => backend.device(),
-            None => bail!("no backend is compiled in (enable one of the features)"),
-        }
-    }
-
-    /// The device to run on (without autodiff), or an error naming the missing feature.
-    #[allow(deprecated, unreachable_code)] // ndarray and tch constructors are deprecated in 0.22
-    pub fn device(self) -> Result<Device> {
+    #[allow(deprecated, unreachable_code, unused_variables)] // ndarray and tch constructors are deprecated in 0.22
+    fn device_at(&self, index: Option<usize>) -> Result<Device> {
         if !self.is_compiled() {
-            let have: Vec<&str> = Self::compiled().iter().map(|b| b.name()).collect();
+            let have: Vec<&str> = compiled().iter().map(|b| b.name()).collect();
             bail!(
                 "backend `{}` is not compiled in: rebuild with `--features {}` \
                  (this build has: {})",
@@ -92,7 +63,13 @@ impl BackendKind {
                 have.join(", ")
             );
         }
-        Ok(match self {
+        if index.is_some() && self.runs_on_cpu() {
+            bail!(
+                "--device: backend `{}` runs on the CPU and has no numbered devices",
+                self.name()
+            );
+        }
+        Ok(match *self {
             #[cfg(feature = "flex")]
             Self::Flex => Device::flex(),
             #[cfg(feature = "ndarray")]
@@ -100,19 +77,16 @@ impl BackendKind {
             #[cfg(feature = "tch")]
             Self::Tch => Device::libtorch(),
             #[cfg(feature = "tch")]
-            Self::TchCuda => Device::libtorch_cuda(0),
+            Self::TchCuda => Device::libtorch_cuda(index.unwrap_or(0)),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => Device::wgpu(DeviceKind::DefaultDevice),
+            Self::Wgpu => Device::wgpu(match index {
+                Some(i) => DeviceKind::DiscreteGpu(i),
+                None => DeviceKind::DefaultDevice,
+            }),
             #[cfg(feature = "cuda")]
-            Self::Cuda => Device::cuda(0),
+            Self::Cuda => Device::cuda(index.unwrap_or(0)),
             #[allow(unreachable_patterns)]
             _ => unreachable!("checked by is_compiled"),
         })
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }

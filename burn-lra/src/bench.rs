@@ -15,7 +15,8 @@ use burn_attention_zoo::{AttentionConfig, AttentionInput, AttentionModule};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendDevice, BackendKind};
+use crate::config::TaskShape;
 
 /// What to measure.
 #[derive(Debug, Clone, clap::Args)]

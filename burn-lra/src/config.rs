@@ -13,41 +13,25 @@ use serde_json::{Map, Value};
 
 use crate::data::listops::GeneratorConfig;
 
-/// A Long Range Arena task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Task {
-    /// ListOps: evaluate a nested list expression (10 classes).
-    Listops,
-    /// Byte-level text classification (IMDB reviews, or any `label<TAB>text` corpus).
-    Text,
-    /// Byte-level document matching (AAN citation pairs): two documents, related or not.
-    Matching,
+pub use lra_runs::{Selection, Task};
+
+/// What a task's model needs to know of its data: the vocabulary and the classes.
+pub trait TaskShape {
+    /// Size of the token vocabulary, padding included.
+    fn vocab_size(self) -> usize;
+    /// Number of classes.
+    fn n_classes(self) -> usize;
 }
 
-impl Task {
-    /// The task's name in flags, files and run directories.
-    pub fn name(self) -> &'static str {
-        match self {
-            Task::Listops => "listops",
-            Task::Text => "text",
-            Task::Matching => "matching",
-        }
-    }
-
-    /// Every task.
-    pub const ALL: [Task; 3] = [Task::Listops, Task::Text, Task::Matching];
-
-    /// Size of the token vocabulary, padding included.
-    pub fn vocab_size(self) -> usize {
+impl TaskShape for Task {
+    fn vocab_size(self) -> usize {
         match self {
             Task::Listops => crate::data::listops::VOCAB_SIZE,
             Task::Text | Task::Matching => crate::data::bytes::VOCAB_SIZE,
         }
     }
 
-    /// Number of classes.
-    pub fn n_classes(self) -> usize {
+    fn n_classes(self) -> usize {
         match self {
             Task::Listops => crate::data::listops::N_CLASSES,
             Task::Text | Task::Matching => 2,
@@ -265,26 +249,6 @@ impl Schedule {
                     peak * ((total - step) / (total - warmup).max(1.0)).max(0.0)
                 }
             }
-        }
-    }
-}
-
-/// Which weights the reported test accuracy comes from (both are always measured).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Selection {
-    /// The weights with the best validation accuracy (the PyTorch re-runs).
-    BestVal,
-    /// The weights after the last step (the LRA paper's released numbers).
-    Last,
-}
-
-impl Selection {
-    /// The spelling of config files and `result.json`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::BestVal => "best-val",
-            Self::Last => "last",
         }
     }
 }

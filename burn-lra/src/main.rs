@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use burn_lra::backend::BackendKind;
-use burn_lra::config::{RunConfig, Task};
+use burn_lra::backend::{BackendDevice, BackendKind};
+use burn_lra::config::{RunConfig, Task, TaskShape};
 use burn_lra::model::{ParamBudget, count_trainable};
 use burn_lra::task::load_splits;
-use burn_lra::train::{TrainOptions, train};
+use burn_lra::train::{ResumeMode, TrainOptions, train};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -105,6 +105,10 @@ struct TrainArgs {
     /// Backend (must be compiled in: `--features <name>`).
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
+    /// The backend's device number: the CUDA device (`cuda`, `tch-cuda`) or the discrete GPU
+    /// (`wgpu`); default: the backend's default device.
+    #[arg(long)]
+    device: Option<usize>,
     /// Directory holding the task's data files; generated ListOps is used when absent.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -120,6 +124,11 @@ struct TrainArgs {
     /// Continue the unfinished run in the run directory from its last checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Whatever the run directory holds: start the run, continue it from its checkpoint, or,
+    /// when it is finished, print so and exit 0 (what sweeps and Slurm array tasks run). Exits
+    /// with 75 when another process is training in the directory.
+    #[arg(long = "continue", conflicts_with = "resume")]
+    continue_: bool,
     /// Stop after this step as if killed, leaving the checkpoint (for testing --resume).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -131,7 +140,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            if err.downcast_ref::<lra_runs::RunDirInUse>().is_some() {
+                ExitCode::from(lra_runs::EXIT_IN_USE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -275,15 +288,10 @@ fn load_config(
     preset: &str,
     config: Option<&std::path::Path>,
 ) -> Result<(RunConfig, String)> {
-    let (config, name) = match config {
-        Some(path) => {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (RunConfig::from_file(path)?, name)
-        }
-        None => (RunConfig::preset(task, preset)?, preset.to_string()),
+    let name = lra_runs::preset_name(preset, config);
+    let config = match config {
+        Some(path) => RunConfig::from_file(path)?,
+        None => RunConfig::preset(task, preset)?,
     };
     if config.task != task {
         anyhow::bail!(
@@ -302,13 +310,30 @@ fn train_command(args: TrainArgs) -> Result<()> {
     config
         .attention_config(&args.attention)
         .with_context(|| format!("attention `{}`", args.attention))?;
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
+        lra_runs::run_dir(
+            &lra_runs::sweep_dir(&args.out, args.task, &preset),
+            &args.attention,
+            args.seed,
+        )
+    });
+    if args.continue_
+        && let lra_runs::RunState::Finished(result) = lra_runs::run_state(&run_dir)?
+    {
+        println!(
+            "{}: finished before ({:.2}% test accuracy), nothing to do",
+            run_dir.display(),
+            100.0 * result.test_accuracy
+        );
+        return Ok(());
+    }
     burn_lra::model::check_memory(
         &config,
         &args.attention,
         args.task.vocab_size(),
         args.task.n_classes(),
     )?;
-    let device = args.backend.device()?;
+    let device = args.backend.device_at(args.device)?;
     eprintln!(
         "burn-lra: {} / {} / preset {preset} / seed {} on {} ({device:?})",
         args.task.name(),
@@ -325,13 +350,6 @@ fn train_command(args: TrainArgs) -> Result<()> {
         100.0 * splits.test.majority_rate(),
         splits.validation().source
     );
-    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
-        args.out
-            .join(args.task.name())
-            .join(&preset)
-            .join(&args.attention)
-            .join(format!("seed-{}", args.seed))
-    });
     let result = train(
         &config,
         &splits,
@@ -339,10 +357,15 @@ fn train_command(args: TrainArgs) -> Result<()> {
             attention: args.attention.clone(),
             seed: args.seed,
             backend: args.backend,
+            device: args.device,
             run_dir: run_dir.clone(),
             preset,
             progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            resume: args.resume,
+            resume: match (args.resume, args.continue_) {
+                (true, _) => ResumeMode::Resume,
+                (_, true) => ResumeMode::Continue,
+                _ => ResumeMode::Start,
+            },
             stop_after: args.stop_after,
         },
     )?;

@@ -247,7 +247,7 @@ pub fn check_memory(
     let Some(available) = available_memory() else {
         return Ok(());
     };
-    let device = crate::backend::BackendKind::any_device()?;
+    let device = crate::backend::any_device()?;
     let needs = |config: &RunConfig| -> Option<u64> {
         let model = LraClassifier::new(config, attention, vocab_size, n_classes, &device).ok()?;
         Some(model.num_params() as u64 * TRAINING_BYTES_PER_PARAM)
@@ -310,7 +310,7 @@ pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Task;
+    use crate::config::{Task, TaskShape};
     use crate::data::{Batch, Example};
     use burn::tensor::Tolerance;
 

@@ -2,35 +2,30 @@
 //! configuration changes a resume may make, the lock that keeps one process per directory, and
 //! the comparison of two run directories.
 //!
-//! ```text
-//! runs/<task>/<preset>/<attention>/seed-<n>/
-//!   config.json        the resolved configuration (and the changes resumes made to it)
-//!   metrics.jsonl      one line per validation
-//!   checkpoint/        model.bpk, optimizer.bpk, checksums.json, state.json (until finished)
-//!   model-best.bpk     best-validation weights
-//!   model-last.bpk     last weights (finished runs)
-//!   result.json        written last: a directory holding it is finished
-//!   .lock              held by the process training in it
-//! ```
+//! The layout and the file names are [`lra_runs::layout`]'s, shared with the sweep tool.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::RunConfig;
+pub use lra_runs::layout::{CHECKPOINT, find_checkpoint};
+use lra_runs::layout::{
+    CHECKPOINT_CHECKSUMS, CHECKPOINT_MODEL, CHECKPOINT_NEW, CHECKPOINT_OLD, CHECKPOINT_OPTIMIZER,
+    CHECKPOINT_STATE, CONFIG, METRICS, MODEL_BEST, MODEL_LAST, RESULT,
+};
+pub use lra_runs::{ConfigChange, RunDirLock};
+
+use crate::config::{RunConfig, TaskShape};
 use crate::data::write_atomic;
 use crate::model::LraClassifier;
 
-/// The checkpoint folder's name.
-pub const CHECKPOINT: &str = "checkpoint";
-
 /// The files of a checkpoint whose SHA-256 it records (in `checksums.json`) and a resume checks.
-const CHECKSUMMED: [&str; 2] = ["model.bpk", "optimizer.bpk"];
+const CHECKSUMMED: [&str; 2] = [CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER];
 
 /// Saves `model`'s weights to `path` atomically.
 pub fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
@@ -66,7 +61,7 @@ fn write_checksums(dir: &Path) -> Result<()> {
         sums.insert(name.into(), sha256_file(&dir.join(name))?.into());
     }
     write_atomic(
-        &dir.join("checksums.json"),
+        &dir.join(CHECKPOINT_CHECKSUMS),
         serde_json::to_string_pretty(&sums)?.as_bytes(),
     )
 }
@@ -74,7 +69,7 @@ fn write_checksums(dir: &Path) -> Result<()> {
 /// Checks a checkpoint's files against its `checksums.json`; a mismatch is an error naming the
 /// file. A checkpoint written before checksums were kept is accepted with a warning.
 pub fn verify_checksums(dir: &Path) -> Result<()> {
-    let path = dir.join("checksums.json");
+    let path = dir.join(CHECKPOINT_CHECKSUMS);
     if !path.exists() {
         eprintln!(
             "warning: {} has no checksums.json (written before checksums were kept); its files \
@@ -112,21 +107,21 @@ pub fn write_checkpoint(
     optim: &burn::optim::ModuleOptimizer,
     state: &impl Serialize,
 ) -> Result<()> {
-    let new = run_dir.join("checkpoint.new");
-    let old = run_dir.join("checkpoint.old");
+    let new = run_dir.join(CHECKPOINT_NEW);
+    let old = run_dir.join(CHECKPOINT_OLD);
     let current = run_dir.join(CHECKPOINT);
     if new.exists() {
         std::fs::remove_dir_all(&new)
             .with_context(|| format!("cannot remove {}", new.display()))?;
     }
     std::fs::create_dir_all(&new).with_context(|| format!("cannot create {}", new.display()))?;
-    save_weights(model, &new.join("model.bpk"))?;
-    optim.save(new.join("optimizer.bpk")).map_err(|e| {
+    save_weights(model, &new.join(CHECKPOINT_MODEL))?;
+    optim.save(new.join(CHECKPOINT_OPTIMIZER)).map_err(|e| {
         anyhow::anyhow!("cannot save the optimiser state in {}: {e}", new.display())
     })?;
     write_checksums(&new)?;
     write_atomic(
-        &new.join("state.json"),
+        &new.join(CHECKPOINT_STATE),
         serde_json::to_string_pretty(state)?.as_bytes(),
     )?;
     if current.exists() {
@@ -145,18 +140,9 @@ pub fn write_checkpoint(
     Ok(())
 }
 
-/// The newest complete checkpoint of `run_dir`, if any (a kill between the two renames leaves
-/// it as `checkpoint.old`).
-pub fn find_checkpoint(run_dir: &Path) -> Option<PathBuf> {
-    [CHECKPOINT, "checkpoint.old"]
-        .iter()
-        .map(|name| run_dir.join(name))
-        .find(|dir| dir.join("state.json").is_file())
-}
-
 /// Reads a checkpoint's `state.json`.
 pub fn read_state<T: serde::de::DeserializeOwned>(checkpoint: &Path) -> Result<T> {
-    let path = checkpoint.join("state.json");
+    let path = checkpoint.join(CHECKPOINT_STATE);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     serde_json::from_str(&text)
@@ -192,16 +178,6 @@ pub const RESUMABLE_FIELDS: [&str; 7] = [
     "training.steps",
     "training.selection",
 ];
-
-/// A resume that changed the configuration: from which step, and each changed field's value
-/// before and after.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ConfigChange {
-    /// The checkpoint step training continued from with the new values.
-    pub from_step: usize,
-    /// `field -> [was, now]` (JSON values; `null` = absent).
-    pub fields: BTreeMap<String, [Value; 2]>,
-}
 
 /// The fields in which `now` differs from `saved`, as `field -> [was, now]`; an error names the
 /// fields a resume may not change ([`RESUMABLE_FIELDS`]).
@@ -272,51 +248,18 @@ fn diff_values(path: &str, a: &Value, b: &Value, out: &mut BTreeMap<String, [Val
     }
 }
 
-/// An exclusive lock on a run directory (`flock` on its `.lock` file), held while a process
-/// trains in it and released when dropped or when the process ends, however it ends.
-pub struct RunDirLock {
-    _file: std::fs::File,
-}
-
-impl RunDirLock {
-    /// Takes the lock of `run_dir`, or fails at once naming the directory when another process
-    /// holds it.
-    pub fn acquire(run_dir: &Path) -> Result<Self> {
-        let path = run_dir.join(".lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: flock on a descriptor this function owns; no memory is involved.
-            let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if taken != 0 {
-                bail!(
-                    "{} is in use: another process is training in it",
-                    run_dir.display()
-                );
-            }
-        }
-        Ok(Self { _file: file })
-    }
-}
-
 /// What differs between two run directories: their configuration, metrics (times aside),
 /// results (times aside) and the values of their weights (`model-best.bpk`, `model-last.bpk`;
 /// the files themselves differ, since they embed random parameter ids). Empty when the runs
 /// are the same.
 pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
     let mut differences = Vec::new();
-    let config_a = read_json(&a.join("config.json"))?;
-    if config_a != read_json(&b.join("config.json"))? {
-        differences.push("config.json".to_string());
+    let config_a = read_json(&a.join(CONFIG))?;
+    if config_a != read_json(&b.join(CONFIG))? {
+        differences.push(CONFIG.to_string());
     }
     let metrics = |dir: &Path| -> Result<Vec<Value>> {
-        let path = dir.join("metrics.jsonl");
+        let path = dir.join(METRICS);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         text.lines()
@@ -330,10 +273,10 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
             .collect()
     };
     if metrics(a)? != metrics(b)? {
-        differences.push("metrics.jsonl".to_string());
+        differences.push(METRICS.to_string());
     }
     let result = |dir: &Path| -> Result<Option<Value>> {
-        let path = dir.join("result.json");
+        let path = dir.join(RESULT);
         if !path.exists() {
             return Ok(None);
         }
@@ -342,18 +285,14 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
         Ok(Some(value))
     };
     if result(a)? != result(b)? {
-        differences.push("result.json".to_string());
+        differences.push(RESULT.to_string());
     }
-    let run: RunConfig = serde_json::from_value(config_a["run"].clone()).with_context(|| {
-        format!(
-            "{}: no `run` configuration",
-            a.join("config.json").display()
-        )
-    })?;
+    let run: RunConfig = serde_json::from_value(config_a["run"].clone())
+        .with_context(|| format!("{}: no `run` configuration", a.join(CONFIG).display()))?;
     let attention = config_a["attention_name"]
         .as_str()
-        .with_context(|| format!("{}: no `attention_name`", a.join("config.json").display()))?;
-    for file in ["model-best.bpk", "model-last.bpk"] {
+        .with_context(|| format!("{}: no `attention_name`", a.join(CONFIG).display()))?;
+    for file in [MODEL_BEST, MODEL_LAST] {
         let (fa, fb) = (a.join(file), b.join(file));
         match (fa.exists(), fb.exists()) {
             (false, false) => {}
@@ -391,7 +330,7 @@ fn weight_values(config: &RunConfig, attention: &str, path: &Path) -> Result<Vec
             );
         }
     }
-    let device = crate::backend::BackendKind::any_device()?;
+    let device = crate::backend::any_device()?;
     let task = config.task;
     let model = LraClassifier::new(
         config,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::config::{RunConfig, Task, Validation};
+use crate::config::{RunConfig, Task, TaskShape, Validation};
 use crate::data::{bytes, listops, matching};
 use crate::train::Splits;
 

@@ -23,7 +23,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendDevice, BackendKind};
 use crate::config::{OptimizerConfig, RunConfig, Selection};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
@@ -33,6 +33,10 @@ use crate::run_dir::{
     load_weights, read_json, read_state, save_weights, truncate_metrics, verify_checksums,
     write_checkpoint,
 };
+use lra_runs::layout::{
+    CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER, CONFIG, LOCK, METRICS, MODEL_BEST, MODEL_LAST, RESULT,
+};
+use lra_runs::layout::{RunState, run_state};
 
 /// The three splits of a task and its vocabulary size.
 #[derive(Debug, Clone)]
@@ -89,69 +93,34 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Backend to run on.
     pub backend: BackendKind,
+    /// Which of the backend's devices (`None`: its default one).
+    pub device: Option<usize>,
     /// Run directory.
     pub run_dir: PathBuf,
     /// The preset's name or the config file's path, recorded with the results.
     pub preset: String,
     /// Draw a progress bar on the terminal.
     pub progress: bool,
-    /// Continue the unfinished run in `run_dir` from its checkpoint.
-    pub resume: bool,
+    /// Whether to start a run or continue the one in `run_dir`.
+    pub resume: ResumeMode,
     /// Stop after this step as if killed (no result written): for testing resumption.
     pub stop_after: Option<usize>,
 }
 
-/// The outcome of a run, as written to `result.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunResult {
-    /// Task name.
-    pub task: String,
-    /// Attention name.
-    pub attention: String,
-    /// Preset name or config path.
-    pub preset: String,
-    /// Training seed.
-    pub seed: u64,
-    /// Backend.
-    pub backend: BackendKind,
-    /// Device, as Burn names it.
-    pub device: String,
-    /// Steps trained.
-    pub steps: usize,
-    /// Trainable parameters of the model (frozen random features not counted).
-    pub n_params: usize,
-    /// Trainable parameters of the softmax model of the same configuration.
-    pub n_params_softmax: usize,
-    /// Relative parameter increase over that softmax model.
-    pub param_increase: f64,
-    /// Which weights `test_accuracy` comes from.
-    pub selection: Selection,
-    /// Test accuracy of the selected weights.
-    pub test_accuracy: f64,
-    /// Test accuracy after the last step.
-    pub test_accuracy_last: f64,
-    /// Test accuracy of the best-validation weights.
-    pub test_accuracy_best_val: f64,
-    /// Best validation accuracy.
-    pub best_val_accuracy: f64,
-    /// Step of the best validation accuracy.
-    pub best_val_step: usize,
-    /// Share of the test set's most frequent class.
-    pub test_majority_rate: f64,
-    /// Examples in the train, validation and test splits.
-    pub split_sizes: [usize; 3],
-    /// Where validation examples came from (a file, a hold-out, or the test split).
-    pub validation_source: String,
-    /// Whether model selection saw the test split (`data.validation = "test"`).
-    pub validated_on_test: bool,
-    /// Wall-clock training time, validation included.
-    pub train_seconds: f64,
-    /// Settings that worked but were likely a mistake ([`suspicious_settings`]).
-    #[serde(default)]
-    pub warnings: Vec<String>,
-    /// Resumes that changed the configuration (from which step, which fields).
-    #[serde(default)]
-    pub config_changes: Vec<ConfigChange>,
+pub use lra_runs::RunResult;
+
+/// Whether a run starts afresh or continues what its directory holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResumeMode {
+    /// Start a fresh run; a directory holding a run, finished or not, is an error.
+    #[default]
+    Start,
+    /// Continue the unfinished run from its checkpoint; an error when there is no run to continue.
+    Resume,
+    /// Whatever the directory holds: start a fresh run, continue an unfinished one, or return a
+    /// finished one's result untouched (what sweeps ask for, so that a task run again does no
+    /// harm).
+    Continue,
 }
 
 /// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
@@ -324,48 +293,56 @@ struct Resume {
     changes: BTreeMap<String, [Value; 2]>,
 }
 
-/// Opens `opts.run_dir` for training: refuses a finished run, an unfinished one without
-/// `--resume`, a resume with nothing to resume or with a field a resume may not change; takes
-/// the directory's lock. A fresh run (or one killed before its first checkpoint) gets its
-/// `config.json` and an empty `metrics.jsonl`; a resumed one is returned, its files untouched
-/// until its checkpoint has loaded.
-fn open_run_dir(
-    config: &RunConfig,
-    opts: &TrainOptions,
-    record: &Value,
-) -> Result<(RunDirLock, Option<Resume>)> {
+/// Opens `opts.run_dir` for training as `opts.resume` asks: refuses a finished run (returns it
+/// with [`ResumeMode::Continue`]), an unfinished one with [`ResumeMode::Start`], a resume with
+/// nothing to resume or with a field a resume may not change; takes the directory's lock. A
+/// fresh run (or one killed before its first checkpoint) gets its `config.json` and an empty
+/// `metrics.jsonl`; a resumed one is returned, its files untouched until its checkpoint has
+/// loaded.
+fn open_run_dir(config: &RunConfig, opts: &TrainOptions, record: &Value) -> Result<Opened> {
     let run_dir = &opts.run_dir;
-    let config_path = run_dir.join("config.json");
+    let config_path = run_dir.join(CONFIG);
     let finished = || {
         anyhow::anyhow!(
             "{} already holds a finished run (result.json); remove it to train again",
             run_dir.display()
         )
     };
-    if opts.resume && !config_path.is_file() {
+    if opts.resume == ResumeMode::Resume && !config_path.is_file() {
         bail!(
             "{}: no run to resume (no config.json there); start it without --resume",
             run_dir.display()
         );
     }
-    if run_dir.join("result.json").exists() {
-        return Err(finished());
+    let finished_result = || -> Result<Opened> {
+        match opts.resume {
+            ResumeMode::Continue => match run_state(run_dir)? {
+                RunState::Finished(result) => Ok(Opened::Finished(result)),
+                _ => unreachable!("result.json exists"),
+            },
+            _ => Err(finished()),
+        }
+    };
+    if run_dir.join(RESULT).exists() {
+        return finished_result();
     }
     std::fs::create_dir_all(run_dir)
         .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
     let lock = RunDirLock::acquire(run_dir)?;
-    if run_dir.join("result.json").exists() {
-        // Finished by another process while this one waited for nothing: still refuse.
-        return Err(finished());
+    if run_dir.join(RESULT).exists() {
+        // Finished by another process between the first look and the lock.
+        return finished_result();
     }
     let resume = match (opts.resume, find_checkpoint(run_dir)) {
-        (true, Some(dir)) => Some(check_resume(config, record, &config_path, dir)?),
-        (false, Some(_)) => bail!(
+        (ResumeMode::Resume | ResumeMode::Continue, Some(dir)) => {
+            Some(check_resume(config, record, &config_path, dir)?)
+        }
+        (ResumeMode::Start, Some(_)) => bail!(
             "{} holds an unfinished run; pass --resume to continue it, or remove it",
             run_dir.display()
         ),
-        (resume, None) => {
-            if resume {
+        (mode, None) => {
+            if mode != ResumeMode::Start && config_path.is_file() {
                 eprintln!(
                     "{}: killed before its first checkpoint; starting it over from step 0",
                     run_dir.display()
@@ -375,11 +352,20 @@ fn open_run_dir(
                 &config_path,
                 serde_json::to_string_pretty(record)?.as_bytes(),
             )?;
-            write_atomic(&run_dir.join("metrics.jsonl"), b"")?;
+            write_atomic(&run_dir.join(METRICS), b"")?;
+            eprintln!("training {} from step 0", run_dir.display());
             None
         }
     };
-    Ok((lock, resume))
+    Ok(Opened::Ready(lock, resume))
+}
+
+/// A run directory opened for training.
+enum Opened {
+    /// It already holds a finished run (only with [`ResumeMode::Continue`]): its result.
+    Finished(Box<RunResult>),
+    /// Its lock, and the checkpoint to continue from (`None`: a fresh run).
+    Ready(RunDirLock, Option<Resume>),
 }
 
 /// Checks that the run recorded in `config_path` can continue from the checkpoint `dir` with
@@ -455,7 +441,7 @@ fn record_changes(
     resume.record["run"] = serde_json::to_value(config)?;
     resume.record["config_changes"] = serde_json::to_value(&history)?;
     write_atomic(
-        &run_dir.join("config.json"),
+        &run_dir.join(CONFIG),
         serde_json::to_string_pretty(&resume.record)?.as_bytes(),
     )?;
     Ok(history)
@@ -483,7 +469,7 @@ struct Progress {
 
 /// Trains one model and writes its run directory (or continues it, with `opts.resume`).
 pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
-    let base_device = opts.backend.device()?;
+    let base_device = opts.backend.device_at(opts.device)?;
     check_memory(
         config,
         &opts.attention,
@@ -513,7 +499,16 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         "split_sizes": data.sizes(),
         "config_changes": [],
     });
-    let (_lock, resume) = open_run_dir(config, opts, &record)?;
+    let (_lock, resume) = match open_run_dir(config, opts, &record)? {
+        Opened::Finished(result) => {
+            eprintln!(
+                "{} holds a finished run: nothing to do",
+                opts.run_dir.display()
+            );
+            return Ok(*result);
+        }
+        Opened::Ready(lock, resume) => (lock, resume),
+    };
     for warning in &warnings {
         eprintln!("warning: {warning}");
     }
@@ -546,7 +541,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     if let Some(mut resume) = resume {
         progress = progress.restore(&resume, &opts.run_dir)?;
         config_changes = record_changes(&opts.run_dir, &mut resume, config)?;
-        truncate_metrics(&opts.run_dir.join("metrics.jsonl"), resume.state.step)?;
+        truncate_metrics(&opts.run_dir.join(METRICS), resume.state.step)?;
         device.seed(step_seed(opts.seed, resume.state.step));
         eprintln!(
             "resuming {} from step {}",
@@ -589,10 +584,10 @@ impl Progress {
     /// Loads the checkpoint's weights, optimiser state and best-validation weights.
     fn restore(mut self, resume: &Resume, run_dir: &Path) -> Result<Self> {
         self.state = resume.state.clone();
-        self.model = load_weights(self.model, &resume.dir.join("model.bpk"))?;
+        self.model = load_weights(self.model, &resume.dir.join(CHECKPOINT_MODEL))?;
         self.optim = self
             .optim
-            .load(resume.dir.join("optimizer.bpk"))
+            .load(resume.dir.join(CHECKPOINT_OPTIMIZER))
             .map_err(|e| {
                 anyhow::anyhow!(
                     "cannot load the optimiser state from {}: {e}",
@@ -600,10 +595,7 @@ impl Progress {
                 )
             })?;
         if self.state.best.is_some() {
-            self.best_model = Some(load_weights(
-                self.model.valid(),
-                &run_dir.join("model-best.bpk"),
-            )?);
+            self.best_model = Some(load_weights(self.model.valid(), &run_dir.join(MODEL_BEST))?);
         }
         Ok(self)
     }
@@ -615,7 +607,7 @@ impl Session<'_> {
     fn run_steps(&self, progress: Progress, started: Instant) -> Result<Progress> {
         let cfg = &self.config.training;
         let run_dir = &self.opts.run_dir;
-        let metrics_path = run_dir.join("metrics.jsonl");
+        let metrics_path = run_dir.join(METRICS);
         let mut metrics = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -692,7 +684,7 @@ impl Session<'_> {
                         last_val_accuracy = Some(val_accuracy);
                     }
                     if state.best.is_none_or(|(best, _)| val_accuracy > best) {
-                        save_weights(&valid, &run_dir.join("model-best.bpk"))?;
+                        save_weights(&valid, &run_dir.join(MODEL_BEST))?;
                         state.best = Some((val_accuracy, step));
                         best_model = Some(valid);
                     }
@@ -751,7 +743,7 @@ impl Session<'_> {
             "val_accuracy": val_acc,
             "elapsed_s": state.elapsed_s + started.elapsed().as_secs_f64(),
         });
-        let path = self.opts.run_dir.join("metrics.jsonl");
+        let path = self.opts.run_dir.join(METRICS);
         writeln!(metrics, "{line}")
             .and_then(|_| metrics.flush())
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -780,7 +772,7 @@ impl Session<'_> {
         let cfg = &config.training;
         let run_dir = &opts.run_dir;
         let last = progress.model.valid();
-        save_weights(&last, &run_dir.join("model-last.bpk"))?;
+        save_weights(&last, &run_dir.join(MODEL_LAST))?;
         let (best_val_accuracy, best_val_step) =
             progress.state.best.expect("the last step validates");
         let best_model = progress.best_model.expect("the best weights are kept");
@@ -799,7 +791,7 @@ impl Session<'_> {
             test(&best_model)
         };
         let result = RunResult {
-            task: config.task.name().to_string(),
+            task: config.task,
             attention: opts.attention.clone(),
             preset: opts.preset.clone(),
             seed: opts.seed,
@@ -827,13 +819,13 @@ impl Session<'_> {
             config_changes,
         };
         write_atomic(
-            &run_dir.join("result.json"),
+            &run_dir.join(RESULT),
             serde_json::to_string_pretty(&result)?.as_bytes(),
         )?;
         // The run is complete: its last weights are model-last.bpk, the checkpoint is spent, and
         // the lock is no longer needed (result.json now refuses any other process).
         let _ = std::fs::remove_dir_all(run_dir.join(CHECKPOINT));
-        let _ = std::fs::remove_file(run_dir.join(".lock"));
+        let _ = std::fs::remove_file(run_dir.join(LOCK));
         Ok(result)
     }
 }

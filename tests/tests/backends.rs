@@ -13,7 +13,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::Tolerance;
-use burn_lra::backend::BackendKind;
+use burn_lra::backend::{BackendDevice, BackendKind};
 use burn_lra::config::{RunConfig, Task};
 use burn_lra::data::{Batch, Example, listops};
 use burn_lra::model::LraClassifier;

@@ -4,7 +4,7 @@
 use burn_lra::backend::BackendKind;
 use burn_lra::config::{RunConfig, Task};
 use burn_lra::task::load_splits;
-use burn_lra::train::{RunResult, TrainOptions, train};
+use burn_lra::train::{ResumeMode, RunResult, TrainOptions, train};
 
 mod common;
 
@@ -28,10 +28,11 @@ fn short_run_writes_config_metrics_and_result() {
         attention: "linformer".into(),
         seed: 1,
         backend: BackendKind::Flex,
+        device: None,
         run_dir: run_dir.clone(),
         preset: "test".into(),
         progress: false,
-        resume: false,
+        resume: ResumeMode::Start,
         stop_after: None,
     };
     let result = train(&config, &splits, &opts).unwrap();
@@ -80,10 +81,11 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
             attention: "softmax".into(),
             seed: 0,
             backend: BackendKind::Flex,
+            device: None,
             run_dir: dir.join("run"),
             preset: "tiny".into(),
             progress: false,
-            resume: false,
+            resume: ResumeMode::Start,
             stop_after: None,
         },
     )

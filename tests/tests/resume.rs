@@ -6,7 +6,7 @@ mod common;
 use burn_lra::config::Schedule;
 use burn_lra::run_dir::compare_run_dirs;
 use burn_lra::task::load_splits;
-use burn_lra::train::train;
+use burn_lra::train::{ResumeMode, train};
 use common::{metrics_without_time, options, short_listops, temp_dir};
 
 /// A run stopped mid-way (after its step-20 checkpoint, 7 steps of work lost) and resumed ends
@@ -47,7 +47,7 @@ fn a_killed_run_resumes_to_the_same_result() {
     let err = train(&config, &splits, &opts).unwrap_err().to_string();
     assert!(err.contains("pass --resume"), "{err}");
     // A resume with another seed is refused, naming the field.
-    opts.resume = true;
+    opts.resume = ResumeMode::Resume;
     opts.seed = 4;
     let err = train(&config, &splits, &opts).unwrap_err().to_string();
     assert!(err.contains("`seed`"), "{err}");
@@ -71,7 +71,7 @@ fn a_killed_run_resumes_to_the_same_result() {
     // that creates nothing.
     assert!(!broken_dir.join("checkpoint").exists());
     let mut fresh = options(dir.join("fresh"), "softmax");
-    fresh.resume = true;
+    fresh.resume = ResumeMode::Resume;
     let err = train(&config, &splits, &fresh).unwrap_err().to_string();
     assert!(err.contains("no run to resume"), "{err}");
     assert!(!dir.join("fresh").exists());
@@ -98,7 +98,7 @@ fn a_corrupted_checkpoint_is_refused() {
     }
     std::fs::write(&weights, &bytes).unwrap();
     opts.stop_after = None;
-    opts.resume = true;
+    opts.resume = ResumeMode::Resume;
     let metrics_before = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
     let err = format!("{:#}", train(&config, &splits, &opts).unwrap_err());
     assert!(
@@ -130,7 +130,7 @@ fn resume_before_the_first_checkpoint_starts_over() {
     train(&config, &splits, &opts).unwrap_err();
     assert!(run_dir.join("config.json").exists() && !run_dir.join("checkpoint").exists());
     opts.stop_after = None;
-    opts.resume = true;
+    opts.resume = ResumeMode::Resume;
     let resumed = train(&config, &splits, &opts).unwrap();
     assert_eq!(resumed.test_accuracy_last, unbroken.test_accuracy_last);
     assert_eq!(
@@ -155,7 +155,7 @@ fn a_diverged_run_recovers_with_a_lower_learning_rate() {
     opts.stop_after = Some(10);
     train(&config, &splits, &opts).unwrap_err();
     opts.stop_after = None;
-    opts.resume = true;
+    opts.resume = ResumeMode::Resume;
 
     let mut wild = config.clone();
     wild.training.schedule = Schedule::OneCycle {

@@ -10,35 +10,108 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{Harness, build_harness, resolve_attentions, workspace_root};
+use lra_runs::BackendKind;
 
-const USAGE: &str = "\
-usage: cargo xtask bench setup
-       cargo xtask bench attention [--backend flex] [--attention a,b,...] [--lengths 512,1024,...]
-                                   [--batch 1] [--heads 8] [--d-model 512] [--reps 3] [--warmup 1]
-                                   [--rounds 3]
-                                   [--causal] [--no-torch] [--max-quadratic-gib 6] [--timeout 600]
-                                   [--out bench/results]
-       cargo xtask bench report bench/results/<name>.json
-       cargo xtask bench lra [--backend flex] [--attention a,b,...] [--lengths 1024,2048,3072,4096]
-                             [--batch 32] [--preset lra] [--reps 3] [--warmup 1] [--rounds 3]
-                             [--no-torch] [--max-quadratic-gib 6] [--timeout 600] [--out bench/results]
+use crate::harness::{Harness, build_harness, resolve_attentions, workspace_root};
 
-  setup       pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
-              nystrom-attention
-  attention   one process per (attention, n), ours and PyTorch's, medians of --reps timed runs
-              after --warmup; --rounds passes over all the cases, each figure the median over
-              them (a slow spell of a shared machine then lands in one round of a case);
-              softmax-style cases whose score matrices would need more than
-              --max-quadratic-gib are skipped and marked so (composed softmax: not on flex or
-              tch, where the fused kernels need memory linear in n); --causal measures
-              causal masking (ours only, the variants that support it), written as
-              attention-causal-<backend>.{json,md,svg}
-  report      re-renders the markdown and SVG of a results JSON (after a change of layout)
-  lra         LRA's efficiency protocol: training steps per second and peak memory of the Text
-              task's model (the preset's, at each length) with each attention, batch 32 unless
-              --batch says otherwise; --reps timed steps after --warmup, one process per case,
-              --rounds passes as above";
+/// `cargo xtask bench ...`.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
+    /// nystrom-attention.
+    Setup,
+    /// Forward and forward + backward time and peak memory of each attention at doubling lengths,
+    /// ours and PyTorch's: one process per (attention, n), medians of --reps timed runs after
+    /// --warmup; --rounds passes over all the cases, each figure the median over them (a slow
+    /// spell of a shared machine then lands in one round of a case). Softmax-style cases whose
+    /// score matrices would need more than --max-quadratic-gib are skipped and marked so
+    /// (composed softmax: not on flex or tch, where the fused kernels need memory linear in n).
+    /// With --causal: causal masking (ours only, the variants that support it), written as
+    /// attention-causal-<backend>.{json,md,svg}.
+    Attention(BenchFlags),
+    /// LRA's efficiency protocol: training steps per second and peak memory of the Text task's
+    /// model (the preset's, at each length) with each attention; one process per case, --rounds
+    /// passes as for `attention`.
+    Lra(BenchFlags),
+    /// Re-renders the markdown and SVG of a results JSON (after a change of layout).
+    Report {
+        /// bench/results/<name>.json
+        path: PathBuf,
+    },
+}
+
+/// The flags of `bench attention` and `bench lra`.
+#[derive(clap::Args, Debug)]
+pub struct BenchFlags {
+    /// Burn backend, compiled in through the burn-lra feature of that name.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+    /// Registry names, comma-separated, or all (the default).
+    #[arg(long, value_delimiter = ',')]
+    attention: Vec<String>,
+    /// Sequence lengths [attention: 512,1024,...,16384; lra: 1024,2048,3072,4096].
+    #[arg(long, value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
+    /// Sequences per batch [attention: 1; lra: 32].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Heads (`attention`).
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Model width (`attention`).
+    #[arg(long, default_value_t = 512)]
+    d_model: usize,
+    /// Timed runs per case.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Untimed runs before them.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Passes over all the cases; each figure is the median over them.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Causal masking (`attention`; ours only).
+    #[arg(long)]
+    causal: bool,
+    /// Ours only, without the PyTorch side.
+    #[arg(long)]
+    no_torch: bool,
+    /// Skip score-matrix cases needing more than this many GiB.
+    #[arg(long, default_value_t = 6.0)]
+    max_quadratic_gib: f64,
+    /// Time limit of one case, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Text-task preset (`lra`).
+    #[arg(long, default_value = "lra")]
+    preset: String,
+    /// Where results are written.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+}
+
+impl BenchFlags {
+    /// The settings, with `defaults`' lengths and batch where the flags leave them out.
+    fn resolve(self, defaults: Args) -> Args {
+        Args {
+            backend: self.backend,
+            attentions: self.attention,
+            lengths: self.lengths.unwrap_or(defaults.lengths),
+            batch: self.batch.unwrap_or(defaults.batch),
+            heads: self.heads,
+            d_model: self.d_model,
+            reps: self.reps as usize,
+            warmup: self.warmup,
+            rounds: self.rounds as usize,
+            torch: !self.no_torch,
+            max_quadratic_gib: self.max_quadratic_gib,
+            timeout: self.timeout,
+            out: self.out,
+            preset: self.preset,
+            causal: self.causal,
+        }
+    }
+}
 
 /// The PyTorch packages of the comparison.
 const PIP_PACKAGES: &[&str] = &[
@@ -71,7 +144,7 @@ fn stores_scores(attention: &str, backend: &str) -> bool {
 
 /// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
 fn quadratic_skip(attention: &str, args: &Args, scores_gib: f64) -> Option<String> {
-    (stores_scores(attention, &args.backend) && scores_gib > args.max_quadratic_gib).then(|| {
+    (stores_scores(attention, args.backend.name()) && scores_gib > args.max_quadratic_gib).then(|| {
         format!(
             "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
             args.max_quadratic_gib
@@ -90,8 +163,9 @@ fn params(attention: &str) -> Value {
 }
 
 struct Args {
-    backend: String,
-    attentions: Option<Vec<String>>,
+    backend: BackendKind,
+    /// Registry names; empty: all.
+    attentions: Vec<String>,
     lengths: Vec<usize>,
     batch: usize,
     heads: usize,
@@ -114,8 +188,8 @@ impl Args {
     /// The defaults of `bench attention`: the Linformer paper's lengths, one sequence.
     fn attention() -> Self {
         Args {
-            backend: "flex".into(),
-            attentions: None,
+            backend: BackendKind::Flex,
+            attentions: Vec::new(),
             lengths: (0..6).map(|i| 512 << i).collect(),
             batch: 1,
             heads: 8,
@@ -142,67 +216,17 @@ impl Args {
     }
 }
 
-fn parse(args: &[String], defaults: Args) -> Result<Args> {
-    let mut a = defaults;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        if flag == "--no-torch" {
-            a.torch = false;
-            continue;
-        }
-        if flag == "--causal" {
-            a.causal = true;
-            continue;
-        }
-        let value = it
-            .next()
-            .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = |v: &str| -> Result<usize> {
-            v.parse()
-                .with_context(|| format!("{flag}: `{v}` is not a number"))
-        };
-        match flag.as_str() {
-            "--backend" => a.backend = value.clone(),
-            "--attention" => a.attentions = Some(value.split(',').map(String::from).collect()),
-            "--lengths" => a.lengths = value.split(',').map(number).collect::<Result<Vec<_>>>()?,
-            "--batch" => a.batch = number(value)?,
-            "--heads" => a.heads = number(value)?,
-            "--d-model" => a.d_model = number(value)?,
-            "--reps" => a.reps = number(value)?,
-            "--warmup" => a.warmup = number(value)?,
-            "--rounds" => a.rounds = number(value)?,
-            "--timeout" => a.timeout = number(value)? as u64,
-            "--max-quadratic-gib" => {
-                a.max_quadratic_gib = value
-                    .parse()
-                    .with_context(|| format!("{flag}: `{value}` is not a number"))?
-            }
-            "--out" => a.out = PathBuf::from(value),
-            "--preset" => a.preset = value.clone(),
-            other => bail!("unknown flag `{other}`\n{USAGE}"),
-        }
-    }
-    if a.reps == 0 || a.rounds == 0 {
-        bail!("--reps and --rounds must be at least 1");
-    }
-    Ok(a)
-}
-
 /// Entry point of `cargo xtask bench ...`.
-pub fn bench(args: &[String]) -> Result<()> {
-    match args.first().map(String::as_str) {
-        Some("setup") => setup(),
-        Some("attention") => attention(&parse(&args[1..], Args::attention())?),
-        Some("lra") => lra(&parse(&args[1..], Args::lra())?),
-        Some("report") => match args.get(1) {
-            Some(path) => {
-                render_files(Path::new(path))?;
-                println!("re-rendered {path} as .md and .svg");
-                Ok(())
-            }
-            None => bail!("{USAGE}"),
-        },
-        _ => bail!("{USAGE}"),
+pub fn bench(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Setup => setup(),
+        BenchCommand::Attention(flags) => attention(&flags.resolve(Args::attention())),
+        BenchCommand::Lra(flags) => lra(&flags.resolve(Args::lra())),
+        BenchCommand::Report { path } => {
+            render_files(&path)?;
+            println!("re-rendered {} as .md and .svg", path.display());
+            Ok(())
+        }
     }
 }
 
@@ -311,8 +335,8 @@ struct Session {
 
 impl Session {
     fn start(args: &Args, script: &str) -> Result<Self> {
-        let harness = build_harness(&args.backend, true)?;
-        let names = resolve_attentions(args.attentions.as_deref(), &harness)?;
+        let harness = build_harness(args.backend, true)?;
+        let names = resolve_attentions(&args.attentions, &harness)?;
         Ok(Session {
             harness,
             names,
@@ -359,7 +383,7 @@ fn attention(args: &Args) -> Result<()> {
                 Some(reason) => Err(reason),
                 None => Ok(Invocation::new(
                     harness.as_ref(),
-                    &bench_attention_args(&args.backend, args.causal),
+                    &bench_attention_args(args.backend.name(), args.causal),
                     &common,
                 )),
             };
@@ -455,7 +479,7 @@ fn lra(args: &Args) -> Result<()> {
             let mut describe = Command::new(&harness);
             describe
                 .args(["bench-train", "--describe", "--preset", &args.preset])
-                .args(["--backend", &args.backend])
+                .args(["--backend", args.backend.name()])
                 .args(&common);
             let described =
                 run_case(describe, timeout).map_err(|e| anyhow::anyhow!("{name} at n={n}: {e}"))?;
@@ -476,7 +500,7 @@ fn lra(args: &Args) -> Result<()> {
                         "--preset",
                         &args.preset,
                         "--backend",
-                        &args.backend,
+                        args.backend.name(),
                     ],
                     &common,
                 )),

@@ -3,7 +3,7 @@
 
 use burn_lra::backend::BackendKind;
 use burn_lra::config::{RunConfig, Task};
-use burn_lra::train::TrainOptions;
+use burn_lra::train::{ResumeMode, TrainOptions};
 
 /// A fresh temporary directory for one test.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -32,10 +32,11 @@ pub fn options(run_dir: std::path::PathBuf, attention: &str) -> TrainOptions {
         attention: attention.into(),
         seed: 3,
         backend: BackendKind::Flex,
+        device: None,
         run_dir,
         preset: "test".into(),
         progress: false,
-        resume: false,
+        resume: ResumeMode::Start,
         stop_after: None,
     }
 }

@@ -1,0 +1,196 @@
+//! The harness binary a sweep or a benchmark runs: built with the backend's feature, or given
+//! (`--harness`), and run from a private copy.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use lra_runs::BackendKind;
+
+/// The workspace's root folder.
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// A private copy of the burn-lra binary. On Linux the copy is deleted as soon as it is open and
+/// runs through its descriptor (`/proc/self/fd/N`), so nothing is left on disk however the sweep
+/// ends (SIGTERM and SIGKILL included); elsewhere its folder is removed when the sweep ends.
+pub(crate) struct Harness {
+    /// What `Command::new` runs.
+    path: PathBuf,
+    /// The open, already deleted copy (Linux).
+    _file: Option<std::fs::File>,
+    /// The folder to remove on drop (not Linux).
+    folder: Option<PathBuf>,
+}
+
+impl Harness {
+    #[cfg(target_os = "linux")]
+    fn new(copy: &Path, folder: &Path) -> Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file =
+            std::fs::File::open(copy).with_context(|| format!("cannot open {}", copy.display()))?;
+        std::fs::remove_dir_all(folder)
+            .with_context(|| format!("cannot remove {}", folder.display()))?;
+        Ok(Self {
+            path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            _file: Some(file),
+            folder: None,
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new(copy: &Path, folder: &Path) -> Result<Self> {
+        Ok(Self {
+            path: copy.to_path_buf(),
+            _file: None,
+            folder: Some(folder.to_path_buf()),
+        })
+    }
+
+    /// Writes a copy of the binary to `path` (executable), for runs started elsewhere (Slurm
+    /// array tasks on the cluster's nodes).
+    pub(crate) fn copy_to(&self, path: &Path) -> Result<()> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::copy(&self.path, &tmp)
+            .with_context(|| format!("cannot copy the harness to {}", tmp.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+                .with_context(|| format!("cannot make {} executable", tmp.display()))?;
+        }
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(folder) = &self.folder {
+            let _ = std::fs::remove_dir_all(folder);
+        }
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Harness {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
+}
+
+/// Makes the child receive SIGTERM when this process ends (Linux), so that a sweep stopped by a
+/// signal stops its training run too instead of leaving it running unattended (the run resumes
+/// from its checkpoint next time).
+pub(crate) fn stop_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
+/// A private copy of `given` (a burn-lra binary built beforehand), or else of burn-lra built
+/// with the backend's feature (in the release profile for benchmarks).
+pub(crate) fn harness(
+    given: Option<&Path>,
+    backend: BackendKind,
+    release: bool,
+) -> Result<Harness> {
+    match given {
+        Some(path) => private_copy(path, backend),
+        None => build_harness(backend, release),
+    }
+}
+
+/// Builds burn-lra with the backend's feature (in the release profile for benchmarks) and
+/// returns a private copy of the binary.
+pub(crate) fn build_harness(backend: BackendKind, release: bool) -> Result<Harness> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root()).args([
+        "build",
+        "--package",
+        "burn-lra",
+        "--features",
+        backend.feature(),
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("cannot run cargo")?;
+    if !status.success() {
+        bail!(
+            "building burn-lra with feature `{}` failed",
+            backend.feature()
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let exe = format!("burn-lra{}", std::env::consts::EXE_SUFFIX);
+    let profile = if release { "release" } else { "debug" };
+    private_copy(&target.join(profile).join(&exe), backend)
+}
+
+/// A private copy of the binary at `path`: a later `cargo build`/`cargo test` with other
+/// features rewrites target/debug/burn-lra while the sweep is still going.
+fn private_copy(path: &Path, backend: BackendKind) -> Result<Harness> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let private = target
+        .join("xtask")
+        .join(format!("{}-{backend}", std::process::id()));
+    std::fs::create_dir_all(&private)
+        .with_context(|| format!("cannot create {}", private.display()))?;
+    let copy = private.join(path.file_name().unwrap_or_default());
+    std::fs::copy(path, &copy).with_context(|| {
+        format!(
+            "cannot copy the harness {} to {}",
+            path.display(),
+            copy.display()
+        )
+    })?;
+    Harness::new(&copy, &private)
+}
+
+/// The attentions a `--attention` list names: every registered one when the list is empty or
+/// `all`; an unknown name is an error that lists the registered ones.
+pub(crate) fn resolve_attentions(list: &[String], harness: &Harness) -> Result<Vec<String>> {
+    let output = Command::new(harness).args(["list", "--names"]).output()?;
+    if !output.status.success() {
+        bail!("burn-lra list --names failed");
+    }
+    let registered: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    match list {
+        [] => Ok(registered),
+        [all] if all == "all" => Ok(registered),
+        list => {
+            if let Some(unknown) = list.iter().find(|a| !registered.contains(a)) {
+                bail!(
+                    "unknown attention `{unknown}` (known: all, {})",
+                    registered.join(", ")
+                );
+            }
+            Ok(list.to_vec())
+        }
+    }
+}
