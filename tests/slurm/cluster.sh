@@ -36,6 +36,10 @@ if [ "$action" = down ]; then
 fi
 [ "$action" = up ] || { echo "usage: cluster.sh up|down DIR" >&2; exit 2; }
 
+if pgrep -x slurmctld >/dev/null; then
+    echo "slurm: a slurmctld is already running on this host; stop it first" >&2
+    exit 1
+fi
 node=$(hostname -s)
 cpus=$(nproc)
 mkdir -p "$dir/state" "$dir/spool"

@@ -159,6 +159,13 @@ fn attempt(
     logged: bool,
     run: &Run,
 ) -> Result<Outcome> {
+    if let RunState::Finished(result) = lra_runs::run_state(&run.dir)? {
+        eprintln!(
+            "{run}: finished meanwhile by another process ({:.2}%)",
+            100.0 * result.test_accuracy
+        );
+        return Ok(Outcome::Finished);
+    }
     let mut cmd = Command::new(harness);
     cmd.args(train_args(args, run, false)?);
     if let Some(device) = slot.device {

@@ -29,7 +29,7 @@ pub enum Executor {
 }
 
 /// The flags of `cargo xtask lra`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct LraArgs {
     /// The task.
     #[arg(long, value_enum, default_value_t = Task::Listops)]

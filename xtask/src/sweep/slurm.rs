@@ -7,6 +7,7 @@
 //! <sweep>/slurm/
 //!   submit-<time>-<pid>/array.sh    the job script (one `case` line per task)
 //!   submit-<time>-<pid>/burn-lra    the harness binary the tasks run
+//!   submit-<time>-<pid>/<config>    a copy of `--config`, which the tasks read
 //!   logs/<job>_<task>.log           each task's output
 //!   submissions.jsonl               one line per array: its job id, script and runs by task
 //! ```
@@ -152,8 +153,19 @@ fn submit_array(
     harness.copy_to(&binary)?;
     let logs = std::path::absolute(logs_dir(sweep_dir))?;
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    // The tasks read a copy of the configuration file: one edited meanwhile changes nothing.
+    let mut frozen = args.clone();
+    if let Some(config) = &args.config {
+        let copy = dir.join(config.file_name().unwrap_or_default());
+        std::fs::copy(config, &copy)
+            .with_context(|| format!("cannot copy {} to {}", config.display(), copy.display()))?;
+        frozen.config = Some(copy);
+    }
     let script = dir.join("array.sh");
-    write_atomic(&script, job_script(args, runs, &binary, &logs)?.as_bytes())?;
+    write_atomic(
+        &script,
+        job_script(&frozen, runs, &binary, &logs)?.as_bytes(),
+    )?;
     let extra = match &args.slurm {
         Some(options) => shlex::split(options)
             .with_context(|| format!("--slurm: cannot split `{options}` into options"))?,
