@@ -526,17 +526,24 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "{name} changed a run directory"
         );
     }
-    // One more, with the lock held: a second process is refused.
+    // One more, with the lock held: a second process is refused, with the status that tells a
+    // sweep to leave the run to the holder (75), by `--resume` and `--continue` alike.
     let lock = burn_lra::run_dir::RunDirLock::acquire(&seed_dir(1)).unwrap();
-    let out = burn_lra(&b.train("softmax", &["--config", &short, "--seed", "1", "--resume"]));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr
-            .trim_end()
-            .ends_with("is in use: another process is training in it"),
-        "{stderr}"
-    );
+    for flag in ["--resume", "--continue"] {
+        let out = burn_lra(&b.train("softmax", &["--config", &short, "--seed", "1", flag]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(lra_runs::EXIT_IN_USE.into()),
+            "{stderr}"
+        );
+        assert!(
+            stderr
+                .trim_end()
+                .ends_with("is in use: another process is training in it"),
+            "{stderr}"
+        );
+    }
     drop(lock);
     std::fs::remove_dir_all(&root).unwrap();
 }

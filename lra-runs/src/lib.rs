@@ -24,3 +24,75 @@ pub use result::{ConfigChange, RunResult, Selection};
 /// The exit status of `burn-lra train` when another process holds the run directory's lock
 /// (`EX_TEMPFAIL`): nothing was done, and the run is that process's to finish.
 pub const EXIT_IN_USE: u8 = 75;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("lra-runs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_held_lock_refuses_a_second_holder_until_dropped() {
+        let dir = temp_dir("lock");
+        assert!(!RunDirLock::is_held(&dir).unwrap(), "no lock file yet");
+        let lock = RunDirLock::acquire(&dir).unwrap();
+        assert!(RunDirLock::is_held(&dir).unwrap());
+        let err = RunDirLock::acquire(&dir).err().unwrap();
+        assert!(err.downcast_ref::<RunDirInUse>().is_some(), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("is in use: another process is training in it")
+        );
+        let waiter = std::thread::spawn({
+            let dir = dir.clone();
+            move || RunDirLock::wait_until_free(&dir).unwrap()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "waited through a held lock");
+        drop(lock);
+        waiter.join().unwrap();
+        RunDirLock::acquire(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn states_follow_the_files() {
+        let dir = temp_dir("state");
+        assert_eq!(run_state(&dir).unwrap(), RunState::Fresh);
+        write_atomic(&dir.join("checkpoint.old/state.json"), b"{}").unwrap();
+        assert_eq!(run_state(&dir).unwrap(), RunState::Checkpointed);
+        write_atomic(&dir.join("result.json"), b"{\"task\": \"listops\"}").unwrap();
+        let err = run_state(&dir).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("result.json: not a run result"),
+            "{err:#}"
+        );
+        // Nothing but the written files is left behind.
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["checkpoint.old", "result.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn runs_are_filed_by_task_preset_attention_and_seed() {
+        let sweep = sweep_dir(std::path::Path::new("runs"), Task::Text, "tiny");
+        assert_eq!(
+            run_dir(&sweep, "softmax", 4),
+            std::path::Path::new("runs/text/tiny/softmax/seed-4")
+        );
+        assert_eq!(
+            preset_name("tiny", Some(std::path::Path::new("a/my.toml"))),
+            "my"
+        );
+        assert_eq!(preset_name("small", None), "small");
+    }
+}

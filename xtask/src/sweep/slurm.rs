@@ -297,12 +297,17 @@ fn queued_tasks(job: &str) -> Result<BTreeSet<usize>> {
         }
         bail!("squeue --jobs {job} failed: {}", stderr.trim());
     }
+    Ok(task_ids(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The array task indices in `squeue --array --format=%i` lines: `12_3`, and pending tasks
+/// still listed as a range, `12_[4-6%2]` or `12_[7,9]`.
+fn task_ids(squeue: &str) -> BTreeSet<usize> {
     let mut tasks = BTreeSet::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    for line in squeue.lines() {
         let Some((_, task)) = line.trim().split_once('_') else {
             continue;
         };
-        // Pending tasks may still be listed as a range: `[2-5%2]`, `[7,9]`.
         let task = task.trim_start_matches('[').trim_end_matches(']');
         let task = task.split('%').next().unwrap_or_default();
         for part in task.split(',') {
@@ -320,7 +325,7 @@ fn queued_tasks(job: &str) -> Result<BTreeSet<usize>> {
             }
         }
     }
-    Ok(tasks)
+    tasks
 }
 
 /// Waits until none of `submissions`' tasks is queued or running, printing progress when it
@@ -375,6 +380,13 @@ fn wait_for(submissions: &[Submission], sweep_dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_lines_give_task_indices() {
+        let ids = task_ids("12_3\n12_[5-7%2]\n 12_[9,11]\n");
+        assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![3, 5, 6, 7, 9, 11]);
+        assert!(task_ids("").is_empty());
+    }
 
     #[test]
     fn script_quotes_every_argument_and_throttles() {
