@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use lra_runs::{RunDirLock, RunState};
 
-use super::{Failure, LraArgs, Run, last_error_line, train_args};
+use super::plan::{Failure, LraArgs, Run, last_error_line, train_args};
 use crate::harness::{Harness, stop_with_parent};
 
 /// Where one of the runs at once trains.

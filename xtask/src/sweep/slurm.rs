@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use lra_runs::{RunState, write_atomic};
 use serde::{Deserialize, Serialize};
 
-use super::{Failure, LraArgs, Run, held_elsewhere, last_error_line, train_args};
+use super::plan::{Failure, LraArgs, Run, held_elsewhere, last_error_line, train_args};
 use crate::harness::Harness;
 
 /// How often the queue is asked about the arrays.
@@ -392,7 +392,12 @@ mod tests {
     fn script_quotes_every_argument_and_throttles() {
         let args = LraArgs {
             throttle: Some(4),
-            ..crate::sweep::tests::args(&["--executor", "slurm", "--out", "/shared/it's runs"])
+            ..crate::sweep::plan::tests::args(&[
+                "--executor",
+                "slurm",
+                "--out",
+                "/shared/it's runs",
+            ])
         };
         let runs = vec![
             Run {

@@ -9,7 +9,7 @@ use lra_runs::layout::{SUMMARY_JSON, SUMMARY_MD};
 use lra_runs::{RunResult, RunState, write_atomic};
 use serde_json::json;
 
-use super::LraArgs;
+use super::plan::LraArgs;
 
 /// Mean, sample standard deviation (n - 1; 0 for one value) and maximum.
 fn stats(values: &[f64]) -> (f64, f64, f64) {

@@ -1,0 +1,274 @@
+//! A sweep's plan: its flags, its runs and where each stands, and the `burn-lra` command line
+//! that trains a run, which every executor runs.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use lra_runs::{BackendKind, RunDirLock, RunState, Task};
+
+/// Where the runs of a sweep are trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Executor {
+    /// On this host: `--jobs` runs at once.
+    Local,
+    /// As one Slurm job array (`sbatch --array`), one task per unfinished run.
+    Slurm,
+}
+
+/// The flags of `cargo xtask lra`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LraArgs {
+    /// The task.
+    #[arg(long, value_enum, default_value_t = Task::Listops)]
+    pub(super) task: Task,
+    /// Seeds 0..N-1.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) seeds: u64,
+    /// Registry names, comma-separated, or all (the default: every registered attention).
+    #[arg(long, value_delimiter = ',')]
+    pub(super) attention: Vec<String>,
+    /// A preset of configs/<task>/ (tiny, small, lra).
+    #[arg(long, default_value = "tiny", conflicts_with = "config")]
+    pub(super) preset: String,
+    /// A configuration file of your own (runs are filed under its stem).
+    #[arg(long)]
+    pub(super) config: Option<PathBuf>,
+    /// Burn backend, compiled in through the burn-lra feature of that name.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub(super) backend: BackendKind,
+    /// Directory holding the task's data files; generated ListOps when absent.
+    #[arg(long)]
+    pub(super) data_dir: Option<PathBuf>,
+    /// Root of the run directories (on a cluster: a folder every node sees at the same path).
+    #[arg(long, default_value = "runs")]
+    pub(super) out: PathBuf,
+    /// A burn-lra binary built beforehand (with the backend's feature), instead of building one.
+    #[arg(long)]
+    pub(super) harness: Option<PathBuf>,
+    /// List the registered attentions and exit.
+    #[arg(long)]
+    pub(super) list: bool,
+    /// Where the runs are trained.
+    #[arg(long, value_enum, default_value_t = Executor::Local)]
+    pub(super) executor: Executor,
+    /// Runs at once on this host (local executor): each on its own device from --devices, or, on
+    /// a CPU backend, each on its share of the cores [default: 1, or one per --devices entry].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) jobs: Option<u64>,
+    /// Device numbers for the runs at once (local executor, GPU backends), e.g. 0,1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    pub(super) devices: Vec<usize>,
+    /// Extra sbatch options for the job array (slurm executor), e.g.
+    /// "--partition=gpu --gres=gpu:1 --time=12:00:00".
+    #[arg(long, allow_hyphen_values = true)]
+    pub(super) slurm: Option<String>,
+    /// At most this many array tasks running at once (slurm executor: `--array=...%K`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) throttle: Option<u64>,
+    /// Submit and return (slurm executor); collect later with --summarize.
+    #[arg(long)]
+    pub(super) no_wait: bool,
+    /// Train nothing: summarise the sweep's finished runs (after a --no-wait submission).
+    #[arg(long)]
+    pub(super) summarize: bool,
+}
+
+impl LraArgs {
+    /// The name runs are filed under.
+    pub(super) fn preset_name(&self) -> String {
+        lra_runs::preset_name(&self.preset, self.config.as_deref())
+    }
+
+    /// The sweep's folder.
+    pub(super) fn sweep_dir(&self) -> PathBuf {
+        lra_runs::sweep_dir(&self.out, self.task, &self.preset_name())
+    }
+
+    /// Flags that belong to the other executor are errors, not silently ignored.
+    pub(super) fn check_executor_flags(&self) -> Result<()> {
+        let local_only = [
+            ("--jobs", self.jobs.is_some()),
+            ("--devices", !self.devices.is_empty()),
+        ];
+        let slurm_only = [
+            ("--slurm", self.slurm.is_some()),
+            ("--throttle", self.throttle.is_some()),
+            ("--no-wait", self.no_wait),
+        ];
+        let (wrong, executor) = match self.executor {
+            Executor::Local => (&slurm_only[..], "local"),
+            Executor::Slurm => (&local_only[..], "slurm"),
+        };
+        if let Some((flag, _)) = wrong.iter().find(|(_, set)| *set) {
+            bail!("{flag} does not apply to the {executor} executor");
+        }
+        Ok(())
+    }
+}
+
+/// One run of the sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Run {
+    /// Registry name of the attention.
+    pub attention: String,
+    /// Training seed.
+    pub seed: u64,
+    /// Its run directory.
+    pub dir: PathBuf,
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} seed {}", self.attention, self.seed)
+    }
+}
+
+/// A run that did not finish, and where to read why.
+pub(crate) struct Failure {
+    /// The run.
+    pub run: Run,
+    /// What happened (exit status, the run's last error line).
+    pub reason: String,
+}
+
+/// The sweep's unfinished runs, in order (attention-major); finished ones are reported and left.
+pub(super) fn unfinished_runs(
+    attentions: &[String],
+    seeds: u64,
+    sweep_dir: &Path,
+) -> Result<Vec<Run>> {
+    let mut unfinished = Vec::new();
+    for attention in attentions {
+        for seed in 0..seeds {
+            let run = Run {
+                attention: attention.clone(),
+                seed,
+                dir: lra_runs::run_dir(sweep_dir, attention, seed),
+            };
+            match lra_runs::run_state(&run.dir)? {
+                RunState::Finished(result) => eprintln!(
+                    "{run}: done before ({:.2}%), skipped",
+                    100.0 * result.test_accuracy
+                ),
+                RunState::Checkpointed => {
+                    eprintln!("{run}: unfinished, resumes from its checkpoint");
+                    unfinished.push(run);
+                }
+                RunState::Fresh => unfinished.push(run),
+            }
+        }
+    }
+    Ok(unfinished)
+}
+
+/// Whether another process is training `run` now (its directory's lock is held).
+pub(super) fn held_elsewhere(run: &Run) -> Result<bool> {
+    RunDirLock::is_held(&run.dir)
+}
+
+/// The `burn-lra` arguments that train `run` (`train --continue ...`). Paths are made absolute
+/// when `absolute` (for runs started from another working directory: Slurm tasks).
+pub(super) fn train_args(args: &LraArgs, run: &Run, absolute: bool) -> Result<Vec<OsString>> {
+    let path = |p: &Path| -> Result<OsString> {
+        Ok(if absolute {
+            std::path::absolute(p)
+                .with_context(|| format!("cannot resolve {}", p.display()))?
+                .into_os_string()
+        } else {
+            p.as_os_str().to_owned()
+        })
+    };
+    let mut out: Vec<OsString> = ["train", "--continue", "--task"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    out.push(args.task.name().into());
+    out.extend(["--attention".into(), run.attention.clone().into()]);
+    out.extend(["--seed".into(), run.seed.to_string().into()]);
+    out.extend(["--backend".into(), args.backend.name().into()]);
+    out.extend(["--out".into(), path(&args.out)?]);
+    out.extend(["--run-dir".into(), path(&run.dir)?]);
+    match &args.config {
+        Some(config) => out.extend(["--config".into(), path(config)?]),
+        None => out.extend(["--preset".into(), args.preset.clone().into()]),
+    }
+    if let Some(dir) = &args.data_dir {
+        out.extend(["--data-dir".into(), path(dir)?]);
+    }
+    Ok(out)
+}
+
+/// The last line of a log that says what went wrong (`error: ...`), if any.
+pub(super) fn last_error_line(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .find(|l| l.starts_with("error:"))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: LraArgs,
+    }
+
+    /// `cargo xtask lra` with `flags`.
+    pub(crate) fn args(flags: &[&str]) -> LraArgs {
+        Wrapper::try_parse_from(std::iter::once("lra").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn flags_of_the_other_executor_are_errors() {
+        let err = args(&["--jobs", "2", "--executor", "slurm"])
+            .check_executor_flags()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--jobs does not apply to the slurm executor"
+        );
+        let err = args(&["--no-wait"]).check_executor_flags().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--no-wait does not apply to the local executor"
+        );
+        args(&[
+            "--executor",
+            "slurm",
+            "--slurm",
+            "--partition=gpu --gres=gpu:1",
+        ])
+        .check_executor_flags()
+        .unwrap();
+    }
+
+    #[test]
+    fn runs_are_filed_under_the_config_stem() {
+        let a = args(&["--task", "text", "--config", "dir/mine.toml", "--out", "o"]);
+        assert_eq!(a.sweep_dir(), Path::new("o/text/mine"));
+        let run = Run {
+            attention: "softmax".into(),
+            seed: 3,
+            dir: lra_runs::run_dir(&a.sweep_dir(), "softmax", 3),
+        };
+        let train: Vec<String> = train_args(&a, &run, false)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            train.join(" "),
+            "train --continue --task text --attention softmax --seed 3 --backend flex --out o \
+             --run-dir o/text/mine/softmax/seed-3 --config dir/mine.toml"
+        );
+    }
+}
