@@ -61,6 +61,16 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
     let mut attentions = serde_json::Map::new();
     for name in &names {
         let results = results(sweep_dir, name, args.seeds)?;
+        let missing: Vec<String> = (0..args.seeds)
+            .filter(|seed| !results.iter().any(|r| r.seed == *seed))
+            .map(|seed| seed.to_string())
+            .collect();
+        if !missing.is_empty() {
+            eprintln!(
+                "{name}: seed(s) {} not finished, left out of the summary",
+                missing.join(", ")
+            );
+        }
         let Some(first) = results.first() else {
             continue;
         };
