@@ -317,6 +317,8 @@ fn train_command(args: TrainArgs) -> Result<()> {
             args.seed,
         )
     });
+    // A finished run is told before its data is loaded; `train` still returns the result of one
+    // finished by another process meanwhile.
     if args.continue_
         && let lra_runs::RunState::Finished(result) = lra_runs::run_state(&run_dir)?
     {

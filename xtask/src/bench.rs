@@ -915,9 +915,7 @@ fn not_measured(report: &Value) -> String {
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    lra_runs::write_atomic(path, text.as_bytes())
 }
 
 fn case<'a>(report: &'a Value, name: &str, n: usize) -> Option<&'a Value> {

@@ -139,21 +139,22 @@ pub(crate) fn build_harness(backend: BackendKind, release: bool) -> Result<Harne
             backend.feature()
         );
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
     let exe = format!("burn-lra{}", std::env::consts::EXE_SUFFIX);
     let profile = if release { "release" } else { "debug" };
-    private_copy(&target.join(profile).join(&exe), backend)
+    private_copy(&target_dir().join(profile).join(&exe), backend)
+}
+
+/// Cargo's target folder (`CARGO_TARGET_DIR`, else the workspace's `target/`).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// A private copy of the binary at `path`: a later `cargo build`/`cargo test` with other
 /// features rewrites target/debug/burn-lra while the sweep is still going.
 fn private_copy(path: &Path, backend: BackendKind) -> Result<Harness> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let private = target
+    let private = target_dir()
         .join("xtask")
         .join(format!("{}-{backend}", std::process::id()));
     std::fs::create_dir_all(&private)

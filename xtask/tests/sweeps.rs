@@ -242,6 +242,12 @@ impl Cluster {
         if unsafe { libc::geteuid() } != 0 {
             return Err("starting slurmd and munged needs root".into());
         }
+        let running = Command::new("pgrep").args(["-x", "slurmctld"]).output();
+        if running.is_ok_and(|o| o.status.success()) {
+            return Err(
+                "a slurmctld already runs on this host (the test brings up its own)".into(),
+            );
+        }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/slurm/cluster.sh");
         let out = Command::new(&script).arg("up").arg(dir).output().unwrap();
         let cluster = Cluster {

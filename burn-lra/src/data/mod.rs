@@ -238,20 +238,4 @@ pub fn expect_folder(dir: &Path, expected: &str) -> Result<()> {
     anyhow::bail!("{} does not exist; expected {expected}", dir.display())
 }
 
-/// Writes `contents` to `path` atomically: a temporary file beside it, then a rename, so a
-/// reader never sees half a file and a killed writer leaves the old one intact.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create directory {}", parent.display()))?;
-    }
-    let tmp = path.with_extension(format!(
-        "{}.tmp{}",
-        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, contents).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
+pub use lra_runs::write_atomic;

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use lra_runs::{BackendKind, RunDirLock, RunState, Task};
+use lra_runs::{BackendKind, RunState, Task};
 
 /// Where the runs of a sweep are trained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -160,11 +160,6 @@ pub(super) fn unfinished_runs(
         }
     }
     Ok(unfinished)
-}
-
-/// Whether another process is training `run` now (its directory's lock is held).
-pub(super) fn held_elsewhere(run: &Run) -> Result<bool> {
-    RunDirLock::is_held(&run.dir)
 }
 
 /// The `burn-lra` arguments that train `run` (`train --continue ...`). Paths are made absolute

@@ -21,10 +21,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use lra_runs::{RunState, write_atomic};
+use lra_runs::{RunDirLock, RunState, write_atomic};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Failure, LraArgs, Run, held_elsewhere, last_error_line, train_args};
+use super::plan::{Failure, LraArgs, Run, last_error_line, train_args};
 use crate::harness::Harness;
 
 /// How often the queue is asked about the arrays.
@@ -85,7 +85,7 @@ pub(super) fn run(
     for run in runs {
         if let Some(job) = in_queue(&run) {
             eprintln!("{run}: queued or running in job {job}, not submitted again");
-        } else if held_elsewhere(&run)? {
+        } else if RunDirLock::is_held(&run.dir)? {
             eprintln!("{run}: being trained by another process, not submitted");
         } else {
             submit.push(run);
