@@ -41,6 +41,7 @@ pub use variants::linformer::{
     LinformerAttention, LinformerConfig, LinformerScoring, LinformerSharing, linformer_attention,
     linformer_linear_attention,
 };
+pub use variants::local::{LocalAttention, LocalAttentionConfig, LocalForm};
 pub use variants::nystrom::{
     NystromAttention, NystromConfig, iterative_pinv, landmark_segments, nystrom_attention,
     nystrom_cross_attention,

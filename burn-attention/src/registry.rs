@@ -19,6 +19,7 @@ use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
+use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
@@ -168,6 +169,8 @@ registry! {
     FeedForward(FeedForwardKernelConfig => FeedForwardKernelAttention),
     /// Nyströmformer.
     Nystrom(NystromConfig => NystromAttention),
+    /// Local attention: blocks or a sliding window.
+    Local(LocalAttentionConfig => LocalAttention),
 }
 
 /// Every registered variant, in the order listings show them.

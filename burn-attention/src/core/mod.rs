@@ -12,4 +12,5 @@ pub mod input;
 pub mod kernelized;
 pub mod params;
 pub mod softmax;
+pub mod sparse;
 pub mod variant;

@@ -6,6 +6,7 @@ pub mod efficient;
 pub mod feedforward;
 pub mod linear;
 pub mod linformer;
+pub mod local;
 pub mod nystrom;
 pub mod performer;
 pub mod softmax;

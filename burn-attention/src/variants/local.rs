@@ -1,0 +1,314 @@
+//! Local attention: exact softmax attention restricted to a neighbourhood of each query, computed
+//! over the neighbourhood only.
+//!
+//! - **Blocks** (`local`, the "Local Attention" row of LRA's Table 1, Tay et al. 2021, arXiv
+//!   2011.04006, after Parmar et al. 2018, arXiv 1802.05751): the sequence is cut into
+//!   non-overlapping blocks of `block_size` positions and each query attends to the keys of its
+//!   own block: `O_i = softmax_{j ∈ B(i)}(q_i·k_j/√d) v_j`, `B(i) = {j : ⌊j/b⌋ = ⌊i/b⌋}`. LRA's
+//!   configs use b = 50.
+//! - **Sliding window** (`local-window`, the window of Longformer, Beltagy et al. 2020, and of
+//!   the `local-attention` package with an exact window): each query attends to the `window`
+//!   positions on each side of it and itself, `|i − j| <= w`.
+//!
+//! With causal masking a query also drops the keys after it (`j <= i`). Padded keys are dropped.
+//!
+//! Cost per head: blocks O(n b d) time and O(n b) memory; the window O(n w d) and O(n w): the
+//! queries go in blocks of ⌈w/2⌉ that score the ⌈w/2⌉ + 2w positions around them (w + ⌈w/2⌉
+//! causal), about 1.25 times the pairs attended. Masks: padding, causal; decoding token by
+//! token with a cache of the neighbourhood only. No cross-attention (the pattern relates query
+//! and key positions).
+
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::sparse::{KeySlots, gathered_attention, padding_flags};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: true,
+    cross_attention: false,
+    fixed_max_len: false,
+    weights_sum_to_one: true,
+};
+
+/// The registry entry of block-local attention.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "local",
+    paper: "Tay et al. 2021 (LRA), arXiv 2011.04006; Parmar et al. 2018, arXiv 1802.05751",
+    time: "O(n b d)",
+    memory: "O(n b)",
+    capabilities: CAPABILITIES,
+};
+
+/// The registry entry of sliding-window attention.
+pub const INFO_WINDOW: VariantInfo = VariantInfo {
+    name: "local-window",
+    paper: "Beltagy et al. 2020, arXiv 2004.05150 (sliding window)",
+    time: "O(n w d)",
+    memory: "O(n w)",
+    capabilities: CAPABILITIES,
+};
+
+/// Which neighbourhood a query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalForm {
+    /// The keys of its own block of `block_size` positions.
+    Blocks,
+    /// The `window` positions on each side of it, and itself.
+    SlidingWindow,
+}
+
+impl LocalForm {
+    /// The registry entry of the variant with this form.
+    pub fn info(self) -> &'static VariantInfo {
+        match self {
+            Self::Blocks => &INFO,
+            Self::SlidingWindow => &INFO_WINDOW,
+        }
+    }
+}
+
+/// Configuration of [`LocalAttention`].
+#[derive(Config, Debug)]
+pub struct LocalAttentionConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Blocks or a sliding window.
+    #[config(default = "LocalForm::Blocks")]
+    pub form: LocalForm,
+    /// Positions per block (`Blocks`; LRA: 50).
+    #[config(default = 50)]
+    pub block_size: usize,
+    /// Positions seen on each side (`SlidingWindow`).
+    #[config(default = 128)]
+    pub window: usize,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl LocalAttentionConfig {
+    fn name(&self) -> &'static str {
+        self.form.info().name
+    }
+
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
+        match self.form {
+            LocalForm::Blocks if self.block_size == 0 => Err(AttentionError::field(
+                self.name(),
+                "block_size",
+                "must be at least 1",
+            )),
+            LocalForm::SlidingWindow if self.window == 0 => Err(AttentionError::field(
+                self.name(),
+                "window",
+                "must be at least 1",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> LocalAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        LocalAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            form: self.form,
+            block_size: self.block_size,
+            window: self.window,
+        }
+    }
+}
+
+impl VariantConfig for LocalAttentionConfig {
+    type Module = LocalAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_WINDOW];
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let form = if name == INFO_WINDOW.name {
+            LocalForm::SlidingWindow
+        } else {
+            LocalForm::Blocks
+        };
+        Self::new(model.d_model, model.n_heads).with_form(form)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.form.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> LocalAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head local attention (blocks or a sliding window). Create with
+/// [`LocalAttentionConfig`].
+#[derive(Module, Debug)]
+pub struct LocalAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Blocks or a sliding window.
+    #[module(skip)]
+    pub form: LocalForm,
+    /// Positions per block.
+    #[module(skip)]
+    pub block_size: usize,
+    /// Positions seen on each side.
+    #[module(skip)]
+    pub window: usize,
+}
+
+impl AttentionModule for LocalAttention {
+    fn name(&self) -> &'static str {
+        self.form.info().name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, _, n, d] = q.dims();
+        check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let slots = match self.form {
+            LocalForm::Blocks => block_slots(n, self.block_size, masks.causal, &padding),
+            LocalForm::SlidingWindow => window_slots(n, self.window, masks.causal, &padding),
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        Ok(gathered_attention(q, k, v, &slots, scale, Some(&self.dropout)).out)
+    }
+
+    /// Attends over a key/value cache that holds only the neighbourhood: the current block's
+    /// keys so far (emptied when a block is full), or the last `window` keys. A step costs
+    /// O(b d) or O(w d) and the state stays that size, however long the sequence.
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let (keys, values) = match state {
+            DecodingState::Empty => (k, v),
+            DecodingState::KeyValueCache { keys, .. }
+                if self.form == LocalForm::Blocks && keys.dims()[2] >= self.block_size =>
+            {
+                (k, v)
+            }
+            DecodingState::KeyValueCache { keys, values } => (
+                Tensor::cat(vec![keys, k], 2),
+                Tensor::cat(vec![values, v], 2),
+            ),
+            DecodingState::Recurrent(_) => {
+                return Err(AttentionError::unsupported(
+                    self.name(),
+                    "a recurrent decoding state (it carries a key/value cache)",
+                ));
+            }
+        };
+        let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
+        let (keys, values) = match self.form {
+            LocalForm::Blocks => (keys, values),
+            LocalForm::SlidingWindow => {
+                let seen = keys.dims()[2];
+                let from = seen.saturating_sub(self.window);
+                (
+                    keys.slice(s![.., .., from..]),
+                    values.slice(s![.., .., from..]),
+                )
+            }
+        };
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache { keys, values },
+        ))
+    }
+}
+
+/// Each query sees the keys of its own block of `b` (and, causal, not those after it).
+fn block_slots(n: usize, b: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
+    let b = b.min(n.max(1));
+    let n_blocks = n.div_ceil(b);
+    let mut slots = KeySlots::masked([padding.len(), 1], n_blocks, b, b);
+    for (g, pad) in padding.iter().enumerate() {
+        for beta in 0..n_blocks {
+            for s in 0..b {
+                let j = beta * b + s;
+                if j < n && !pad[j] {
+                    slots.set(g, beta, s, j, |r| !causal || s <= r);
+                }
+            }
+        }
+    }
+    slots
+}
+
+/// Each query sees the keys within `w` of it (causal: the `w` before it), in blocks of ⌈w/2⌉
+/// queries.
+fn window_slots(n: usize, w: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
+    let block = w.div_ceil(2).min(n.max(1));
+    let n_blocks = n.div_ceil(block);
+    let after = if causal { 0 } else { w };
+    let width = block + w + after;
+    let mut slots = KeySlots::masked([padding.len(), 1], n_blocks, block, width);
+    for (g, pad) in padding.iter().enumerate() {
+        for beta in 0..n_blocks {
+            let first = beta * block;
+            for s in 0..width {
+                // Slot s holds position first - w + s.
+                let Some(j) = (first + s).checked_sub(w) else {
+                    continue;
+                };
+                if j < n && !pad[j] {
+                    slots.set(g, beta, s, j, |r| {
+                        let i = first + r;
+                        i.abs_diff(j) <= w && (j <= i || !causal)
+                    });
+                }
+            }
+        }
+    }
+    slots
+}

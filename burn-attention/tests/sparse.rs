@@ -1,0 +1,100 @@
+//! The sparse patterns against the dense-masked formula: for every pattern, the `n × n` scores
+//! of exact softmax attention with the pattern's excluded pairs as a mask, in float64 with plain
+//! loops ([`reference::softmax_head`]), at several lengths (shorter and longer than the
+//! pattern's blocks and windows, not multiples of them), with a padded batch element, causal
+//! where the variant supports it. The mask is written from each paper's definition of the
+//! pattern, position by position; nothing in it knows how the variant gathers its keys.
+
+mod reference;
+mod small;
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_attention_zoo::{
+    AttentionConfig, AttentionModule, HeadMasks, LocalAttentionConfig, LocalForm,
+    padding_mask_from_lengths,
+};
+use reference::{max_rel_err, softmax_head, to_heads};
+
+const HEADS: usize = 2;
+const D: usize = 8;
+
+/// Runs `config`'s per-head attention on random inputs of length `n` (two batch elements, the
+/// second padded to about two thirds) and compares the real rows with exact softmax attention
+/// where `excluded(len, i, j)` pairs (and padded keys, and with `causal` keys `j > i`) are
+/// masked. Inputs at norm `scale · √d`.
+fn check(
+    config: &AttentionConfig,
+    n: usize,
+    causal: bool,
+    scale: f32,
+    excluded: impl Fn(usize, usize, usize) -> bool,
+) {
+    let device = Device::flex();
+    let attention = config.init(&device);
+    let lengths = [n, (2 * n).div_ceil(3)];
+    let [q, k, v] = [0, 1, 2]
+        .map(|_| Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device));
+    let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
+    let mask = padding_mask_from_lengths(&lengths, n, &device);
+    let out = attention
+        .attend(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            HeadMasks::new(Some(mask), causal),
+        )
+        .unwrap();
+    let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+    for b in 0..2 {
+        let len = lengths[b];
+        for h in 0..HEADS {
+            let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |i, j| {
+                j >= len || (causal && j > i) || excluded(len, i, j)
+            });
+            let err = max_rel_err(&out[b][h][..len], &expected[..len], 1e-2);
+            assert!(
+                err < 1e-4,
+                "{} n {n} causal {causal} batch {b} head {h}: relative error {err}",
+                config.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn local_blocks_match_dense_masked_reference() {
+    for block in [1, 4, 5] {
+        let config = AttentionConfig::Local(
+            LocalAttentionConfig::new(HEADS * D, HEADS)
+                .with_block_size(block)
+                .with_dropout(0.0),
+        );
+        for n in [1, 3, 13, 20] {
+            for causal in [false, true] {
+                for scale in [1.0, 3.0] {
+                    check(&config, n, causal, scale, |_, i, j| i / block != j / block);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn local_window_matches_dense_masked_reference() {
+    for window in [1, 2, 5] {
+        let config = AttentionConfig::Local(
+            LocalAttentionConfig::new(HEADS * D, HEADS)
+                .with_form(LocalForm::SlidingWindow)
+                .with_window(window)
+                .with_dropout(0.0),
+        );
+        for n in [1, 3, 13, 20] {
+            for causal in [false, true] {
+                for scale in [1.0, 3.0] {
+                    check(&config, n, causal, scale, |_, i, j| i.abs_diff(j) > window);
+                }
+            }
+        }
+    }
+}
