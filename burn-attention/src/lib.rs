@@ -42,6 +42,7 @@ pub use variants::linformer::{
     linformer_linear_attention,
 };
 pub use variants::local::{LocalAttention, LocalAttentionConfig, LocalForm};
+pub use variants::longformer::{LongformerAttention, LongformerConfig};
 pub use variants::nystrom::{
     NystromAttention, NystromConfig, iterative_pinv, landmark_segments, nystrom_attention,
     nystrom_cross_attention,
@@ -50,3 +51,4 @@ pub use variants::performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
 };
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
+pub use variants::sparse::{SparseAttention, SparseAttentionConfig, SparsePattern};

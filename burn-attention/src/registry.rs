@@ -20,9 +20,11 @@ use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernel
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
+use crate::variants::longformer::{LongformerAttention, LongformerConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
+use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
 
 /// Generates [`AttentionConfig`], [`Attention`] and [`VARIANTS`] from one line per variant
 /// configuration: `Arm(Config => Module)`, in the order listings show them.
@@ -171,6 +173,10 @@ registry! {
     Nystrom(NystromConfig => NystromAttention),
     /// Local attention: blocks or a sliding window.
     Local(LocalAttentionConfig => LocalAttention),
+    /// Sparse Transformer: fixed or strided factorised patterns.
+    Sparse(SparseAttentionConfig => SparseAttention),
+    /// Longformer: a sliding window plus global tokens.
+    Longformer(LongformerConfig => LongformerAttention),
 }
 
 /// Every registered variant, in the order listings show them.

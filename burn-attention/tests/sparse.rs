@@ -11,8 +11,8 @@ mod small;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_attention_zoo::{
-    AttentionConfig, AttentionModule, HeadMasks, LocalAttentionConfig, LocalForm,
-    padding_mask_from_lengths,
+    AttentionConfig, AttentionModule, HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig,
+    SparseAttentionConfig, SparsePattern, padding_mask_from_lengths,
 };
 use reference::{max_rel_err, softmax_head, to_heads};
 
@@ -94,6 +94,73 @@ fn local_window_matches_dense_masked_reference() {
                 for scale in [1.0, 3.0] {
                     check(&config, n, causal, scale, |_, i, j| i.abs_diff(j) > window);
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_fixed_matches_dense_masked_reference() {
+    for (l, c) in [(4, 1), (5, 2), (3, 0)] {
+        let config = AttentionConfig::Sparse(
+            SparseAttentionConfig::new(HEADS * D, HEADS)
+                .with_block_size(l)
+                .with_summary(c)
+                .with_dropout(0.0),
+        );
+        for n in [1, 3, 13, 20] {
+            for causal in [false, true] {
+                for scale in [1.0, 3.0] {
+                    check(&config, n, causal, scale, |_, i, j| {
+                        let summary = j % l == 0 || j % l >= l - c;
+                        !(i / l == j / l || summary)
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_strided_matches_dense_masked_reference() {
+    for l in [1, 3, 4] {
+        let config = AttentionConfig::Sparse(
+            SparseAttentionConfig::new(HEADS * D, HEADS)
+                .with_pattern(SparsePattern::Strided)
+                .with_block_size(l)
+                .with_dropout(0.0),
+        );
+        for n in [1, 3, 13, 20] {
+            for causal in [false, true] {
+                for scale in [1.0, 3.0] {
+                    check(&config, n, causal, scale, |_, i, j| {
+                        !(i.abs_diff(j) < l || i.abs_diff(j) % l == 0)
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Longformer's pattern on per-head tensors (one projection for all rows): the window of `w`
+/// (`⌈w/2⌉ − 1` before, `⌊w/2⌋` after), every global position as a key, and every key for a
+/// global query.
+#[test]
+fn longformer_matches_dense_masked_reference() {
+    for (window, globals) in [(4, vec![0]), (5, vec![0, 7]), (1, vec![]), (2, vec![3, 11])] {
+        let config = AttentionConfig::Longformer(
+            LongformerConfig::new(HEADS * D, HEADS)
+                .with_window(window)
+                .with_global_tokens(globals.clone())
+                .with_dropout(0.0),
+        );
+        let (before, after) = (window.div_ceil(2) - 1, window / 2);
+        for n in [1, 3, 13, 20] {
+            for scale in [1.0, 3.0] {
+                check(&config, n, false, scale, |_, i, j| {
+                    let in_window = j + before >= i && j <= i + after;
+                    !(in_window || globals.contains(&i) || globals.contains(&j))
+                });
             }
         }
     }

@@ -41,6 +41,11 @@ pub struct KeySlots {
     /// Added to the scores before the softmax, `[groups, n_blocks, block, slots]` (Reformer's
     /// correction for keys met in several hash rounds); none for most patterns.
     pub bias: Option<Vec<f32>>,
+    /// The query position at each row of the blocks, `[groups, n_blocks · block]`, a
+    /// permutation of `0..n_blocks · block` (positions past `n_q` are padding rows), for patterns
+    /// whose blocks are not runs of consecutive queries (a strided pattern's residue classes,
+    /// Reformer's buckets); `None`: row `r` is query `r`.
+    pub query_order: Option<Vec<i64>>,
 }
 
 impl KeySlots {
@@ -56,7 +61,49 @@ impl KeySlots {
             index: vec![0; g * n_blocks * slots],
             mask: vec![true; g * n_blocks * block * slots],
             bias: None,
+            query_order: None,
         }
+    }
+
+    /// Each query `i` sees the keys `j` with `i - before <= j <= i + after`, and the keys at
+    /// `globals` (sorted, distinct), in blocks of `block` queries; one group per batch element,
+    /// its padded keys (`padding[b][j]`) masked. A block scores the `block + before + after`
+    /// positions around it, then the global positions (masked in the band, so that none is
+    /// counted twice).
+    pub fn band(
+        n: usize,
+        block: usize,
+        [before, after]: [usize; 2],
+        globals: &[usize],
+        padding: &[Vec<bool>],
+    ) -> Self {
+        let block = block.clamp(1, n.max(1));
+        let n_blocks = n.div_ceil(block);
+        let width = block + before + after;
+        let mut slots = Self::masked([padding.len(), 1], n_blocks, block, width + globals.len());
+        for (g, pad) in padding.iter().enumerate() {
+            for beta in 0..n_blocks {
+                let first = beta * block;
+                for s in 0..width {
+                    // Slot s holds position first - before + s.
+                    let Some(j) = (first + s).checked_sub(before) else {
+                        continue;
+                    };
+                    if j < n && !pad[j] && globals.binary_search(&j).is_err() {
+                        slots.set(g, beta, s, j, |r| {
+                            let i = first + r;
+                            j + before >= i && j <= i + after
+                        });
+                    }
+                }
+                for (t, &j) in globals.iter().enumerate() {
+                    if j < n && !pad[j] {
+                        slots.set(g, beta, width + t, j, |_| true);
+                    }
+                }
+            }
+        }
+        slots
     }
 
     /// Offset of group `(batch, head)` (each taken modulo its group count) in `index`, in
@@ -158,6 +205,36 @@ pub fn gathered_attention(
     } else {
         q
     };
+    // Rows of the flattened queries in block order, and back.
+    let order = slots.query_order.as_ref().map(|order| {
+        let mut forward = Vec::with_capacity(batch * heads * rows);
+        let mut inverse = vec![0i64; batch * heads * rows];
+        for b in 0..batch {
+            for h in 0..heads {
+                let offset = (b * heads + h) * rows;
+                let g = slots.group(b, h);
+                for (r, &pos) in order[g * rows..(g + 1) * rows].iter().enumerate() {
+                    forward.push((offset + pos as usize) as i64);
+                    inverse[offset + pos as usize] = (offset + r) as i64;
+                }
+            }
+        }
+        let tensor = |rows: Vec<i64>| {
+            let len = rows.len();
+            Tensor::<1, Int>::from_data(TensorData::new(rows, [len]), &device)
+        };
+        (tensor(forward), tensor(inverse))
+    });
+    let reorder = |x: Tensor<4>, index: &Tensor<1, Int>| {
+        let [b, h, r, w] = x.dims();
+        x.reshape([b * h * r, w])
+            .select(0, index.clone())
+            .reshape([b, h, r, w])
+    };
+    let q = match &order {
+        Some((forward, _)) => reorder(q, forward),
+        None => q,
+    };
     let q = q.reshape([batch, heads, n_blocks, block, d]);
     let mut scores = q.matmul(keys.swap_dims(3, 4)).mul_scalar(scale);
     let shape = [gb, gh, n_blocks, block, s];
@@ -174,8 +251,12 @@ pub fn gathered_attention(
     if let Some(dropout) = dropout {
         weights = dropout.forward(weights);
     }
-    let lse = (max + sum.log()).reshape([batch, heads, rows, 1]);
-    let out = weights.matmul(values).reshape([batch, heads, rows, d_v]);
+    let mut lse = (max + sum.log()).reshape([batch, heads, rows, 1]);
+    let mut out = weights.matmul(values).reshape([batch, heads, rows, d_v]);
+    if let Some((_, inverse)) = &order {
+        out = reorder(out, inverse);
+        lse = reorder(lse, inverse);
+    }
     GatheredOutput {
         out: out.slice([0..batch, 0..heads, 0..n_q]),
         lse: lse.slice([0..batch, 0..heads, 0..n_q]),
@@ -195,6 +276,66 @@ pub fn merge_by_log_sum_exp(parts: Vec<GatheredOutput>) -> GatheredOutput {
         .reduce(|a, b| a + b)
         .expect("at least one part");
     GatheredOutput { out, lse }
+}
+
+/// `out` with the rows `rows[b]` of each batch element `b` replaced by exact softmax attention
+/// of those queries over every key (padded keys masked): the rows of global tokens (Longformer)
+/// and global blocks (BigBird). `q`, `k`, `v` may be other projections than those that made
+/// `out`.
+///
+/// # Shapes
+/// - `out`: `[batch, heads, n, d_v]`; `q`: `[batch, heads, n, d]`; `k`, `v`: over `n_k` keys
+pub fn with_full_rows(
+    out: Tensor<4>,
+    [q, k, v]: [Tensor<4>; 3],
+    rows: &[Vec<usize>],
+    key_pad: Option<Tensor<2, Bool>>,
+    dropout: Option<&Dropout>,
+) -> Tensor<4> {
+    let [batch, heads, n, d] = q.dims();
+    let d_v = v.dims()[3];
+    let count = rows.iter().map(Vec::len).max().unwrap_or(0);
+    if count == 0 {
+        return out;
+    }
+    let device = q.device();
+    // The global rows of each (batch, head), padded with repeats of the first.
+    let mut pick = Vec::with_capacity(batch * heads * count);
+    // For each position: the global row that holds it (or 0), and whether it is one.
+    let mut back = Vec::with_capacity(batch * heads * n);
+    let mut is_global = vec![false; batch * n];
+    for (b, rows) in rows.iter().enumerate() {
+        for &i in rows {
+            is_global[b * n + i] = true;
+        }
+        for h in 0..heads {
+            let base = (b * heads + h) * n;
+            for t in 0..count {
+                let i = rows.get(t).or(rows.first()).copied().unwrap_or(0);
+                pick.push((base + i) as i64);
+            }
+            let slot_base = (b * heads + h) * count;
+            back.extend(
+                (0..n).map(|i| (slot_base + rows.iter().position(|&r| r == i).unwrap_or(0)) as i64),
+            );
+        }
+    }
+    let index = |values: Vec<i64>| {
+        let len = values.len();
+        Tensor::<1, Int>::from_data(TensorData::new(values, [len]), &device)
+    };
+    let q_rows = q
+        .reshape([batch * heads * n, d])
+        .select(0, index(pick))
+        .reshape([batch, heads, count, d]);
+    let full = super::softmax::exact_softmax_attention(q_rows, k, v, key_pad, false, dropout);
+    let spread = full
+        .reshape([batch * heads * count, d_v])
+        .select(0, index(back))
+        .reshape([batch, heads, n, d_v]);
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(is_global, [batch, n]), &device)
+        .reshape([batch, 1, n, 1]);
+    out.mask_where(mask, spread)
 }
 
 /// Per batch element, one past the last real (unpadded) position: the sequence's length when

@@ -288,27 +288,6 @@ fn block_slots(n: usize, b: usize, causal: bool, padding: &[Vec<bool>]) -> KeySl
 /// Each query sees the keys within `w` of it (causal: the `w` before it), in blocks of ⌈w/2⌉
 /// queries.
 fn window_slots(n: usize, w: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
-    let block = w.div_ceil(2).min(n.max(1));
-    let n_blocks = n.div_ceil(block);
     let after = if causal { 0 } else { w };
-    let width = block + w + after;
-    let mut slots = KeySlots::masked([padding.len(), 1], n_blocks, block, width);
-    for (g, pad) in padding.iter().enumerate() {
-        for beta in 0..n_blocks {
-            let first = beta * block;
-            for s in 0..width {
-                // Slot s holds position first - w + s.
-                let Some(j) = (first + s).checked_sub(w) else {
-                    continue;
-                };
-                if j < n && !pad[j] {
-                    slots.set(g, beta, s, j, |r| {
-                        let i = first + r;
-                        i.abs_diff(j) <= w && (j <= i || !causal)
-                    });
-                }
-            }
-        }
-    }
-    slots
+    KeySlots::band(n, w.div_ceil(2), [w, after], &[], padding)
 }

@@ -7,6 +7,8 @@ pub mod feedforward;
 pub mod linear;
 pub mod linformer;
 pub mod local;
+pub mod longformer;
 pub mod nystrom;
 pub mod performer;
 pub mod softmax;
+pub mod sparse;

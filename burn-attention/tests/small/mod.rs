@@ -5,7 +5,8 @@ use burn_attention_zoo::AttentionConfig;
 
 /// The registered variant `name` at width `d_model` with `n_heads` heads on sequences of up to
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
-/// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2). A new variant with large defaults gets its line here.
+/// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
+/// sparse blocks of 4 with 1 summary, Longformer windows of 4). A new variant with large defaults gets its line here.
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
@@ -15,6 +16,7 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),
         AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
         AttentionConfig::Local(c) => AttentionConfig::Local(c.with_block_size(4).with_window(2)),
+        AttentionConfig::Sparse(c) => AttentionConfig::Sparse(c.with_block_size(4).with_summary(1)),
         other => other,
     }
 }

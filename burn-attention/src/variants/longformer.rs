@@ -1,0 +1,241 @@
+//! Longformer: a sliding window plus global tokens, computed over the window and the global
+//! positions only.
+//!
+//! Beltagy et al. 2020, "Longformer: The Long-Document Transformer", arXiv 2004.05150, as LRA
+//! configures it (a window of 512, no dilation). A query `i` that is not global attends to the
+//! keys of its window, `i − ⌈w/2⌉ < j <= i + ⌊w/2⌋` (`w` positions with itself, one more on
+//! the left when `w` is even, as LRA's code), and to every global position; a global position
+//! attends to every key. The two kinds of rows use their own projections, as in the paper
+//! (`Q_s, K_s, V_s` for the window, `Q_g, K_g, V_g` for the global rows); the output projection
+//! is shared:
+//!
+//! `O_i = softmax_{j ∈ W(i) ∪ G}(q_i·k_j/√d) v_j` for `i ∉ G`,
+//! `O_i = softmax_j(q^g_i·k^g_j/√d) v^g_j` for `i ∈ G`.
+//!
+//! The global positions default to position 0, the CLS token of a classifier that prepends one
+//! (the LRA harness with CLS pooling); padded ones are ignored.
+//!
+//! Cost per head: O(n (w + g) d + g n d) time and O(n (w + g)) memory, `g` global positions.
+//! Masks: padding. No causal form (LRA's Longformer has none either), no cross-attention.
+
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+
+use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, split_heads};
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::sparse::{KeySlots, gathered_attention, padding_flags, with_full_rows};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "longformer",
+    paper: "Beltagy et al. 2020, arXiv 2004.05150",
+    time: "O(n (w + g) d)",
+    memory: "O(n (w + g))",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: false,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`LongformerAttention`].
+#[derive(Config, Debug)]
+pub struct LongformerConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Keys in each query's window, itself included (LRA: 512).
+    #[config(default = 512)]
+    pub window: usize,
+    /// Global positions (default: the first, a classifier's CLS token).
+    #[config(default = "vec![0]")]
+    pub global_tokens: Vec<usize>,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl LongformerConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        if self.window == 0 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "window",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> LongformerAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let linear = LinearConfig::new(self.d_model, self.d_model)
+            .with_bias(self.bias)
+            .with_initializer(Initializer::XavierUniform { gain: 1.0 });
+        let mut global_tokens = self.global_tokens.clone();
+        global_tokens.sort_unstable();
+        global_tokens.dedup();
+        LongformerAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            query_global: linear.init(device),
+            key_global: linear.init(device),
+            value_global: linear.init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            window: self.window,
+            global_tokens,
+        }
+    }
+}
+
+impl VariantConfig for LongformerConfig {
+    type Module = LongformerAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> LongformerAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head Longformer attention. Create with [`LongformerConfig`].
+#[derive(Module, Debug)]
+pub struct LongformerAttention {
+    /// The window's Q, K, V projections and the output projection.
+    pub proj: QkvoProjection,
+    /// Query projection of the global rows.
+    pub query_global: Linear,
+    /// Key projection of the global rows.
+    pub key_global: Linear,
+    /// Value projection of the global rows.
+    pub value_global: Linear,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Keys in each query's window.
+    #[module(skip)]
+    pub window: usize,
+    /// Global positions, sorted.
+    #[module(skip)]
+    pub global_tokens: Vec<usize>,
+}
+
+impl LongformerAttention {
+    /// The window attention with the global keys, `[batch, heads, n, d]` per head; the global
+    /// rows are left to [`with_full_rows`].
+    fn window_attention(&self, [q, k, v]: [Tensor<4>; 3], padding: &[Vec<bool>]) -> Tensor<4> {
+        let [_, _, n, d] = q.dims();
+        let globals: Vec<usize> = self
+            .global_tokens
+            .iter()
+            .copied()
+            .filter(|&g| g < n)
+            .collect();
+        let (before, after) = (self.window.div_ceil(2) - 1, self.window / 2);
+        let block = self.window.div_ceil(4).max(1);
+        let slots = KeySlots::band(n, block, [before, after], &globals, padding);
+        gathered_attention(
+            q,
+            k,
+            v,
+            &slots,
+            1.0 / (d as f32).sqrt(),
+            Some(&self.dropout),
+        )
+        .out
+    }
+
+    /// The global rows of each batch element: the global positions that are not padding.
+    fn global_rows(&self, n: usize, padding: &[Vec<bool>]) -> Vec<Vec<usize>> {
+        padding
+            .iter()
+            .map(|pad| {
+                self.global_tokens
+                    .iter()
+                    .copied()
+                    .filter(|&g| g < n && !pad[g])
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl AttentionModule for LongformerAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let [n_q, n_k] = [input.query_len(), input.key_len()];
+        check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
+        let masks = input.head_masks();
+        let x = input.query().clone();
+        let [batch, n, _] = x.dims();
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let heads = self.proj.n_heads;
+        let global = [&self.query_global, &self.key_global, &self.value_global]
+            .map(|linear| split_heads(linear.forward(x.clone()), heads));
+        let (q, k, v) = self.proj.project(input);
+        let out = self.window_attention([q, k, v], &padding);
+        let rows = self.global_rows(n, &padding);
+        let out = with_full_rows(out, global, &rows, masks.key_pad, Some(&self.dropout));
+        Ok(self.proj.out(out))
+    }
+
+    /// The window attention alone, with the global keys: per-head tensors carry one projection,
+    /// so the global rows here use the window's (use [`try_forward`](Self::try_forward) for
+    /// the paper's separate global projections).
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, _, n, _] = q.dims();
+        check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding);
+        let rows = self.global_rows(n, &padding);
+        Ok(with_full_rows(
+            out,
+            [q, k, v],
+            &rows,
+            masks.key_pad,
+            Some(&self.dropout),
+        ))
+    }
+}

@@ -1,0 +1,362 @@
+//! Sparse Transformer attention: exact softmax attention over a fixed factorised pattern,
+//! computed over the pattern's keys only.
+//!
+//! Child et al. 2019, "Generating Long Sequences with Sparse Transformers", arXiv 1904.10509.
+//! Each query `i` attends to the union of two sets of keys (the paper's "merged" heads), with
+//! `l` the block (stride) length:
+//!
+//! - **Fixed** (`sparse`, LRA's `Fixed1Pattern` ∪ `Fixed2Pattern`): its own block,
+//!   `⌊j/l⌋ = ⌊i/l⌋`, and the *summary* positions of every block, `j mod l ∈ {0} ∪ [l − c, l)`.
+//!   Child et al. define the summary as the last `c` positions; LRA's code also keeps each
+//!   block's first position, and so does this module. LRA: `l = 50`, `c = 10`.
+//! - **Strided** (`sparse-strided`): the `l − 1` positions on each side, `|i − j| < l`, and
+//!   every `l`-th position from it, `(i − j) mod l = 0`.
+//!
+//! With causal masking (`j <= i`, as the paper's and LRA's patterns always are) the sets keep
+//! their earlier half; without it they are symmetric. `O_i = softmax_{j ∈ A(i)}(q_i·k_j/√d) v_j`.
+//!
+//! Cost per head: fixed O(n (l + n (c + 1)/l) d) time and O(n (l + n (c + 1)/l)) memory (the
+//! summaries are a fixed fraction `(c + 1)/l` of the keys, so the pattern stays quadratic, 4.5
+//! times sparser than softmax at LRA's setting); strided O(n (l + n/l) d), O(n (l + n/l)),
+//! which is O(n √n) at `l ≈ √n`. Masks: padding, causal. No cross-attention.
+//!
+//! The strided pattern is computed as two attentions merged by their log-sum-exp: the band over
+//! blocks of consecutive queries, and the stride over queries grouped by their residue mod `l`.
+
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::sparse::{KeySlots, gathered_attention, merge_by_log_sum_exp, padding_flags};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: true,
+    cross_attention: false,
+    fixed_max_len: false,
+    weights_sum_to_one: true,
+};
+
+/// The registry entry of the fixed pattern.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "sparse",
+    paper: "Child et al. 2019, arXiv 1904.10509 (fixed pattern, as LRA)",
+    time: "O(n (l + n (c + 1)/l) d)",
+    memory: "O(n (l + n (c + 1)/l))",
+    capabilities: CAPABILITIES,
+};
+
+/// The registry entry of the strided pattern.
+pub const INFO_STRIDED: VariantInfo = VariantInfo {
+    name: "sparse-strided",
+    paper: "Child et al. 2019, arXiv 1904.10509 (strided pattern)",
+    time: "O(n (l + n/l) d)",
+    memory: "O(n (l + n/l))",
+    capabilities: CAPABILITIES,
+};
+
+/// The factorised pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SparsePattern {
+    /// Own block and every block's summary positions.
+    Fixed,
+    /// A band of `l − 1` on each side and every `l`-th position.
+    Strided,
+}
+
+impl SparsePattern {
+    /// The registry entry of the variant with this pattern.
+    pub fn info(self) -> &'static VariantInfo {
+        match self {
+            Self::Fixed => &INFO,
+            Self::Strided => &INFO_STRIDED,
+        }
+    }
+}
+
+/// Configuration of [`SparseAttention`].
+#[derive(Config, Debug)]
+pub struct SparseAttentionConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Fixed or strided.
+    #[config(default = "SparsePattern::Fixed")]
+    pub pattern: SparsePattern,
+    /// Block (and stride) length `l` (LRA: 50).
+    #[config(default = 50)]
+    pub block_size: usize,
+    /// Summary positions `c` at the end of each block (fixed pattern; LRA: 10).
+    #[config(default = 10)]
+    pub summary: usize,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl SparseAttentionConfig {
+    fn name(&self) -> &'static str {
+        self.pattern.info().name
+    }
+
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
+        if self.block_size == 0 {
+            return Err(AttentionError::field(
+                self.name(),
+                "block_size",
+                "must be at least 1",
+            ));
+        }
+        if self.pattern == SparsePattern::Fixed && self.summary >= self.block_size {
+            return Err(AttentionError::field(
+                self.name(),
+                "summary",
+                format!(
+                    "must be below block_size ({}), got {}",
+                    self.block_size, self.summary
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> SparseAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        SparseAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            pattern: self.pattern,
+            block_size: self.block_size,
+            summary: self.summary,
+        }
+    }
+}
+
+impl VariantConfig for SparseAttentionConfig {
+    type Module = SparseAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_STRIDED];
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let pattern = if name == INFO_STRIDED.name {
+            SparsePattern::Strided
+        } else {
+            SparsePattern::Fixed
+        };
+        Self::new(model.d_model, model.n_heads).with_pattern(pattern)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.pattern.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn build(&self, device: &Device) -> SparseAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head Sparse Transformer attention. Create with [`SparseAttentionConfig`].
+#[derive(Module, Debug)]
+pub struct SparseAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Fixed or strided.
+    #[module(skip)]
+    pub pattern: SparsePattern,
+    /// Block (and stride) length.
+    #[module(skip)]
+    pub block_size: usize,
+    /// Summary positions per block.
+    #[module(skip)]
+    pub summary: usize,
+}
+
+impl AttentionModule for SparseAttention {
+    fn name(&self) -> &'static str {
+        self.pattern.info().name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, _, n, d] = q.dims();
+        check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let scale = 1.0 / (d as f32).sqrt();
+        let dropout = Some(&self.dropout);
+        let (l, causal) = (self.block_size, masks.causal);
+        Ok(match self.pattern {
+            SparsePattern::Fixed => {
+                let slots = fixed_slots(n, l, self.summary, causal, &padding);
+                gathered_attention(q, k, v, &slots, scale, dropout).out
+            }
+            SparsePattern::Strided => {
+                let after = if causal { 0 } else { l - 1 };
+                let band = KeySlots::band(n, l, [l - 1, after], &[], &padding);
+                let stride = stride_slots(n, l, causal, &padding);
+                merge_by_log_sum_exp(vec![
+                    gathered_attention(q.clone(), k.clone(), v.clone(), &band, scale, dropout),
+                    gathered_attention(q, k, v, &stride, scale, dropout),
+                ])
+                .out
+            }
+        })
+    }
+
+    /// Appends the token's key and value to a cache of every key so far and attends over the
+    /// cached keys its pattern keeps: O(|A(t)| d) at position t.
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let (keys, values) = match state {
+            DecodingState::Empty => (k, v),
+            DecodingState::KeyValueCache { keys, values } => (
+                Tensor::cat(vec![keys, k], 2),
+                Tensor::cat(vec![values, v], 2),
+            ),
+            DecodingState::Recurrent(_) => {
+                return Err(AttentionError::unsupported(
+                    self.name(),
+                    "a recurrent decoding state (it carries a key/value cache)",
+                ));
+            }
+        };
+        let t = keys.dims()[2] - 1;
+        let seen: Vec<i64> = (0..=t)
+            .filter(|&j| self.sees(t, j))
+            .map(|j| j as i64)
+            .collect();
+        let count = seen.len();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(seen, [count]), &q.device());
+        let o = exact_softmax_attention(
+            q,
+            keys.clone().select(2, index.clone()),
+            values.clone().select(2, index),
+            None,
+            false,
+            None,
+        );
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache { keys, values },
+        ))
+    }
+}
+
+impl SparseAttention {
+    /// Whether query `i` sees key `j <= i` in the causal pattern.
+    fn sees(&self, i: usize, j: usize) -> bool {
+        let l = self.block_size;
+        match self.pattern {
+            SparsePattern::Fixed => {
+                i / l == j / l || j % l == 0 || j % l >= l - self.summary.min(l - 1)
+            }
+            SparsePattern::Strided => i - j < l || (i - j) % l == 0,
+        }
+    }
+}
+
+/// The summary positions of a sequence of `n`: `j mod l = 0` or `j mod l >= l - c`.
+fn summaries(n: usize, l: usize, c: usize) -> Vec<usize> {
+    (0..n).filter(|j| j % l == 0 || j % l >= l - c).collect()
+}
+
+/// Block `β` of `l` queries scores its own `l` keys, then every summary position outside it
+/// (masked where it lies inside, or, causal, after it).
+fn fixed_slots(n: usize, l: usize, c: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
+    let l = l.min(n.max(1));
+    let summary = summaries(n, l, c.min(l - 1));
+    let n_blocks = n.div_ceil(l);
+    let mut slots = KeySlots::masked([padding.len(), 1], n_blocks, l, l + summary.len());
+    for (g, pad) in padding.iter().enumerate() {
+        for beta in 0..n_blocks {
+            for s in 0..l {
+                let j = beta * l + s;
+                if j < n && !pad[j] {
+                    slots.set(g, beta, s, j, |r| !causal || s <= r);
+                }
+            }
+            for (t, &j) in summary.iter().enumerate() {
+                // Before the block (and, without causal masking, after it).
+                let outside = j / l < beta || (!causal && j / l > beta);
+                if outside && !pad[j] {
+                    slots.set(g, beta, l + t, j, |_| true);
+                }
+            }
+        }
+    }
+    slots
+}
+
+/// The queries grouped by residue mod `l` (block `r` holds positions `r, r + l, r + 2l, ...`),
+/// each scoring the keys of its residue other than itself (causal: the earlier ones).
+fn stride_slots(n: usize, l: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
+    let l = l.min(n.max(1));
+    let per_class = n.div_ceil(l);
+    let rows = l * per_class;
+    let mut slots = KeySlots::masked([padding.len(), 1], l, per_class, per_class);
+    for (g, pad) in padding.iter().enumerate() {
+        for r in 0..l {
+            for t in 0..per_class {
+                let j = r + t * l;
+                if j < n && !pad[j] {
+                    slots.set(g, r, t, j, |u| u != t && (!causal || t < u));
+                }
+            }
+        }
+    }
+    // Row `r · per_class + u` holds position `r + u · l` (positions past `n` are padding rows).
+    slots.query_order = Some(
+        (0..padding.len())
+            .flat_map(|_| (0..l).flat_map(move |r| (0..per_class).map(move |u| (r + u * l) as i64)))
+            .collect(),
+    );
+    debug_assert_eq!(
+        slots.query_order.as_ref().map(Vec::len),
+        Some(rows * padding.len())
+    );
+    slots
+}
