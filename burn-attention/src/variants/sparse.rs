@@ -292,9 +292,9 @@ impl SparseAttention {
         let l = self.block_size;
         match self.pattern {
             SparsePattern::Fixed => {
-                i / l == j / l || j % l == 0 || j % l >= l - self.summary.min(l - 1)
+                i / l == j / l || j.is_multiple_of(l) || j % l >= l - self.summary.min(l - 1)
             }
-            SparsePattern::Strided => i - j < l || (i - j) % l == 0,
+            SparsePattern::Strided => i - j < l || (i - j).is_multiple_of(l),
         }
     }
 }
