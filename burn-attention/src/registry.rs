@@ -15,6 +15,7 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::AttentionError;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
@@ -177,6 +178,8 @@ registry! {
     Sparse(SparseAttentionConfig => SparseAttention),
     /// Longformer: a sliding window plus global tokens.
     Longformer(LongformerConfig => LongformerAttention),
+    /// BigBird: window, global and random blocks.
+    BigBird(BigBirdConfig => BigBirdAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -11,8 +11,8 @@ mod small;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_attention_zoo::{
-    AttentionConfig, AttentionModule, HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig,
-    SparseAttentionConfig, SparsePattern, padding_mask_from_lengths,
+    Attention, AttentionConfig, AttentionModule, BigBirdConfig, HeadMasks, LocalAttentionConfig,
+    LocalForm, LongformerConfig, SparseAttentionConfig, SparsePattern, padding_mask_from_lengths,
 };
 use reference::{max_rel_err, softmax_head, to_heads};
 
@@ -30,8 +30,24 @@ fn check(
     scale: f32,
     excluded: impl Fn(usize, usize, usize) -> bool,
 ) {
+    check_module(
+        &config.init(&Device::flex()),
+        n,
+        causal,
+        scale,
+        |_, len, i, j| excluded(len, i, j),
+    );
+}
+
+/// [`check`] for a module already built; `excluded(head, len, i, j)`.
+fn check_module(
+    attention: &Attention,
+    n: usize,
+    causal: bool,
+    scale: f32,
+    excluded: impl Fn(usize, usize, usize, usize) -> bool,
+) {
     let device = Device::flex();
-    let attention = config.init(&device);
     let lengths = [n, (2 * n).div_ceil(3)];
     let [q, k, v] = [0, 1, 2]
         .map(|_| Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device));
@@ -50,13 +66,13 @@ fn check(
         let len = lengths[b];
         for h in 0..HEADS {
             let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |i, j| {
-                j >= len || (causal && j > i) || excluded(len, i, j)
+                j >= len || (causal && j > i) || excluded(h, len, i, j)
             });
             let err = max_rel_err(&out[b][h][..len], &expected[..len], 1e-2);
             assert!(
                 err < 1e-4,
                 "{} n {n} causal {causal} batch {b} head {h}: relative error {err}",
-                config.name()
+                attention.name()
             );
         }
     }
@@ -160,6 +176,55 @@ fn longformer_matches_dense_masked_reference() {
                 check(&config, n, false, scale, |_, i, j| {
                     let in_window = j + before >= i && j <= i + after;
                     !(in_window || globals.contains(&i) || globals.contains(&j))
+                });
+            }
+        }
+    }
+}
+
+/// BigBird's pattern from the paper's definition: blocks of `b`, counted on the real length;
+/// the first and last blocks global (attending to and attended by everything); every other
+/// query block attends to its neighbours and to the `r` blocks outside those five of highest
+/// priority in its head's row of the module's saved table.
+#[test]
+fn bigbird_matches_dense_masked_reference() {
+    let device = Device::flex();
+    let n_max = 24;
+    for (b, r) in [(2, 1), (3, 2), (4, 0), (1, 3)] {
+        let config = BigBirdConfig::new(HEADS * D, HEADS, n_max)
+            .with_block_size(b)
+            .with_random_blocks(r)
+            .with_dropout(0.0);
+        let attention = AttentionConfig::BigBird(config).init(&device);
+        let Attention::BigBird(module) = &attention else {
+            unreachable!()
+        };
+        let width = n_max.div_ceil(b);
+        let table: Vec<f32> = module
+            .random_priorities
+            .val()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let random = |h: usize, row: usize, blocks: usize| -> Vec<usize> {
+            let priority = |c: usize| table[(h * width + row) * width + c];
+            let mut others: Vec<usize> = (1..blocks.saturating_sub(1))
+                .filter(|&c| c.abs_diff(row) > 1)
+                .collect();
+            others.sort_by(|&x, &y| priority(y).total_cmp(&priority(x)));
+            others.into_iter().take(r).collect()
+        };
+        for n in [1, 5, 13, 24] {
+            for scale in [1.0, 3.0] {
+                check_module(&attention, n, false, scale, |h, len, i, j| {
+                    let blocks = len.div_ceil(b);
+                    let (bi, bj) = (i / b, j / b);
+                    let global = |x: usize| x == 0 || x + 1 == blocks;
+                    let sees = global(bi)
+                        || global(bj)
+                        || bi.abs_diff(bj) <= 1
+                        || random(h, bi, blocks).contains(&bj);
+                    !sees
                 });
             }
         }

@@ -1,12 +1,13 @@
 //! The small configurations the shared test binaries run every registered variant at.
 #![allow(dead_code)]
 
-use burn_attention_zoo::AttentionConfig;
+use burn_attention_zoo::{AttentionConfig, BigBirdConfig};
 
 /// The registered variant `name` at width `d_model` with `n_heads` heads on sequences of up to
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
 /// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
-/// sparse blocks of 4 with 1 summary, Longformer windows of 4). A new variant with large defaults gets its line here.
+/// sparse blocks of 4 with 1 summary, Longformer windows of 4, BigBird
+/// blocks of 2 with 1 random block). A new variant with large defaults gets its line here.
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
@@ -17,6 +18,16 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         AttentionConfig::Nystrom(c) => AttentionConfig::Nystrom(c.with_n_landmarks(4)),
         AttentionConfig::Local(c) => AttentionConfig::Local(c.with_block_size(4).with_window(2)),
         AttentionConfig::Sparse(c) => AttentionConfig::Sparse(c.with_block_size(4).with_summary(1)),
+        AttentionConfig::Longformer(c) => AttentionConfig::Longformer(c.with_window(4)),
+        // A table for 64 positions: the shared checks run sequences of up to 40.
+        AttentionConfig::BigBird(c) => AttentionConfig::BigBird(
+            BigBirdConfig {
+                n_max: n_max.max(64),
+                ..c
+            }
+            .with_block_size(2)
+            .with_random_blocks(1),
+        ),
         other => other,
     }
 }

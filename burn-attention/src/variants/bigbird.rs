@@ -1,0 +1,288 @@
+//! BigBird: block-sparse attention with a window, global blocks and random blocks, computed over
+//! the blocks each query block attends.
+//!
+//! Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences", arXiv 2007.14062, in its
+//! ITC form as LRA runs it. The sequence is cut into blocks of `b` positions (64 in the paper and
+//! LRA). Query block `β` attends to the keys of
+//! - its window: blocks `β − 1`, `β`, `β + 1`;
+//! - the global blocks: the first and the last;
+//! - `r` random blocks (3 in the paper and LRA) drawn among the others;
+//!
+//! and the global blocks' queries attend to every key:
+//! `O_i = softmax_{j : block(j) ∈ A(block(i))}(q_i·k_j/√d) v_j`.
+//!
+//! The random blocks are fixed per layer and head: the module holds a table of random priorities
+//! `[heads, n_max/b, n_max/b]`, drawn when it is created and saved with it (not trained), and
+//! query block `β` takes the `r` candidate blocks of highest priority in row `β`. The blocks are
+//! counted on each sequence's real length, so the last global block is the sequence's last real
+//! block and padding changes nothing.
+//!
+//! Cost per head: O(n (5 + r) b d + 2 b n d) time, O(n (5 + r) b) memory. Masks: padding. No
+//! causal form, no cross-attention; sequences up to `n_max`.
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+
+use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::params::lazy_param;
+use crate::core::sparse::{
+    KeySlots, gathered_attention, padding_flags, real_lengths, with_full_rows,
+};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "bigbird",
+    paper: "Zaheer et al. 2020, arXiv 2007.14062 (ITC)",
+    time: "O(n (5 + r) b d)",
+    memory: "O(n (5 + r) b)",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: false,
+        cross_attention: false,
+        fixed_max_len: true,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`BigBirdAttention`].
+#[derive(Config, Debug)]
+pub struct BigBirdConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Longest sequence (sizes the table of random blocks).
+    pub n_max: usize,
+    /// Positions per block (paper and LRA: 64).
+    #[config(default = 64)]
+    pub block_size: usize,
+    /// Random blocks per query block (paper and LRA: 3).
+    #[config(default = 3)]
+    pub random_blocks: usize,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl BigBirdConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
+            if value == 0 {
+                return Err(AttentionError::field(
+                    INFO.name,
+                    field,
+                    "must be at least 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> BigBirdAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let blocks = self.n_max.div_ceil(self.block_size);
+        let shape = [self.n_heads, blocks, blocks];
+        BigBirdAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            random_priorities: lazy_param(shape, device, false, move |device| {
+                Tensor::random(shape, Distribution::Uniform(0.0, 1.0), device)
+            }),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            block_size: self.block_size,
+            random_blocks: self.random_blocks,
+            n_max: self.n_max,
+        }
+    }
+}
+
+impl VariantConfig for BigBirdConfig {
+    type Module = BigBirdAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads, model.n_max)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(self.n_max, n_q, n_k, causal)
+    }
+    fn build(&self, device: &Device) -> BigBirdAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+fn check_input(n_max: usize, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+    if n_k > n_max {
+        return Err(AttentionError::field(
+            INFO.name,
+            "n_max",
+            format!("is {n_max}, shorter than the input sequence ({n_k})"),
+        ));
+    }
+    check_capabilities(&INFO, n_q, n_k, causal)
+}
+
+/// Multi-head BigBird attention. Create with [`BigBirdConfig`].
+#[derive(Module, Debug)]
+pub struct BigBirdAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Priorities of the candidate random blocks, `[heads, query block, key block]`, uniform in
+    /// [0, 1); saved, not trained.
+    pub random_priorities: Param<Tensor<3>>,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Positions per block.
+    #[module(skip)]
+    pub block_size: usize,
+    /// Random blocks per query block.
+    #[module(skip)]
+    pub random_blocks: usize,
+    /// Longest sequence.
+    #[module(skip)]
+    pub n_max: usize,
+}
+
+impl BigBirdAttention {
+    /// The key blocks query block `beta` attends to among `blocks` real ones, for head `head`
+    /// (`priorities`: the head's `[n_max/b, n_max/b]` table, row-major), sorted.
+    pub fn attended_blocks(&self, priorities: &[f32], beta: usize, blocks: usize) -> Vec<usize> {
+        attended_blocks(
+            priorities,
+            self.table_width(),
+            beta,
+            blocks,
+            self.random_blocks,
+        )
+    }
+
+    fn table_width(&self) -> usize {
+        self.n_max.div_ceil(self.block_size)
+    }
+}
+
+/// See [`BigBirdAttention::attended_blocks`]; `width` is the table's row length.
+fn attended_blocks(
+    priorities: &[f32],
+    width: usize,
+    beta: usize,
+    blocks: usize,
+    random: usize,
+) -> Vec<usize> {
+    let last = blocks - 1;
+    let mut fixed = vec![0, last, beta, beta.saturating_sub(1), (beta + 1).min(last)];
+    fixed.sort_unstable();
+    fixed.dedup();
+    let row = &priorities[beta * width..beta * width + width];
+    let mut candidates: Vec<usize> = (0..blocks).filter(|c| !fixed.contains(c)).collect();
+    // Highest priority first; ties (never in practice) by block.
+    candidates.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    candidates.truncate(random);
+    fixed.extend(candidates);
+    fixed.sort_unstable();
+    fixed
+}
+
+impl AttentionModule for BigBirdAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, heads, n, d] = q.dims();
+        check_input(self.n_max, n, k.dims()[2], masks.causal)?;
+        let b = self.block_size;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let lengths = real_lengths(&masks.key_pad, batch, n);
+        let priorities: Vec<f32> = self
+            .random_priorities
+            .val()
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32 priorities");
+        let width = self.table_width();
+        let n_blocks = n.div_ceil(b);
+        let per_block = (5 + self.random_blocks) * b;
+        let mut slots = KeySlots::masked([batch, heads], n_blocks, b, per_block);
+        let mut global_rows = Vec::with_capacity(batch);
+        for (e, pad) in padding.iter().enumerate() {
+            let blocks = lengths[e].div_ceil(b);
+            for h in 0..heads {
+                let g = slots.group(e, h);
+                let table = &priorities[h * width * width..(h + 1) * width * width];
+                // The global blocks (the first and last) go to full rows below.
+                for beta in 1..blocks.saturating_sub(1) {
+                    let attended = attended_blocks(table, width, beta, blocks, self.random_blocks);
+                    for (t, &c) in attended.iter().enumerate() {
+                        for s in 0..b {
+                            let j = c * b + s;
+                            if j < n && !pad[j] {
+                                slots.set(g, beta, t * b + s, j, |_| true);
+                            }
+                        }
+                    }
+                }
+            }
+            let globals = [0, blocks.saturating_sub(1)];
+            global_rows.push(
+                (0..lengths[e])
+                    .filter(|i| globals.contains(&(i / b)))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let dropout = Some(&self.dropout);
+        let out = gathered_attention(q.clone(), k.clone(), v.clone(), &slots, scale, dropout).out;
+        Ok(with_full_rows(
+            out,
+            [q, k, v],
+            &global_rows,
+            masks.key_pad,
+            dropout,
+        ))
+    }
+}
