@@ -53,3 +53,4 @@ pub use variants::performer::{
 };
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
 pub use variants::sparse::{SparseAttention, SparseAttentionConfig, SparsePattern};
+pub use variants::synthesizer::{SynthesizerAttention, SynthesizerConfig, SynthesizerMode};

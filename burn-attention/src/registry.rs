@@ -26,6 +26,7 @@ use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
+use crate::variants::synthesizer::{SynthesizerAttention, SynthesizerConfig};
 
 /// Generates [`AttentionConfig`], [`Attention`] and [`VARIANTS`] from one line per variant
 /// configuration: `Arm(Config => Module)`, in the order listings show them.
@@ -180,6 +181,8 @@ registry! {
     Longformer(LongformerConfig => LongformerAttention),
     /// BigBird: window, global and random blocks.
     BigBird(BigBirdConfig => BigBirdAttention),
+    /// Synthesizer: random or dense synthesized weights.
+    Synthesizer(SynthesizerConfig => SynthesizerAttention),
 }
 
 /// Every registered variant, in the order listings show them.

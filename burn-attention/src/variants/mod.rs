@@ -13,3 +13,4 @@ pub mod nystrom;
 pub mod performer;
 pub mod softmax;
 pub mod sparse;
+pub mod synthesizer;

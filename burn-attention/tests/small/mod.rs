@@ -1,7 +1,7 @@
 //! The small configurations the shared test binaries run every registered variant at.
 #![allow(dead_code)]
 
-use burn_attention_zoo::{AttentionConfig, BigBirdConfig};
+use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SynthesizerConfig};
 
 /// The registered variant `name` at width `d_model` with `n_heads` heads on sequences of up to
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
@@ -19,14 +19,22 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         AttentionConfig::Local(c) => AttentionConfig::Local(c.with_block_size(4).with_window(2)),
         AttentionConfig::Sparse(c) => AttentionConfig::Sparse(c.with_block_size(4).with_summary(1)),
         AttentionConfig::Longformer(c) => AttentionConfig::Longformer(c.with_window(4)),
-        // A table for 64 positions: the shared checks run sequences of up to 40.
+        // A table for 96 positions: the shared checks run sequences of up to 70.
         AttentionConfig::BigBird(c) => AttentionConfig::BigBird(
             BigBirdConfig {
-                n_max: n_max.max(64),
+                n_max: n_max.max(96),
                 ..c
             }
             .with_block_size(2)
             .with_random_blocks(1),
+        ),
+        // Synthesized rows for 96 positions, as BigBird's table.
+        AttentionConfig::Synthesizer(c) => AttentionConfig::Synthesizer(
+            SynthesizerConfig {
+                n_max: n_max.max(96),
+                ..c
+            }
+            .with_k(4),
         ),
         other => other,
     }

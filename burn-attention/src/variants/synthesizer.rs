@@ -1,0 +1,429 @@
+//! Synthesizer: attention weights synthesized without query-key dot products.
+//!
+//! Tay et al. 2021, "Synthesizer: Rethinking Self-Attention in Transformer Models", arXiv
+//! 2005.00743, as LRA runs it (the dot product ignored, a value projection `G(X)`):
+//!
+//! - **Random** (`synthesizer`, LRA's factorised random): a learned matrix per head, the same for
+//!   every input, `O = softmax(R) G(X)`, `R: [n_max, n_max]` cut to `n × n`; factorised,
+//!   `R = R₁ R₂ᵀ` with `R₁, R₂: [n_max, k]` (the default).
+//! - **Dense** (`synthesizer-dense`): each position synthesizes its own row of weights with a
+//!   two-layer network, `B_i = W₂ ReLU(W₁ x_i)`, `W₁: d → d` (split into heads), `W₂: d/h →
+//!   n_max` cut to the first `n` entries, `O = softmax(B) G(X)`; factorised, two narrow heads
+//!   `A_i: d/h → a`, `C_i: d/h → c` with `a c >= n_max` whose outer product, flattened, is the row
+//!   (`B_{i, αc+γ} = A_{iα} C_{iγ}`).
+//!
+//! Padded keys and, with causal masking, keys after the query are masked. An input longer than
+//! `n_max` is an error naming `n_max`.
+//!
+//! Cost per head: O(n² d) time; O(n²) memory, except the factorised random form, which is
+//! softmax attention with `R₁` as queries and `R₂` as keys and runs on the fused kernels (O(n) on
+//! `flex` and `tch`). Parameters: the unfactorised random form holds `h n_max²`, which at LRA's
+//! lengths is far more than the rest of a model (LRA's 10% rule cannot hold); the dense form
+//! `d² + d n_max / h`. Masks: padding, causal (decoding with a cache of values). No
+//! cross-attention.
+//!
+//! The per-head form ([`AttentionModule::attend`]) ignores the keys; the random form ignores the
+//! queries too, and the dense form reads its queries as the hidden layer `W₁ x` split into heads,
+//! before the ReLU.
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::{relu, softmax};
+use serde::{Deserialize, Serialize};
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{merge_heads, split_heads};
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, causal_mask};
+use crate::core::params::lazy_param;
+use crate::core::softmax::exact_softmax_attention;
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    padding_mask: true,
+    causal: true,
+    cross_attention: false,
+    fixed_max_len: true,
+    weights_sum_to_one: true,
+};
+
+/// The registry entry of the random Synthesizer.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "synthesizer",
+    paper: "Tay et al. 2021, arXiv 2005.00743 (random; factorised by default, as LRA)",
+    time: "O(n² d)",
+    memory: "O(n²); factorised O(n k), O(n) fused",
+    capabilities: CAPABILITIES,
+};
+
+/// The registry entry of the dense Synthesizer.
+pub const INFO_DENSE: VariantInfo = VariantInfo {
+    name: "synthesizer-dense",
+    paper: "Tay et al. 2021, arXiv 2005.00743 (dense)",
+    time: "O(n² d)",
+    memory: "O(n²)",
+    capabilities: CAPABILITIES,
+};
+
+/// How the weights are synthesized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SynthesizerMode {
+    /// A learned matrix per head.
+    Random,
+    /// A two-layer network per position.
+    Dense,
+}
+
+impl SynthesizerMode {
+    /// The registry entry of the variant with this mode.
+    pub fn info(self) -> &'static VariantInfo {
+        match self {
+            Self::Random => &INFO,
+            Self::Dense => &INFO_DENSE,
+        }
+    }
+}
+
+/// Configuration of [`SynthesizerAttention`].
+#[derive(Config, Debug)]
+pub struct SynthesizerConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Longest sequence: the length of a synthesized row.
+    pub n_max: usize,
+    /// Random or dense.
+    #[config(default = "SynthesizerMode::Random")]
+    pub mode: SynthesizerMode,
+    /// Factorise the matrix (random: rank `k`) or the row (dense: `a c >= n_max`).
+    #[config(default = true)]
+    pub factorized: bool,
+    /// Rank of the factorised random matrix.
+    #[config(default = 32)]
+    pub k: usize,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl SynthesizerConfig {
+    fn name(&self) -> &'static str {
+        self.mode.info().name
+    }
+
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
+        if self.n_max == 0 {
+            return Err(AttentionError::field(
+                self.name(),
+                "n_max",
+                "must be at least 1",
+            ));
+        }
+        if self.mode == SynthesizerMode::Random && self.factorized && self.k == 0 {
+            return Err(AttentionError::field(
+                self.name(),
+                "k",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The two factors of a factorised dense row, `a c >= n_max`, `a = ⌈√n_max⌉`.
+    fn dense_factors(&self) -> [usize; 2] {
+        let a = (self.n_max as f64).sqrt().ceil() as usize;
+        [a, self.n_max.div_ceil(a)]
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> SynthesizerAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let linear = |d_in: usize, d_out: usize| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device)
+        };
+        let (h, d, n_max) = (self.n_heads, self.d_model, self.n_max);
+        let d_head = d / h;
+        let normal = |shape: [usize; 3], std: f64| {
+            lazy_param(shape, device, true, move |device| {
+                Tensor::random(shape, Distribution::Normal(0.0, std), device)
+            })
+        };
+        let mut module = SynthesizerAttention {
+            value: linear(d, d),
+            output: linear(d, d),
+            hidden: None,
+            rows: Vec::new(),
+            random: Vec::new(),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            mode: self.mode,
+            n_heads: h,
+            n_max,
+        };
+        match (self.mode, self.factorized) {
+            // R₁ R₂ᵀ entries of unit variance: each factor N(0, k^{-1/2}).
+            (SynthesizerMode::Random, true) => {
+                let std = (self.k as f64).powf(-0.25);
+                module.random = vec![
+                    normal([h, n_max, self.k], std),
+                    normal([h, n_max, self.k], std),
+                ];
+            }
+            (SynthesizerMode::Random, false) => {
+                module.random = vec![normal([h, n_max, n_max], 1.0)]
+            }
+            (SynthesizerMode::Dense, factorized) => {
+                module.hidden = Some(linear(d, d));
+                module.rows = if factorized {
+                    self.dense_factors()
+                        .map(|width| linear(d_head, width))
+                        .to_vec()
+                } else {
+                    vec![linear(d_head, n_max)]
+                };
+            }
+        }
+        module
+    }
+}
+
+impl VariantConfig for SynthesizerConfig {
+    type Module = SynthesizerAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_DENSE];
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let mode = if name == INFO_DENSE.name {
+            SynthesizerMode::Dense
+        } else {
+            SynthesizerMode::Random
+        };
+        let config = Self::new(model.d_model, model.n_heads, model.n_max).with_mode(mode);
+        // LRA's Synthesizer is the factorised random one; the dense row is the paper's plain one.
+        config.with_factorized(mode == SynthesizerMode::Random)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.mode.info()
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(self.mode.info(), self.n_max, n_q, n_k, causal)
+    }
+    fn build(&self, device: &Device) -> SynthesizerAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+fn check_input(
+    info: &'static VariantInfo,
+    n_max: usize,
+    n_q: usize,
+    n_k: usize,
+    causal: bool,
+) -> Result<(), AttentionError> {
+    if n_k > n_max {
+        return Err(AttentionError::field(
+            info.name,
+            "n_max",
+            format!("is {n_max}, shorter than the input sequence ({n_k})"),
+        ));
+    }
+    check_capabilities(info, n_q, n_k, causal)
+}
+
+/// Multi-head Synthesizer attention. Create with [`SynthesizerConfig`].
+#[derive(Module, Debug)]
+pub struct SynthesizerAttention {
+    /// The value projection `G`.
+    pub value: Linear,
+    /// The output projection.
+    pub output: Linear,
+    /// Dense: the hidden layer `W₁`.
+    pub hidden: Option<Linear>,
+    /// Dense: `W₂` (one layer), or the two factors of the row.
+    pub rows: Vec<Linear>,
+    /// Random: `R` `[heads, n_max, n_max]`, or `R₁`, `R₂` `[heads, n_max, k]`.
+    pub random: Vec<Param<Tensor<3>>>,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Random or dense.
+    #[module(skip)]
+    pub mode: SynthesizerMode,
+    /// Number of heads.
+    #[module(skip)]
+    pub n_heads: usize,
+    /// Longest sequence.
+    #[module(skip)]
+    pub n_max: usize,
+}
+
+impl SynthesizerAttention {
+    /// The synthesized scores of queries `rows` over keys `0..n_k`, `[batch or 1, heads, rows,
+    /// n_k]`; `hidden` the dense form's per-head hidden layer before its ReLU.
+    fn scores(
+        &self,
+        hidden: Option<Tensor<4>>,
+        rows: std::ops::Range<usize>,
+        n_k: usize,
+    ) -> Tensor<4> {
+        match (self.mode, self.random.as_slice()) {
+            (SynthesizerMode::Random, [r]) => {
+                r.val().slice(s![.., rows, 0..n_k]).unsqueeze_dim::<4>(0)
+            }
+            (SynthesizerMode::Random, [r1, r2]) => {
+                let a = r1.val().slice(s![.., rows]);
+                let c = r2.val().slice(s![.., 0..n_k]);
+                a.matmul(c.swap_dims(1, 2)).unsqueeze_dim::<4>(0)
+            }
+            _ => {
+                let hidden = relu(hidden.expect("the dense form reads its hidden layer"));
+                match self.rows.as_slice() {
+                    [w2] => w2.forward(hidden).slice(s![.., .., .., 0..n_k]),
+                    [a, c] => {
+                        let (a, c) = (a.forward(hidden.clone()), c.forward(hidden));
+                        let [b, h, n, wa] = a.dims();
+                        let wc = c.dims()[3];
+                        (a.reshape([b, h, n, wa, 1]) * c.reshape([b, h, n, 1, wc]))
+                            .reshape([b, h, n, wa * wc])
+                            .slice(s![.., .., .., 0..n_k])
+                    }
+                    _ => unreachable!("one or two row layers"),
+                }
+            }
+        }
+    }
+}
+
+impl AttentionModule for SynthesizerAttention {
+    fn name(&self) -> &'static str {
+        self.mode.info().name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let [n_q, n_k] = [input.query_len(), input.key_len()];
+        check_input(self.mode.info(), self.n_max, n_q, n_k, input.is_causal())?;
+        let masks = input.head_masks();
+        let x = input.query().clone();
+        let v = split_heads(self.value.forward(x.clone()), self.n_heads);
+        let q = match &self.hidden {
+            Some(hidden) => split_heads(hidden.forward(x), self.n_heads),
+            None => v.clone(),
+        };
+        let o = self.attend(q, v.clone(), v, masks)?;
+        Ok(self.output.forward(merge_heads(o)))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, heads, n, _] = v.dims();
+        check_input(
+            self.mode.info(),
+            self.n_max,
+            q.dims()[2],
+            k.dims()[2],
+            masks.causal,
+        )?;
+        if let (SynthesizerMode::Random, [r1, r2]) = (self.mode, self.random.as_slice()) {
+            // softmax(R₁ R₂ᵀ) V is softmax attention with R₁ as queries and R₂ as keys, without
+            // the 1/√k the kernel applies.
+            let rank = r1.dims()[2];
+            let queries = r1
+                .val()
+                .slice(s![.., 0..n])
+                .mul_scalar((rank as f32).sqrt());
+            let keys = r2.val().slice(s![.., 0..n]);
+            let expand = |t: Tensor<3>| t.unsqueeze_dim::<4>(0).expand([batch, heads, n, rank]);
+            return Ok(exact_softmax_attention(
+                expand(queries),
+                expand(keys),
+                v,
+                masks.key_pad,
+                masks.causal,
+                Some(&self.dropout),
+            ));
+        }
+        let mut scores = self.scores(Some(q), 0..n, n).expand([batch, heads, n, n]);
+        if let Some(mask) = masks.key_pad {
+            scores = scores.mask_fill(mask.reshape([batch, 1, 1, n]), MASK_FILL);
+        }
+        if masks.causal {
+            let mask = causal_mask(n, &scores.device()).reshape([1, 1, n, n]);
+            scores = scores.mask_fill(mask, MASK_FILL);
+        }
+        let weights = self.dropout.forward(softmax(scores, 3));
+        Ok(weights.matmul(v))
+    }
+
+    /// Appends the token's value to the cache and weighs the cached values with the token's
+    /// synthesized row (the row of its position `t`, the number of values cached before it).
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let v = split_heads(self.value.forward(x.clone()), self.n_heads);
+        let values = match state {
+            DecodingState::Empty => v,
+            DecodingState::KeyValueCache { values, .. } => Tensor::cat(vec![values, v], 2),
+            DecodingState::Recurrent(_) => {
+                return Err(AttentionError::unsupported(
+                    self.name(),
+                    "a recurrent decoding state (it carries a cache of values)",
+                ));
+            }
+        };
+        let seen = values.dims()[2];
+        check_input(self.mode.info(), self.n_max, seen, seen, true)?;
+        let hidden = self
+            .hidden
+            .as_ref()
+            .map(|hidden| split_heads(hidden.forward(x), self.n_heads));
+        let t = seen - 1;
+        let batch = values.dims()[0];
+        let scores = self
+            .scores(hidden, t..t + 1, seen)
+            .expand([batch, self.n_heads, 1, seen]);
+        let weights = softmax(scores, 3);
+        let o = weights.matmul(values.clone());
+        let out = self.output.forward(merge_heads(o));
+        Ok((
+            out,
+            DecodingState::KeyValueCache {
+                keys: values.clone(),
+                values,
+            },
+        ))
+    }
+}
