@@ -15,7 +15,7 @@ use burn_attention_zoo::{
     LocalForm, LongformerConfig, SparseAttentionConfig, SparsePattern, SynthesizerConfig,
     SynthesizerMode, padding_mask_from_lengths,
 };
-use reference::{matrix, max_rel_err, softmax_head, softmax_rows, to_heads};
+use reference::{matmul, matrix, max_rel_err, softmax_head, softmax_rows, to_heads, to_rows};
 
 const HEADS: usize = 2;
 const D: usize = 8;
@@ -327,5 +327,73 @@ fn synthesizer_matches_float64_reference() {
             .try_forward(burn_attention_zoo::AttentionInput::new(long))
             .unwrap_err();
         assert!(err.to_string().contains("`n_max`"), "{err}");
+    }
+}
+
+/// Longformer's forward pass in model space against float64 from the module's weights: window
+/// rows use `Q_s, K_s, V_s` over their window and the global keys, global rows use
+/// `Q_g, K_g, V_g` over every key (the paper's two sets of projections), then the shared output
+/// projection; with a padded sequence.
+#[test]
+fn longformer_global_rows_use_their_own_projections() {
+    let device = Device::flex();
+    device.seed(31);
+    let (n, window, globals) = (11usize, 4usize, vec![0usize, 6]);
+    let config = LongformerConfig::new(HEADS * D, HEADS)
+        .with_window(window)
+        .with_global_tokens(globals.clone())
+        .with_dropout(0.0);
+    let attention = AttentionConfig::Longformer(config).init(&device);
+    let Attention::Longformer(module) = &attention else {
+        unreachable!()
+    };
+    let lengths = [n, 8];
+    let x = Tensor::<3>::random([2, n, HEADS * D], Distribution::Normal(0.0, 1.0), &device);
+    let mask = padding_mask_from_lengths(&lengths, n, &device);
+    let out = attention
+        .try_forward(burn_attention_zoo::AttentionInput::new(x.clone()).mask_pad(mask))
+        .unwrap();
+    let (before, after) = (window.div_ceil(2) - 1, window / 2);
+    let w = |linear: &burn::nn::Linear| matrix(&linear.weight);
+    let (wq, wk, wv, wo) = (
+        w(&module.proj.query),
+        w(&module.proj.key),
+        w(&module.proj.value),
+        w(&module.proj.output),
+    );
+    let (gq, gk, gv) = (
+        w(&module.query_global),
+        w(&module.key_global),
+        w(&module.value_global),
+    );
+    for (b, &len) in lengths.iter().enumerate() {
+        let xb = to_rows(&x.clone().slice(s![b..b + 1]).reshape([n, HEADS * D]));
+        let head = |m: &[Vec<f64>], h: usize| -> Vec<Vec<f64>> {
+            m.iter()
+                .map(|row| row[h * D..(h + 1) * D].to_vec())
+                .collect()
+        };
+        let (q, k, v) = (matmul(&xb, &wq), matmul(&xb, &wk), matmul(&xb, &wv));
+        let (qg, kg, vg) = (matmul(&xb, &gq), matmul(&xb, &gk), matmul(&xb, &gv));
+        let mut merged = vec![vec![0.0; HEADS * D]; n];
+        for h in 0..HEADS {
+            let local = softmax_head(&head(&q, h), &head(&k, h), &head(&v, h), |i, j| {
+                let in_window = j + before >= i && j <= i + after;
+                j >= len || !(in_window || globals.contains(&j))
+            });
+            let global = softmax_head(&head(&qg, h), &head(&kg, h), &head(&vg, h), |_, j| j >= len);
+            for i in 0..len {
+                let row = if globals.contains(&i) {
+                    &global[i]
+                } else {
+                    &local[i]
+                };
+                merged[i][h * D..(h + 1) * D].copy_from_slice(row);
+            }
+        }
+        let expected = matmul(&merged[..len], &wo);
+        let got = to_rows(&out.clone().slice(s![b..b + 1]).reshape([n, HEADS * D]));
+        let err = max_rel_err(&got[..len], &expected, 1e-2);
+        assert!(err < 1e-4, "batch {b}: relative error {err}");
     }
 }
