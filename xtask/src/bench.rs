@@ -136,10 +136,15 @@ const TORCH_VARIANTS: &[&str] = &[
 /// are composed from tensor operations.
 const QUADRATIC: &[&str] = &["softmax"];
 
-/// Whether `attention` keeps n × n score matrices on `backend`: not on `flex` nor on `tch` (CPU),
-/// where softmax attention runs fused (its memory grows with n), forward and backward.
+/// Variants that keep n × n weights on every backend (no fused form).
+const QUADRATIC_EVERYWHERE: &[&str] = &["synthesizer-dense"];
+
+/// Whether `attention` keeps n × n score matrices on `backend`: softmax does not on `flex` nor on
+/// `tch` (CPU), where it runs fused (its memory grows with n), forward and backward; the dense
+/// Synthesizer does everywhere.
 fn stores_scores(attention: &str, backend: &str) -> bool {
-    QUADRATIC.contains(&attention) && !["flex", "tch"].contains(&backend)
+    QUADRATIC_EVERYWHERE.contains(&attention)
+        || (QUADRATIC.contains(&attention) && !["flex", "tch"].contains(&backend))
 }
 
 /// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
