@@ -24,6 +24,7 @@ use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::longformer::{LongformerAttention, LongformerConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
+use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
 use crate::variants::synthesizer::{SynthesizerAttention, SynthesizerConfig};
@@ -183,6 +184,8 @@ registry! {
     BigBird(BigBirdConfig => BigBirdAttention),
     /// Synthesizer: random or dense synthesized weights.
     Synthesizer(SynthesizerConfig => SynthesizerAttention),
+    /// Sparse Sinkhorn attention: own block and a sorted block.
+    Sinkhorn(SinkhornConfig => SinkhornAttention),
 }
 
 /// Every registered variant, in the order listings show them.

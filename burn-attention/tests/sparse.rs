@@ -12,8 +12,8 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_attention_zoo::{
     Attention, AttentionConfig, AttentionModule, BigBirdConfig, HeadMasks, LocalAttentionConfig,
-    LocalForm, LongformerConfig, SparseAttentionConfig, SparsePattern, SynthesizerConfig,
-    SynthesizerMode, padding_mask_from_lengths,
+    LocalForm, LongformerConfig, SinkhornConfig, SparseAttentionConfig, SparsePattern,
+    SynthesizerConfig, SynthesizerMode, padding_mask_from_lengths,
 };
 use reference::{matmul, matrix, max_rel_err, softmax_head, softmax_rows, to_heads, to_rows};
 
@@ -395,5 +395,138 @@ fn longformer_global_rows_use_their_own_projections() {
         let got = to_rows(&out.clone().slice(s![b..b + 1]).reshape([n, HEADS * D]));
         let err = max_rel_err(&got[..len], &expected, 1e-2);
         assert!(err < 1e-4, "batch {b}: relative error {err}");
+    }
+}
+
+/// Sinkhorn attention against float64 from the paper's steps and the module's sorting network:
+/// key sums per block (real keys), scores `(W s_β + w₀)/τ` over the real blocks, Sinkhorn
+/// rounds (rows, then columns, in log space), sorted keys and values as the `R`-weighted means
+/// of the real keys at each offset, then one softmax over the own block and the sorted block.
+#[test]
+fn sinkhorn_matches_float64_reference() {
+    let device = Device::flex();
+    device.seed(41);
+    let n_max = 24;
+    for (b, iterations) in [(3usize, 5usize), (4, 1), (5, 8)] {
+        let config = SinkhornConfig::new(HEADS * D, HEADS, n_max)
+            .with_block_size(b)
+            .with_iterations(iterations)
+            .with_dropout(0.0);
+        let tau = config.temperature;
+        let attention = AttentionConfig::Sinkhorn(config).init(&device);
+        let Attention::Sinkhorn(module) = &attention else {
+            unreachable!()
+        };
+        let w = matrix(&module.sort.weight);
+        let w0: Vec<f64> = module
+            .sort
+            .bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        for n in [1usize, 7, 13, 24] {
+            let lengths = [n, (2 * n).div_ceil(3)];
+            let [q, k, v] = [0, 1, 2].map(|_| {
+                Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device)
+            });
+            let mask = padding_mask_from_lengths(&lengths, n, &device);
+            let out = attention
+                .attend(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    HeadMasks::new(Some(mask), false),
+                )
+                .unwrap();
+            let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+            let b_eff = b.min(n);
+            for e in 0..2 {
+                let len = lengths[e];
+                let blocks = len.div_ceil(b_eff);
+                for h in 0..HEADS {
+                    let (q, k, v) = (&q[e][h], &k[e][h], &v[e][h]);
+                    let real = |j: usize| j < len;
+                    // Scores of the sorting network over the real blocks.
+                    let mut log_r: Vec<Vec<f64>> = (0..blocks)
+                        .map(|beta| {
+                            let sum: Vec<f64> = (0..D)
+                                .map(|c| {
+                                    (beta * b_eff..(beta + 1) * b_eff)
+                                        .filter(|&j| real(j))
+                                        .map(|j| k[j][c])
+                                        .sum()
+                                })
+                                .collect();
+                            (0..blocks)
+                                .map(|col| {
+                                    let z: f64 =
+                                        sum.iter().zip(&w).map(|(s, row)| s * row[col]).sum();
+                                    (z + w0[col]) / tau
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    let lse = |xs: &[f64]| {
+                        let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                    };
+                    for _ in 0..iterations {
+                        for row in log_r.iter_mut() {
+                            let l = lse(row);
+                            row.iter_mut().for_each(|x| *x -= l);
+                        }
+                        for col in 0..blocks {
+                            let column: Vec<f64> = log_r.iter().map(|row| row[col]).collect();
+                            let l = lse(&column);
+                            log_r.iter_mut().for_each(|row| row[col] -= l);
+                        }
+                    }
+                    for i in 0..len {
+                        let beta = i / b_eff;
+                        let mut keys = Vec::new();
+                        let mut values = Vec::new();
+                        for j in beta * b_eff..((beta + 1) * b_eff).min(len) {
+                            keys.push(k[j].clone());
+                            values.push(v[j].clone());
+                        }
+                        for t in 0..b_eff {
+                            let sources: Vec<usize> =
+                                (0..blocks).filter(|&c| real(c * b_eff + t)).collect();
+                            if sources.is_empty() {
+                                continue;
+                            }
+                            let total: f64 = sources.iter().map(|&c| log_r[beta][c].exp()).sum();
+                            let mean = |x: &[Vec<f64>]| -> Vec<f64> {
+                                (0..D)
+                                    .map(|c| {
+                                        sources
+                                            .iter()
+                                            .map(|&s| log_r[beta][s].exp() * x[s * b_eff + t][c])
+                                            .sum::<f64>()
+                                            / total
+                                    })
+                                    .collect()
+                            };
+                            keys.push(mean(k));
+                            values.push(mean(v));
+                        }
+                        let expected =
+                            softmax_head(&q[i..i + 1], &keys, &values, |_, _| false).remove(0);
+                        let err = max_rel_err(&out[e][h][i..i + 1], &[expected], 1e-2);
+                        assert!(
+                            err < 1e-4,
+                            "b {b} iterations {iterations} n {n} batch {e} head {h} row {i}: \
+                             relative error {err}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod local;
 pub mod longformer;
 pub mod nystrom;
 pub mod performer;
+pub mod sinkhorn;
 pub mod softmax;
 pub mod sparse;
 pub mod synthesizer;

@@ -1,7 +1,7 @@
 //! The small configurations the shared test binaries run every registered variant at.
 #![allow(dead_code)]
 
-use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SynthesizerConfig};
+use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, SynthesizerConfig};
 
 /// The registered variant `name` at width `d_model` with `n_heads` heads on sequences of up to
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
@@ -35,6 +35,13 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
                 ..c
             }
             .with_k(4),
+        ),
+        AttentionConfig::Sinkhorn(c) => AttentionConfig::Sinkhorn(
+            SinkhornConfig {
+                n_max: n_max.max(96),
+                ..c
+            }
+            .with_block_size(3),
         ),
         other => other,
     }

@@ -1,0 +1,326 @@
+//! Sparse Sinkhorn attention: block attention to the query's own block and to a block sorted
+//! to it by a learned, Sinkhorn-balanced soft permutation.
+//!
+//! Tay et al. 2020, "Sparse Sinkhorn Attention", arXiv 2002.11296. The sequence is cut into
+//! blocks of `b` positions (50 in LRA). Per head:
+//! 1. each block is summarised by the sum of its keys, `s_β = Σ_{t} k_{βb+t}`;
+//! 2. a sorting network scores, for block `β`, every block `c` it could draw from:
+//!    `L_{βc} = (W s_β + w₀)_c / τ` (`W: d → n_max/b`, shared by the heads, τ the temperature);
+//! 3. Sinkhorn normalisation (`iterations` rounds of row then column normalisation in log
+//!    space) turns `exp(L)` into a doubly stochastic matrix `R`, a relaxed block permutation;
+//! 4. block `β`'s sorted keys and values are `R`'s mixture of the blocks,
+//!    `k̃_{β,t} = Σ_c R_{βc} k_{cb+t}` (likewise `ṽ`);
+//! 5. each query of block `β` attends, in one softmax, to its own block's keys and to the sorted
+//!    block: `O_i = softmax([q_i·k_j/√d]_{j ∈ β}, [q_i·k̃_{β,t}/√d]_t) [v_j; ṽ_{β,t}]`.
+//!
+//! As the paper and the `sinkhorn-transformer` package, one softmax over both key sets (LRA's
+//! JAX code adds two separately normalised attentions instead). No Gumbel noise: the sorting is
+//! deterministic, in training as in evaluation.
+//!
+//! Padding: blocks are counted on each sequence's real length; blocks made only of padding take
+//! no part in the sorting (their rows and columns of `R` are masked), padded keys are left out
+//! of the block sums and of the mixtures (a sorted key is the `R`-weighted mean of the real keys
+//! at its offset), so padding never changes a real output.
+//!
+//! Cost per head: O(n b d + (n/b)² (d + b d)) time, O(n b + (n/b)²) memory. Masks: padding. No
+//! causal form, no cross-attention; sequences up to `n_max`.
+
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+
+use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::QkvoProjection;
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::sparse::{KeySlots, gathered_attention, padding_flags, real_lengths};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "sinkhorn",
+    paper: "Tay et al. 2020, arXiv 2002.11296",
+    time: "O(n b d + (n/b)² b d)",
+    memory: "O(n b + (n/b)²)",
+    capabilities: Capabilities {
+        padding_mask: true,
+        causal: false,
+        cross_attention: false,
+        fixed_max_len: true,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`SinkhornAttention`].
+#[derive(Config, Debug)]
+pub struct SinkhornConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Longest sequence (sizes the sorting network's output).
+    pub n_max: usize,
+    /// Positions per block (LRA: 50).
+    #[config(default = 50)]
+    pub block_size: usize,
+    /// Rounds of Sinkhorn normalisation.
+    #[config(default = 5)]
+    pub iterations: usize,
+    /// Temperature τ of the sorting scores.
+    #[config(default = 0.75)]
+    pub temperature: f64,
+    /// Dropout on the attention weights.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Biases on the projections (the sorting network always has one).
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl SinkhornConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        for (field, value) in [
+            ("block_size", self.block_size),
+            ("n_max", self.n_max),
+            ("iterations", self.iterations),
+        ] {
+            if value == 0 {
+                return Err(AttentionError::field(
+                    INFO.name,
+                    field,
+                    "must be at least 1",
+                ));
+            }
+        }
+        if self.temperature.is_nan() || self.temperature <= 0.0 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "temperature",
+                format!("must be positive, got {}", self.temperature),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> SinkhornAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let d_head = self.d_model / self.n_heads;
+        SinkhornAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            sort: LinearConfig::new(d_head, self.n_max.div_ceil(self.block_size))
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            block_size: self.block_size,
+            iterations: self.iterations,
+            temperature: self.temperature,
+            n_max: self.n_max,
+        }
+    }
+}
+
+impl VariantConfig for SinkhornConfig {
+    type Module = SinkhornAttention;
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads, model.n_max)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+    fn d_model(&self) -> usize {
+        self.d_model
+    }
+    fn check(&self) -> Result<(), AttentionError> {
+        self.validate()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_input(self.n_max, n_q, n_k, causal)
+    }
+    fn build(&self, device: &Device) -> SinkhornAttention {
+        self.init(device)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+fn check_input(n_max: usize, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+    if n_k > n_max {
+        return Err(AttentionError::field(
+            INFO.name,
+            "n_max",
+            format!("is {n_max}, shorter than the input sequence ({n_k})"),
+        ));
+    }
+    check_capabilities(&INFO, n_q, n_k, causal)
+}
+
+/// Multi-head Sparse Sinkhorn attention. Create with [`SinkhornConfig`].
+#[derive(Module, Debug)]
+pub struct SinkhornAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// The sorting network `W`, `d_head → n_max/b`, shared by the heads.
+    pub sort: Linear,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Positions per block.
+    #[module(skip)]
+    pub block_size: usize,
+    /// Rounds of Sinkhorn normalisation.
+    #[module(skip)]
+    pub iterations: usize,
+    /// Temperature of the sorting scores.
+    #[module(skip)]
+    pub temperature: f64,
+    /// Longest sequence.
+    #[module(skip)]
+    pub n_max: usize,
+}
+
+/// `x - logsumexp(x, dim)`, masked entries re-filled with [`MASK_FILL`].
+fn normalise(x: Tensor<4>, dim: usize, masked: &Tensor<4, Bool>) -> Tensor<4> {
+    let max = x.clone().max_dim(dim).detach();
+    let lse = max.clone() + (x.clone() - max).exp().sum_dim(dim).log();
+    (x - lse).mask_fill(masked.clone(), MASK_FILL)
+}
+
+impl SinkhornAttention {
+    /// The relaxed block permutation `R` `[batch, heads, blocks, blocks]` from the keys summed
+    /// per block, `sums: [batch, heads, blocks, d]`; `masked[b, 0, β, c]` where block `β` or `c`
+    /// is padding.
+    pub fn permutation(&self, sums: Tensor<4>, masked: &Tensor<4, Bool>) -> Tensor<4> {
+        let blocks = sums.dims()[2];
+        let mut log_r = self
+            .sort
+            .forward(sums)
+            .slice(s![.., .., .., 0..blocks])
+            .div_scalar(self.temperature)
+            .mask_fill(masked.clone(), MASK_FILL);
+        for _ in 0..self.iterations {
+            log_r = normalise(log_r, 3, masked);
+            log_r = normalise(log_r, 2, masked);
+        }
+        log_r.exp().mask_fill(masked.clone(), 0.0)
+    }
+}
+
+impl AttentionModule for SinkhornAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, heads, n, d] = q.dims();
+        let d_v = v.dims()[3];
+        check_input(self.n_max, n, k.dims()[2], masks.causal)?;
+        let device = q.device();
+        let b = self.block_size.min(n.max(1));
+        let blocks = n.div_ceil(b);
+        let rows = blocks * b;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let lengths = real_lengths(&masks.key_pad, batch, n);
+
+        // Real-position weights (1 real, 0 padding or past n) and masked block pairs.
+        let mut real = vec![0.0f32; batch * rows];
+        let mut block_masked = vec![true; batch * blocks * blocks];
+        for (e, pad) in padding.iter().enumerate() {
+            for (j, &p) in pad.iter().enumerate() {
+                real[e * rows + j] = if p { 0.0 } else { 1.0 };
+            }
+            let live = lengths[e].div_ceil(b);
+            for beta in 0..live {
+                for c in 0..live {
+                    block_masked[(e * blocks + beta) * blocks + c] = false;
+                }
+            }
+        }
+        let real = Tensor::<4>::from_data(TensorData::new(real, [batch, 1, rows, 1]), &device);
+        let block_masked = Tensor::<4, Bool>::from_data(
+            TensorData::new(block_masked, [batch, 1, blocks, blocks]),
+            &device,
+        );
+        let pad_rows = |x: Tensor<4>, width: usize| {
+            if rows > n {
+                Tensor::cat(
+                    vec![x, Tensor::zeros([batch, heads, rows - n, width], &device)],
+                    2,
+                )
+            } else {
+                x
+            }
+        };
+        let (k, v) = (pad_rows(k, d), pad_rows(v, d_v));
+        let (k_real, v_real) = (k.clone() * real.clone(), v.clone() * real.clone());
+
+        let sums = k_real
+            .clone()
+            .reshape([batch, heads, blocks, b, d])
+            .sum_dim(3)
+            .reshape([batch, heads, blocks, d]);
+        let r = self.permutation(sums, &block_masked.expand([batch, heads, blocks, blocks]));
+        // The R-weighted mean of the real keys (values) at each offset of the blocks.
+        let weight = r
+            .clone()
+            .matmul(
+                real.reshape([batch, 1, blocks, b])
+                    .expand([batch, heads, blocks, b]),
+            )
+            .clamp_min(f32::MIN_POSITIVE)
+            .reshape([batch, heads, rows, 1]);
+        let mix = |x: Tensor<4>, width: usize| {
+            r.clone()
+                .matmul(x.reshape([batch, heads, blocks, b * width]))
+                .reshape([batch, heads, rows, width])
+                / weight.clone()
+        };
+        let (k_sorted, v_sorted) = (mix(k_real, d), mix(v_real, d_v));
+
+        // Block β scores its own b positions, then its sorted block (rows past the real keys).
+        let mut slots = KeySlots::masked([batch, 1], blocks, b, 2 * b);
+        for (e, pad) in padding.iter().enumerate() {
+            let live = lengths[e].div_ceil(b);
+            for beta in 0..live {
+                for s in 0..b {
+                    let j = beta * b + s;
+                    if j < n && !pad[j] {
+                        slots.set(e, beta, s, j, |_| true);
+                    }
+                    // A sorted key exists where some real block has a real key at offset s.
+                    let exists = (0..live).any(|c| c * b + s < n && !pad[c * b + s]);
+                    if exists {
+                        slots.set(e, beta, b + s, rows + j, |_| true);
+                    }
+                }
+            }
+        }
+        let keys = Tensor::cat(vec![k, k_sorted], 2);
+        let values = Tensor::cat(vec![v, v_sorted], 2);
+        let scale = 1.0 / (d as f32).sqrt();
+        Ok(gathered_attention(q, keys, values, &slots, scale, Some(&self.dropout)).out)
+    }
+}
