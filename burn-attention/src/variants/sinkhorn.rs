@@ -17,7 +17,7 @@
 //! JAX code adds two separately normalised attentions instead). No Gumbel noise: the sorting is
 //! deterministic, in training as in evaluation.
 //!
-//! Padding: blocks are counted on each sequence's real length; blocks made only of padding take
+//! Padding (at the end of each sequence): blocks are counted on each sequence's real length; blocks made only of padding take
 //! no part in the sorting (their rows and columns of `R` are masked), padded keys are left out
 //! of the block sums and of the mixtures (a sorted key is the `R`-weighted mean of the real keys
 //! at its offset), so padding never changes a real output.
@@ -27,6 +27,7 @@
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
+use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
@@ -195,10 +196,10 @@ fn normalise(x: Tensor<4>, dim: usize, masked: &Tensor<4, Bool>) -> Tensor<4> {
 }
 
 impl SinkhornAttention {
-    /// The relaxed block permutation `R` `[batch, heads, blocks, blocks]` from the keys summed
-    /// per block, `sums: [batch, heads, blocks, d]`; `masked[b, 0, β, c]` where block `β` or `c`
-    /// is padding.
-    pub fn permutation(&self, sums: Tensor<4>, masked: &Tensor<4, Bool>) -> Tensor<4> {
+    /// The relaxed block permutation in log space, `log R` `[batch, heads, blocks, blocks]`,
+    /// from the keys summed per block, `sums: [batch, heads, blocks, d]`; entries where block `β`
+    /// or `c` is padding (`masked`) hold [`MASK_FILL`].
+    pub fn log_permutation(&self, sums: Tensor<4>, masked: &Tensor<4, Bool>) -> Tensor<4> {
         let blocks = sums.dims()[2];
         let mut log_r = self
             .sort
@@ -210,7 +211,7 @@ impl SinkhornAttention {
             log_r = normalise(log_r, 3, masked);
             log_r = normalise(log_r, 2, masked);
         }
-        log_r.exp().mask_fill(masked.clone(), 0.0)
+        log_r
     }
 }
 
@@ -245,9 +246,13 @@ impl AttentionModule for SinkhornAttention {
         let padding = padding_flags(&masks.key_pad, batch, n);
         let lengths = real_lengths(&masks.key_pad, batch, n);
 
-        // Real-position weights (1 real, 0 padding or past n) and masked block pairs.
+        // Real-position weights (1 real, 0 padding or past n), masked block pairs, and the
+        // sorted slots with nothing to mix (a padded block's, or an offset no real block has).
         let mut real = vec![0.0f32; batch * rows];
         let mut block_masked = vec![true; batch * blocks * blocks];
+        let mut no_source = vec![true; batch * rows];
+        let mut without_last = vec![true; batch * blocks * blocks];
+        let mut past_last = vec![false; batch * rows];
         for (e, pad) in padding.iter().enumerate() {
             for (j, &p) in pad.iter().enumerate() {
                 real[e * rows + j] = if p { 0.0 } else { 1.0 };
@@ -257,8 +262,18 @@ impl AttentionModule for SinkhornAttention {
                 for c in 0..live {
                     block_masked[(e * blocks + beta) * blocks + c] = false;
                 }
+                for c in 0..live.saturating_sub(1) {
+                    without_last[(e * blocks + beta) * blocks + c] = false;
+                }
+                for s in 0..b {
+                    let exists = (0..live).any(|c| c * b + s < n && !pad[c * b + s]);
+                    no_source[e * rows + beta * b + s] = !exists;
+                    let last = (live - 1) * b + s;
+                    past_last[e * rows + beta * b + s] = last >= n || pad[last];
+                }
             }
         }
+        let no_source_host = no_source;
         let real = Tensor::<4>::from_data(TensorData::new(real, [batch, 1, rows, 1]), &device);
         let block_masked = Tensor::<4, Bool>::from_data(
             TensorData::new(block_masked, [batch, 1, blocks, blocks]),
@@ -282,21 +297,40 @@ impl AttentionModule for SinkhornAttention {
             .reshape([batch, heads, blocks, b, d])
             .sum_dim(3)
             .reshape([batch, heads, blocks, d]);
-        let r = self.permutation(sums, &block_masked.expand([batch, heads, blocks, blocks]));
-        // The R-weighted mean of the real keys (values) at each offset of the blocks.
-        let weight = r
-            .clone()
-            .matmul(
-                real.reshape([batch, 1, blocks, b])
-                    .expand([batch, heads, blocks, b]),
+        let log_r = self.log_permutation(
+            sums,
+            &block_masked.clone().expand([batch, heads, blocks, blocks]),
+        );
+        // Block β's sorted key at offset t is the R-weighted mean of the real keys at offset t:
+        // weights R[β, c] / Σ_c' R[β, c'] over the source blocks, a softmax of log R over them
+        // (no division by a sum that training can drive towards zero). Padding is a suffix, so
+        // offsets within the last real block's length draw from every real block, the others
+        // from all but the last.
+        let shares = |masked: Tensor<4, Bool>| {
+            softmax(
+                log_r
+                    .clone()
+                    .mask_fill(masked.expand([batch, heads, blocks, blocks]), MASK_FILL),
+                3,
             )
-            .clamp_min(f32::MIN_POSITIVE)
-            .reshape([batch, heads, rows, 1]);
+        };
+        let from_all = shares(block_masked);
+        let from_full = shares(Tensor::<4, Bool>::from_data(
+            TensorData::new(without_last, [batch, 1, blocks, blocks]),
+            &device,
+        ));
+        let past_last =
+            Tensor::<4, Bool>::from_data(TensorData::new(past_last, [batch, 1, rows, 1]), &device);
         let mix = |x: Tensor<4>, width: usize| {
-            r.clone()
-                .matmul(x.reshape([batch, heads, blocks, b * width]))
-                .reshape([batch, heads, rows, width])
-                / weight.clone()
+            let blocked = x.reshape([batch, heads, blocks, b * width]);
+            let mix_with = |p: Tensor<4>| {
+                p.matmul(blocked.clone())
+                    .reshape([batch, heads, rows, width])
+            };
+            mix_with(from_all.clone()).mask_where(
+                past_last.clone().expand([batch, heads, rows, width]),
+                mix_with(from_full.clone()),
+            )
         };
         let (k_sorted, v_sorted) = (mix(k_real, d), mix(v_real, d_v));
 
@@ -311,8 +345,7 @@ impl AttentionModule for SinkhornAttention {
                         slots.set(e, beta, s, j, |_| true);
                     }
                     // A sorted key exists where some real block has a real key at offset s.
-                    let exists = (0..live).any(|c| c * b + s < n && !pad[c * b + s]);
-                    if exists {
+                    if !no_source_host[e * rows + j] {
                         slots.set(e, beta, b + s, rows + j, |_| true);
                     }
                 }
