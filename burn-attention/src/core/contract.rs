@@ -128,6 +128,30 @@ pub enum DecodingState {
     Recurrent(RecurrentState),
 }
 
+impl DecodingState {
+    /// The key/value cache with this token's `k` and `v` (`[batch, heads, 1, d]`) appended,
+    /// starting one from [`Empty`](Self::Empty): the state of the attentions that decode over
+    /// cached keys. A recurrent state is an error naming `variant`.
+    pub fn append_to_cache(
+        self,
+        variant: &'static str,
+        k: Tensor<4>,
+        v: Tensor<4>,
+    ) -> Result<(Tensor<4>, Tensor<4>), AttentionError> {
+        match self {
+            Self::Empty => Ok((k, v)),
+            Self::KeyValueCache { keys, values } => Ok((
+                Tensor::cat(vec![keys, k], 2),
+                Tensor::cat(vec![values, v], 2),
+            )),
+            Self::Recurrent(_) => Err(AttentionError::unsupported(
+                variant,
+                "a recurrent decoding state (it carries a key/value cache)",
+            )),
+        }
+    }
+}
+
 /// The recurrent state of causal kernelized attention after `t` tokens:
 /// `S = Σ_{j<t} φ(k_j) v_jᵀ`, `z = Σ_{j<t} φ(k_j)`.
 #[derive(Debug, Clone)]

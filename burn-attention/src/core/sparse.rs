@@ -157,7 +157,7 @@ pub fn gathered_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
-    slots: &KeySlots,
+    slots: KeySlots,
     scale: f32,
     dropout: Option<&Dropout>,
 ) -> GatheredOutput {
@@ -170,7 +170,7 @@ pub fn gathered_attention(
         slots: s,
         groups: [gb, gh],
         ..
-    } = *slots;
+    } = slots;
     let rows = n_blocks * block;
     assert!(
         rows >= n_q,
@@ -238,10 +238,10 @@ pub fn gathered_attention(
     let q = q.reshape([batch, heads, n_blocks, block, d]);
     let mut scores = q.matmul(keys.swap_dims(3, 4)).mul_scalar(scale);
     let shape = [gb, gh, n_blocks, block, s];
-    if let Some(bias) = &slots.bias {
-        scores = scores + Tensor::<5>::from_data(TensorData::new(bias.clone(), shape), &device);
+    if let Some(bias) = slots.bias {
+        scores = scores + Tensor::<5>::from_data(TensorData::new(bias, shape), &device);
     }
-    let mask = Tensor::<5, Bool>::from_data(TensorData::new(slots.mask.clone(), shape), &device);
+    let mask = Tensor::<5, Bool>::from_data(TensorData::new(slots.mask, shape), &device);
     let scores = scores.mask_fill(mask, MASK_FILL);
 
     let max = scores.clone().max_dim(4).detach();
@@ -305,8 +305,11 @@ pub fn with_full_rows(
     let mut back = Vec::with_capacity(batch * heads * n);
     let mut is_global = vec![false; batch * n];
     for (b, rows) in rows.iter().enumerate() {
-        for &i in rows {
+        // Each position's global row (0 for the others, which keep `out`).
+        let mut slot = vec![0usize; n];
+        for (t, &i) in rows.iter().enumerate() {
             is_global[b * n + i] = true;
+            slot[i] = t;
         }
         for h in 0..heads {
             let base = (b * heads + h) * n;
@@ -315,9 +318,7 @@ pub fn with_full_rows(
                 pick.push((base + i) as i64);
             }
             let slot_base = (b * heads + h) * count;
-            back.extend(
-                (0..n).map(|i| (slot_base + rows.iter().position(|&r| r == i).unwrap_or(0)) as i64),
-            );
+            back.extend(slot.iter().map(|&t| (slot_base + t) as i64));
         }
     }
     let index = |values: Vec<i64>| {
@@ -338,19 +339,13 @@ pub fn with_full_rows(
     out.mask_where(mask, spread)
 }
 
-/// Per batch element, one past the last real (unpadded) position: the sequence's length when
-/// padding is a suffix. `n` for every element without a mask.
-pub fn real_lengths(key_pad: &Option<Tensor<2, Bool>>, batch: usize, n: usize) -> Vec<usize> {
-    match key_pad {
-        None => vec![n; batch],
-        Some(mask) => {
-            let flags: Vec<bool> = mask.clone().into_data().iter::<bool>().collect();
-            flags
-                .chunks(n)
-                .map(|row| row.iter().rposition(|&pad| !pad).map_or(0, |last| last + 1))
-                .collect()
-        }
-    }
+/// Per batch element, one past the last real (unpadded) position of its padding flags (see
+/// [`padding_flags`]): the sequence's length when padding is a suffix.
+pub fn real_lengths(padding: &[Vec<bool>]) -> Vec<usize> {
+    padding
+        .iter()
+        .map(|row| row.iter().rposition(|&pad| !pad).map_or(0, |last| last + 1))
+        .collect()
 }
 
 /// The padding flags `[batch][n]` on the host (`true` = padding), all `false` without a mask.

@@ -112,3 +112,22 @@ pub fn check_capabilities(
     }
     Ok(())
 }
+
+/// [`check_capabilities`], and an error naming `n_max` where the keys outnumber it: the check of
+/// the variants whose parameters are sized for a longest sequence.
+pub fn check_within_max_len(
+    info: &VariantInfo,
+    n_max: usize,
+    n_q: usize,
+    n_k: usize,
+    causal: bool,
+) -> Result<(), AttentionError> {
+    if n_k > n_max {
+        return Err(AttentionError::field(
+            info.name,
+            "n_max",
+            format!("is {n_max}, shorter than the input sequence ({n_k})"),
+        ));
+    }
+    check_capabilities(info, n_q, n_k, causal)
+}

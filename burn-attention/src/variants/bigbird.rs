@@ -33,7 +33,7 @@ use crate::core::params::lazy_param;
 use crate::core::sparse::{
     KeySlots, gathered_attention, padding_flags, real_lengths, with_full_rows,
 };
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -129,7 +129,7 @@ impl VariantConfig for BigBirdConfig {
         self.validate()
     }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_input(self.n_max, n_q, n_k, causal)
+        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }
     fn build(&self, device: &Device) -> BigBirdAttention {
         self.init(device)
@@ -137,17 +137,6 @@ impl VariantConfig for BigBirdConfig {
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
-}
-
-fn check_input(n_max: usize, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-    if n_k > n_max {
-        return Err(AttentionError::field(
-            INFO.name,
-            "n_max",
-            format!("is {n_max}, shorter than the input sequence ({n_k})"),
-        ));
-    }
-    check_capabilities(&INFO, n_q, n_k, causal)
 }
 
 /// Multi-head BigBird attention. Create with [`BigBirdConfig`].
@@ -233,10 +222,10 @@ impl AttentionModule for BigBirdAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, d] = q.dims();
-        check_input(self.n_max, n, k.dims()[2], masks.causal)?;
+        check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         let b = self.block_size;
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let lengths = real_lengths(&masks.key_pad, batch, n);
+        let lengths = real_lengths(&padding);
         let priorities: Vec<f32> = self
             .random_priorities
             .val()
@@ -276,7 +265,7 @@ impl AttentionModule for BigBirdAttention {
         }
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
-        let out = gathered_attention(q.clone(), k.clone(), v.clone(), &slots, scale, dropout).out;
+        let out = gathered_attention(q.clone(), k.clone(), v.clone(), slots, scale, dropout).out;
         Ok(with_full_rows(
             out,
             [q, k, v],

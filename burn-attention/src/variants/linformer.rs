@@ -34,7 +34,7 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -350,14 +350,7 @@ fn check_input(
             "causal masking: its projections mix future positions into every key",
         ));
     }
-    if n_k > n_max {
-        return Err(AttentionError::field(
-            info.name,
-            "n_max",
-            format!("is {n_max}, shorter than the input sequence ({n_k})"),
-        ));
-    }
-    check_capabilities(info, n_q, n_k, causal)
+    check_within_max_len(info, n_max, n_q, n_k, causal)
 }
 
 /// Linformer attention on per-head tensors, the functional form of [`LinformerAttention`].

@@ -218,7 +218,7 @@ impl AttentionModule for LocalAttention {
             LocalForm::SlidingWindow => window_slots(n, self.window, masks.causal, &padding),
         };
         let scale = 1.0 / (d as f32).sqrt();
-        Ok(gathered_attention(q, k, v, &slots, scale, Some(&self.dropout)).out)
+        Ok(gathered_attention(q, k, v, slots, scale, Some(&self.dropout)).out)
     }
 
     /// Attends over a key/value cache that holds only the neighbourhood: the current block's
@@ -230,24 +230,16 @@ impl AttentionModule for LocalAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
-        let (keys, values) = match state {
-            DecodingState::Empty => (k, v),
+        let state = match state {
+            // A full block: the token starts the next one.
             DecodingState::KeyValueCache { keys, .. }
                 if self.form == LocalForm::Blocks && keys.dims()[2] >= self.block_size =>
             {
-                (k, v)
+                DecodingState::Empty
             }
-            DecodingState::KeyValueCache { keys, values } => (
-                Tensor::cat(vec![keys, k], 2),
-                Tensor::cat(vec![values, v], 2),
-            ),
-            DecodingState::Recurrent(_) => {
-                return Err(AttentionError::unsupported(
-                    self.name(),
-                    "a recurrent decoding state (it carries a key/value cache)",
-                ));
-            }
+            state => state,
         };
+        let (keys, values) = state.append_to_cache(self.name(), k, v)?;
         let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
         let (keys, values) = match self.form {
             LocalForm::Blocks => (keys, values),

@@ -163,15 +163,7 @@ impl LongformerAttention {
         let (before, after) = (self.window.div_ceil(2) - 1, self.window / 2);
         let block = self.window.div_ceil(4).max(1);
         let slots = KeySlots::band(n, block, [before, after], &globals, padding);
-        gathered_attention(
-            q,
-            k,
-            v,
-            &slots,
-            1.0 / (d as f32).sqrt(),
-            Some(&self.dropout),
-        )
-        .out
+        gathered_attention(q, k, v, slots, 1.0 / (d as f32).sqrt(), Some(&self.dropout)).out
     }
 
     /// The global rows of each batch element: the global positions that are not padding.

@@ -34,7 +34,7 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::sparse::{KeySlots, gathered_attention, padding_flags, real_lengths};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -144,7 +144,7 @@ impl VariantConfig for SinkhornConfig {
         self.validate()
     }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_input(self.n_max, n_q, n_k, causal)
+        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }
     fn build(&self, device: &Device) -> SinkhornAttention {
         self.init(device)
@@ -152,17 +152,6 @@ impl VariantConfig for SinkhornConfig {
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
-}
-
-fn check_input(n_max: usize, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-    if n_k > n_max {
-        return Err(AttentionError::field(
-            INFO.name,
-            "n_max",
-            format!("is {n_max}, shorter than the input sequence ({n_k})"),
-        ));
-    }
-    check_capabilities(&INFO, n_q, n_k, causal)
 }
 
 /// Multi-head Sparse Sinkhorn attention. Create with [`SinkhornConfig`].
@@ -238,19 +227,18 @@ impl AttentionModule for SinkhornAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, d] = q.dims();
         let d_v = v.dims()[3];
-        check_input(self.n_max, n, k.dims()[2], masks.causal)?;
+        check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         let device = q.device();
         let b = self.block_size.min(n.max(1));
         let blocks = n.div_ceil(b);
         let rows = blocks * b;
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let lengths = real_lengths(&masks.key_pad, batch, n);
+        let lengths = real_lengths(&padding);
 
         // Real-position weights (1 real, 0 padding or past n), masked block pairs, and the
         // sorted slots with nothing to mix (a padded block's, or an offset no real block has).
         let mut real = vec![0.0f32; batch * rows];
         let mut block_masked = vec![true; batch * blocks * blocks];
-        let mut no_source = vec![true; batch * rows];
         let mut without_last = vec![true; batch * blocks * blocks];
         let mut past_last = vec![false; batch * rows];
         for (e, pad) in padding.iter().enumerate() {
@@ -258,6 +246,13 @@ impl AttentionModule for SinkhornAttention {
                 real[e * rows + j] = if p { 0.0 } else { 1.0 };
             }
             let live = lengths[e].div_ceil(b);
+            // Offsets past the last real block's length (the same in every block).
+            let past: Vec<bool> = (0..b)
+                .map(|s| {
+                    let last = live.saturating_sub(1) * b + s;
+                    last >= n || pad[last]
+                })
+                .collect();
             for beta in 0..live {
                 for c in 0..live {
                     block_masked[(e * blocks + beta) * blocks + c] = false;
@@ -265,15 +260,9 @@ impl AttentionModule for SinkhornAttention {
                 for c in 0..live.saturating_sub(1) {
                     without_last[(e * blocks + beta) * blocks + c] = false;
                 }
-                for s in 0..b {
-                    let exists = (0..live).any(|c| c * b + s < n && !pad[c * b + s]);
-                    no_source[e * rows + beta * b + s] = !exists;
-                    let last = (live - 1) * b + s;
-                    past_last[e * rows + beta * b + s] = last >= n || pad[last];
-                }
+                past_last[e * rows + beta * b..e * rows + (beta + 1) * b].copy_from_slice(&past);
             }
         }
-        let no_source_host = no_source;
         let real = Tensor::<4>::from_data(TensorData::new(real, [batch, 1, rows, 1]), &device);
         let block_masked = Tensor::<4, Bool>::from_data(
             TensorData::new(block_masked, [batch, 1, blocks, blocks]),
@@ -338,14 +327,17 @@ impl AttentionModule for SinkhornAttention {
         let mut slots = KeySlots::masked([batch, 1], blocks, b, 2 * b);
         for (e, pad) in padding.iter().enumerate() {
             let live = lengths[e].div_ceil(b);
+            // A sorted key exists at offset s where some real block has a real key there.
+            let has_source: Vec<bool> = (0..b)
+                .map(|s| (0..live).any(|c| c * b + s < n && !pad[c * b + s]))
+                .collect();
             for beta in 0..live {
-                for s in 0..b {
+                for (s, &sourced) in has_source.iter().enumerate() {
                     let j = beta * b + s;
                     if j < n && !pad[j] {
                         slots.set(e, beta, s, j, |_| true);
                     }
-                    // A sorted key exists where some real block has a real key at offset s.
-                    if !no_source_host[e * rows + j] {
+                    if sourced {
                         slots.set(e, beta, b + s, rows + j, |_| true);
                     }
                 }
@@ -354,6 +346,6 @@ impl AttentionModule for SinkhornAttention {
         let keys = Tensor::cat(vec![k, k_sorted], 2);
         let values = Tensor::cat(vec![v, v_sorted], 2);
         let scale = 1.0 / (d as f32).sqrt();
-        Ok(gathered_attention(q, keys, values, &slots, scale, Some(&self.dropout)).out)
+        Ok(gathered_attention(q, keys, values, slots, scale, Some(&self.dropout)).out)
     }
 }

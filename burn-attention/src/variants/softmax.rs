@@ -140,19 +140,7 @@ impl AttentionModule for SoftmaxAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
-        let (keys, values) = match state {
-            DecodingState::Empty => (k, v),
-            DecodingState::KeyValueCache { keys, values } => (
-                Tensor::cat(vec![keys, k], 2),
-                Tensor::cat(vec![values, v], 2),
-            ),
-            DecodingState::Recurrent(_) => {
-                return Err(AttentionError::unsupported(
-                    INFO.name,
-                    "a recurrent decoding state (it carries a key/value cache)",
-                ));
-            }
-        };
+        let (keys, values) = state.append_to_cache(INFO.name, k, v)?;
         let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
         Ok((
             self.proj.out(o),

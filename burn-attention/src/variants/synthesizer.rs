@@ -39,7 +39,7 @@ use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, causal_mask};
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -227,7 +227,7 @@ impl VariantConfig for SynthesizerConfig {
         self.validate()
     }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_input(self.mode.info(), self.n_max, n_q, n_k, causal)
+        check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, causal)
     }
     fn build(&self, device: &Device) -> SynthesizerAttention {
         self.init(device)
@@ -235,23 +235,6 @@ impl VariantConfig for SynthesizerConfig {
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
-}
-
-fn check_input(
-    info: &'static VariantInfo,
-    n_max: usize,
-    n_q: usize,
-    n_k: usize,
-    causal: bool,
-) -> Result<(), AttentionError> {
-    if n_k > n_max {
-        return Err(AttentionError::field(
-            info.name,
-            "n_max",
-            format!("is {n_max}, shorter than the input sequence ({n_k})"),
-        ));
-    }
-    check_capabilities(info, n_q, n_k, causal)
 }
 
 /// Multi-head Synthesizer attention. Create with [`SynthesizerConfig`].
@@ -328,7 +311,7 @@ impl AttentionModule for SynthesizerAttention {
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
-        check_input(self.mode.info(), self.n_max, n_q, n_k, input.is_causal())?;
+        check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, input.is_causal())?;
         let masks = input.head_masks();
         let x = input.query().clone();
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
@@ -348,7 +331,7 @@ impl AttentionModule for SynthesizerAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, _] = v.dims();
-        check_input(
+        check_within_max_len(
             self.mode.info(),
             self.n_max,
             q.dims()[2],
@@ -394,18 +377,10 @@ impl AttentionModule for SynthesizerAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
-        let values = match state {
-            DecodingState::Empty => v,
-            DecodingState::KeyValueCache { values, .. } => Tensor::cat(vec![values, v], 2),
-            DecodingState::Recurrent(_) => {
-                return Err(AttentionError::unsupported(
-                    self.name(),
-                    "a recurrent decoding state (it carries a cache of values)",
-                ));
-            }
-        };
+        // The cache's keys are its values: the weights read no keys.
+        let (_, values) = state.append_to_cache(self.name(), v.clone(), v)?;
         let seen = values.dims()[2];
-        check_input(self.mode.info(), self.n_max, seen, seen, true)?;
+        check_within_max_len(self.mode.info(), self.n_max, seen, seen, true)?;
         let hidden = self
             .hidden
             .as_ref()
