@@ -158,15 +158,29 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::List { names: false } => {
+            let variants = burn_attention_zoo::VARIANTS;
+            // Columns as wide as their longest entry (names and costs grow with the registry).
+            let name_width = variants
+                .iter()
+                .map(|v| v.name.len())
+                .max()
+                .unwrap_or(0)
+                .max(4);
+            let time_width = variants
+                .iter()
+                .map(|v| v.time.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(4);
             println!(
-                "{:<16} {:<14} {:<8} {:<8} {:<6} {:<10} paper",
+                "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<10} paper",
                 "name", "time", "padding", "causal", "cross", "fixed n"
             );
-            for v in burn_attention_zoo::VARIANTS {
+            for v in variants {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
-                    "{:<16} {:<14} {:<8} {:<8} {:<6} {:<10} {}",
+                    "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<10} {}",
                     v.name,
                     v.time,
                     yes(c.padding_mask),
