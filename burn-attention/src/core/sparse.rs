@@ -335,7 +335,8 @@ pub fn with_full_rows(
         .select(0, index(back))
         .reshape([batch, heads, n, d_v]);
     let mask = Tensor::<2, Bool>::from_data(TensorData::new(is_global, [batch, n]), &device)
-        .reshape([batch, 1, n, 1]);
+        .reshape([batch, 1, n, 1])
+        .expand([batch, heads, n, d_v]); // ndarray's mask_where broadcasts only the mask's way
     out.mask_where(mask, spread)
 }
 

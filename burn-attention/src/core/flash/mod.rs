@@ -42,7 +42,8 @@ pub(crate) fn try_attention(
             .all(|t| t.dtype() == burn::tensor::DType::F32);
         let n_q = q.dims()[2];
         let n_k = k.dims()[2];
-        if !has_kernel(&q.device()) || !all_f32 || n_q == 0 || n_k == 0 {
+        let same_head_size = q.dims()[3] == v.dims()[3];
+        if !has_kernel(&q.device(), same_head_size) || !all_f32 || n_q == 0 || n_k == 0 {
             return None;
         }
         let key_padding: KeyPadding = mask_pad.map(|mask| {
@@ -81,19 +82,24 @@ pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 }
 
 /// Whether `device` (or the device an autodiff device wraps) has the fused kernel: `flex`, and
-/// libtorch on the CPU (its own flash-attention kernels).
+/// libtorch on the CPU (its own flash-attention kernels), which needs queries, keys and values
+/// of one head size (`same_head_size`; the factorised Synthesizer's are not).
 #[cfg(any(feature = "flex", feature = "tch"))]
 #[allow(deprecated)] // burn-tch's device, see the `libtorch` module
-fn has_kernel(device: &Device) -> bool {
+fn has_kernel(device: &Device, same_head_size: bool) -> bool {
+    #[cfg(not(feature = "tch"))]
+    let _ = same_head_size;
     #[cfg(feature = "flex")]
     if is_flex(device) {
         return true;
     }
     #[cfg(feature = "tch")]
-    if matches!(
-        device.as_dispatch().clone().inner(),
-        burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu)
-    ) {
+    if same_head_size
+        && matches!(
+            device.as_dispatch().clone().inner(),
+            burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu)
+        )
+    {
         return true;
     }
     false
