@@ -24,6 +24,7 @@ use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::longformer::{LongformerAttention, LongformerConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
+use crate::variants::reformer::{ReformerAttention, ReformerConfig};
 use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
@@ -186,6 +187,8 @@ registry! {
     Synthesizer(SynthesizerConfig => SynthesizerAttention),
     /// Sparse Sinkhorn attention: own block and a sorted block.
     Sinkhorn(SinkhornConfig => SinkhornAttention),
+    /// Reformer: LSH attention over sorted chunks.
+    Reformer(ReformerConfig => ReformerAttention),
 }
 
 /// Every registered variant, in the order listings show them.

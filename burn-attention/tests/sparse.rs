@@ -12,8 +12,8 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_attention_zoo::{
     Attention, AttentionConfig, AttentionModule, BigBirdConfig, HeadMasks, LocalAttentionConfig,
-    LocalForm, LongformerConfig, SinkhornConfig, SparseAttentionConfig, SparsePattern,
-    SynthesizerConfig, SynthesizerMode, padding_mask_from_lengths,
+    LocalForm, LongformerConfig, ReformerConfig, SinkhornConfig, SparseAttentionConfig,
+    SparsePattern, SynthesizerConfig, SynthesizerMode, padding_mask_from_lengths,
 };
 use reference::{matmul, matrix, max_rel_err, softmax_head, softmax_rows, to_heads, to_rows};
 
@@ -557,5 +557,115 @@ fn sinkhorn_gradients_stay_finite_when_sorting_is_sharp() {
             .try_to_vec::<f32>()
             .unwrap();
         assert!(g.iter().all(|v| v.is_finite()), "lengths {lengths:?}");
+    }
+}
+
+/// Reformer's LSH attention against the paper's definition in float64: every key position
+/// hashed by `argmax([k R_r; −k R_r])` with the module's saved rotations, sorted by (bucket,
+/// position) with padding last, cut into chunks; query `i` attends, in one softmax, to the union
+/// over rounds of the keys in its chunk and the previous one (cyclic over the chunks that hold
+/// real keys), each key once, itself only when the union holds nothing else; keys normalised.
+/// Rounds, buckets and chunk lengths varied, n 1 to 20, a padded batch element, norms √d and 3√d.
+#[test]
+fn reformer_matches_float64_reference() {
+    let device = Device::flex();
+    for (rounds, buckets, chunk) in [(1, 2, 3), (2, 4, 3), (3, 6, 4), (2, 4, 1), (2, 2, 8)] {
+        let config = ReformerConfig::new(HEADS * D, HEADS)
+            .with_n_hashes(rounds)
+            .with_n_buckets(buckets)
+            .with_chunk_len(chunk)
+            .with_dropout(0.0);
+        let attention = AttentionConfig::Reformer(config).init(&device);
+        let Attention::Reformer(module) = &attention else {
+            unreachable!()
+        };
+        let rotations = heads_f64(module.rotations.val());
+        for n in [1usize, 3, 13, 20] {
+            for scale in [1.0f32, 3.0] {
+                device.seed(n as u64 + 7);
+                let lengths = [n, (2 * n).div_ceil(3)];
+                let [q, k, v] = [0, 1, 2].map(|_| {
+                    Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device)
+                });
+                let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
+                let mask = padding_mask_from_lengths(&lengths, n, &device);
+                let out = attention
+                    .attend(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        HeadMasks::new(Some(mask), false),
+                    )
+                    .unwrap();
+                let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
+                for b in 0..2 {
+                    let len = lengths[b];
+                    for h in 0..HEADS {
+                        let keys = &k[b][h];
+                        // Each round's chunk of every position.
+                        let chunks: Vec<Vec<usize>> = (0..rounds)
+                            .map(|r| {
+                                let bucket = |j: usize| -> usize {
+                                    if j >= len {
+                                        return buckets;
+                                    }
+                                    let half = buckets / 2;
+                                    let rotated: Vec<f64> = (0..half)
+                                        .map(|u| {
+                                            (0..D)
+                                                .map(|f| keys[j][f] * rotations[h][f][r * half + u])
+                                                .sum()
+                                        })
+                                        .collect();
+                                    let both: Vec<f64> = rotated
+                                        .iter()
+                                        .copied()
+                                        .chain(rotated.iter().map(|x| -x))
+                                        .collect();
+                                    (0..buckets)
+                                        .max_by(|&x, &y| {
+                                            both[x].total_cmp(&both[y]).then(y.cmp(&x))
+                                        })
+                                        .unwrap()
+                                };
+                                let mut order: Vec<usize> = (0..n).collect();
+                                order.sort_by_key(|&j| (bucket(j), j));
+                                let mut chunk_of = vec![0; n];
+                                for (t, &j) in order.iter().enumerate() {
+                                    chunk_of[j] = t / chunk;
+                                }
+                                chunk_of
+                            })
+                            .collect();
+                        let live = len.div_ceil(chunk).max(1);
+                        let seen = |i: usize, j: usize| {
+                            j < len
+                                && chunks.iter().any(|c| {
+                                    let previous = if c[i] == 0 { live - 1 } else { c[i] - 1 };
+                                    c[j] == c[i] || c[j] == previous
+                                })
+                        };
+                        let normalised: Vec<Vec<f64>> = keys
+                            .iter()
+                            .map(|row| {
+                                let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+                                row.iter().map(|x| x / norm).collect()
+                            })
+                            .collect();
+                        let expected = softmax_head(&q[b][h], &normalised, &v[b][h], |i, j| {
+                            let alone = (0..n).all(|o| o == i || !seen(i, o));
+                            !seen(i, j) || (i == j && !alone)
+                        });
+                        let err = max_rel_err(&out[b][h][..len], &expected[..len], 1e-2);
+                        let tolerance = if scale > 1.0 { 3e-4 } else { 1e-4 };
+                        assert!(
+                            err < tolerance,
+                            "reformer r {rounds} buckets {buckets} chunk {chunk} n {n} scale \
+                             {scale} batch {b} head {h}: relative error {err}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -269,13 +269,20 @@ pub fn merge_by_log_sum_exp(parts: Vec<GatheredOutput>) -> GatheredOutput {
     let lses: Vec<Tensor<4>> = parts.iter().map(|p| p.lse.clone()).collect();
     let stacked = Tensor::cat(lses, 3);
     let max = stacked.clone().max_dim(3).detach();
-    let lse = max.clone() + (stacked - max).exp().sum_dim(3).log();
+    let sum = (stacked - max.clone()).exp().sum_dim(3);
+    // Each part's share relative to the largest, divided by their sum: exact to f32 round-off
+    // of the differences, where `exp(lse_p - lse)` would carry the round-off of `lse` itself
+    // (4.9e-4 absolute near −5000, where a query that only sees itself sits in Reformer).
     let out = parts
         .into_iter()
-        .map(|p| p.out * (p.lse - lse.clone()).exp())
+        .map(|p| p.out * (p.lse - max.clone()).exp())
         .reduce(|a, b| a + b)
-        .expect("at least one part");
-    GatheredOutput { out, lse }
+        .expect("at least one part")
+        / sum.clone();
+    GatheredOutput {
+        out,
+        lse: max + sum.log(),
+    }
 }
 
 /// `out` with the rows `rows[b]` of each batch element `b` replaced by exact softmax attention

@@ -11,6 +11,7 @@ pub mod local;
 pub mod longformer;
 pub mod nystrom;
 pub mod performer;
+pub mod reformer;
 pub mod sinkhorn;
 pub mod softmax;
 pub mod sparse;
