@@ -340,17 +340,21 @@ impl AttentionModule for SynthesizerAttention {
         )?;
         if let (SynthesizerMode::Random, [r1, r2]) = (self.mode, self.random.as_slice()) {
             // softmax(R₁ R₂ᵀ) V is softmax attention with R₁ as queries and R₂ as keys, without
-            // the 1/√k the kernel applies.
-            let rank = r1.dims()[2];
-            let queries = r1
-                .val()
-                .slice(s![.., 0..n])
-                .mul_scalar((rank as f32).sqrt());
-            let keys = r2.val().slice(s![.., 0..n]);
-            let expand = |t: Tensor<3>| t.unsqueeze_dim::<4>(0).expand([batch, heads, n, rank]);
+            // the 1/√k the kernel applies. Broadcast over the batch, then cut to n positions:
+            // on wgpu (Burn 0.22.1) the other order (cut, then broadcast) gave R₂, the
+            // transposed operand of the score matmul, a wrong gradient (caught by the
+            // backend-agreement test; reproduced on a [2, 16, 4] parameter).
+            let [_, n_max, rank] = r1.dims();
+            let factor = |r: &Param<Tensor<3>>| {
+                r.val()
+                    .unsqueeze_dim::<4>(0)
+                    .expand([batch, heads, n_max, rank])
+                    .slice(s![.., .., 0..n])
+            };
+            let queries = factor(r1).mul_scalar((rank as f32).sqrt());
             return Ok(exact_softmax_attention(
-                expand(queries),
-                expand(keys),
+                queries,
+                factor(r2),
                 v,
                 masks.key_pad,
                 masks.causal,
