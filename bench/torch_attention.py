@@ -7,7 +7,9 @@ input), so that `cargo xtask bench attention` can put the two side by side.
 Variants: softmax (four linear projections around torch's scaled_dot_product_attention), and the
 packages people use: linformer (LinformerSelfAttention), performer and performer-relu
 (performer-pytorch SelfAttention, FAVOR+ or its generalized ReLU kernel), nystrom
-(nystrom-attention NystromAttention). Installed by `cargo xtask bench setup`.
+(nystrom-attention NystromAttention), local (local-attention LocalAttention, blocks attending to
+themselves, inside the same four projections), reformer (reformer-pytorch LSHSelfAttention),
+sinkhorn (sinkhorn-transformer SinkhornSelfAttention). Installed by `cargo xtask bench setup`.
 """
 import argparse
 import json
@@ -27,22 +29,60 @@ def proc_status_kib(field):
     return 0.0
 
 
-class Softmax(nn.Module):
-    def __init__(self, dim, heads):
+class Projected(nn.Module):
+    """Four linear projections around a per-head attention `attend(q, k, v)` on
+    `[batch, heads, n, d]` tensors (torch's scaled_dot_product_attention by default)."""
+
+    def __init__(self, dim, heads, attend=F.scaled_dot_product_attention):
         super().__init__()
         self.heads = heads
+        self.attend = attend
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
 
     def forward(self, x):
         b, n, d = x.shape
         split = lambda t: t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-        out = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        out = self.attend(split(self.q(x)), split(self.k(x)), split(self.v(x)))
         return self.o(out.transpose(1, 2).reshape(b, n, d))
 
 
 def build(name, dim, heads, n, params):
     if name == "softmax":
-        return Softmax(dim, heads)
+        return Projected(dim, heads)
+    if name == "local":
+        from local_attention import LocalAttention
+
+        # Blocks of `block_size`, each attending to itself only (no look-back or ahead).
+        local = LocalAttention(
+            window_size=params.get("block_size", 50),
+            look_backward=0,
+            look_forward=0,
+            autopad=True,
+            use_rotary_pos_emb=False,
+        )
+        return Projected(dim, heads, attend=local)
+    if name == "reformer":
+        from reformer_pytorch import LSHSelfAttention
+
+        return LSHSelfAttention(
+            dim,
+            heads=heads,
+            dim_head=dim // heads,
+            bucket_size=params.get("chunk_len", 64),
+            n_hashes=params.get("n_hashes", 2),
+        )
+    if name == "sinkhorn":
+        from sinkhorn_transformer import SinkhornSelfAttention
+
+        return SinkhornSelfAttention(
+            dim,
+            bucket_size=params.get("block_size", 50),
+            max_seq_len=n,
+            heads=heads,
+            dim_head=dim // heads,
+            sinkhorn_iter=params.get("iterations", 5),
+            temperature=params.get("temperature", 0.75),
+        )
     if name == "linformer":
         from linformer import LinformerSelfAttention
 

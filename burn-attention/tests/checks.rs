@@ -37,7 +37,8 @@ use burn_attention_zoo::{
 };
 use reference::{
     efficient_head, elu_plus_one, kernelized_head, matmul, max_rel_err, max_row_rel_err,
-    mean_rel_err, project, scale, softmax_head, softmax_rows, to_heads, to_rows, transpose,
+    mean_rel_err, normal_tensor, project, scale, softmax_head, softmax_rows, to_heads, to_rows,
+    transpose,
 };
 
 const D_MODEL: usize = 16;
@@ -930,14 +931,18 @@ fn favor_matches_float64_estimator() {
 }
 
 /// The case that needs no reference: one position, q = k = 2x, 4,096 features of width 8.
-/// Any attention returns `v`; the features' stabilisers must cancel exactly.
+/// Any attention returns `v`; the features' stabilisers must cancel exactly (a stabiliser that
+/// did not would scale the output by `e^Δ`). What remains is f32 round-off of the two sums over
+/// 4,096 features, `√4096 · 2⁻²⁴ ≈ 4e-6` relative for a random walk (1.00e-5 was seen once at a
+/// 1e-5 bound): the bound is 1e-4. x and v come from their own generator (`normal_tensor`), not
+/// the device's, which the binary's parallel tests share.
 #[test]
 fn favor_length_one_returns_v() {
     let device = device();
     let d = 8;
     let w = orthogonal_features(4096, d, &device);
-    let x = Tensor::<4>::random([1, 1, 1, d], Distribution::Normal(0.0, 1.0), &device);
-    let v = Tensor::<4>::random([1, 1, 1, d], Distribution::Normal(0.0, 1.0), &device);
+    let x = normal_tensor([1, 1, 1, d], 935, &device);
+    let v = normal_tensor([1, 1, 1, d], 936, &device);
     for causal in [false, true] {
         let out = favor_attention(
             x.clone() * 2.0,
@@ -948,7 +953,7 @@ fn favor_length_one_returns_v() {
             causal,
         );
         out.into_data()
-            .assert_approx_eq::<f32>(&v.clone().into_data(), Tolerance::relative(1e-5));
+            .assert_approx_eq::<f32>(&v.clone().into_data(), Tolerance::relative(1e-4));
     }
 }
 

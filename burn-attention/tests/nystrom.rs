@@ -9,14 +9,15 @@ use burn_attention_zoo::{
     iterative_pinv, landmark_segments, nystrom_attention, padding_mask_from_lengths,
     softmax_attention,
 };
-use reference::{max_rel_err, nystrom_f64, segment, to_heads};
+use reference::{max_rel_err, normal_tensor, nystrom_f64, segment, to_heads};
 
 fn device() -> Device {
     Device::flex()
 }
 
-fn qkv(b: usize, h: usize, n: usize, d: usize, device: &Device) -> [Tensor<4>; 3] {
-    [0, 1, 2].map(|_| Tensor::random([b, h, n, d], Distribution::Normal(0.0, 1.0), device))
+/// Queries, keys and values ~ N(0, 1), the same for a given `seed` (see `normal_tensor`).
+fn qkv(b: usize, h: usize, n: usize, d: usize, seed: u64, device: &Device) -> [Tensor<4>; 3] {
+    [0, 1, 2].map(|i| normal_tensor([b, h, n, d], seed * 3 + i, device))
 }
 
 /// Check 4: the functional form against the float64 formula, with padding (the averaging
@@ -34,7 +35,7 @@ fn nystrom_matches_float64_reference() {
         (12, [12, 12, 12], false),
         (10, [10, 10, 10], false),
     ] {
-        let [q, k, v] = qkv(b, h, n, d, &device);
+        let [q, k, v] = qkv(b, h, n, d, n as u64 + lengths[2] as u64, &device);
         let mask = padded.then(|| padding_mask_from_lengths(&lengths, n, &device));
         let out = to_heads(&nystrom_attention(
             q.clone(),
@@ -115,7 +116,7 @@ fn iterative_pinv_inverts() {
 fn nystrom_with_every_position_a_landmark_is_softmax() {
     let device = device();
     let n = 8;
-    let [q, noise, v] = qkv(2, 2, n, 16, &device);
+    let [q, noise, v] = qkv(2, 2, n, 16, n as u64, &device);
     let k = q.clone() + noise.mul_scalar(0.1);
     let approx = to_heads(&nystrom_attention(
         q.clone(),

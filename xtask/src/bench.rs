@@ -121,6 +121,9 @@ const PIP_PACKAGES: &[&str] = &[
     "linformer",
     "performer-pytorch",
     "nystrom-attention",
+    "local-attention",
+    "reformer-pytorch",
+    "sinkhorn-transformer",
 ];
 
 /// Attentions with a PyTorch counterpart in `bench/torch_attention.py`.
@@ -130,6 +133,9 @@ const TORCH_VARIANTS: &[&str] = &[
     "performer",
     "performer-relu",
     "nystrom",
+    "local",
+    "reformer",
+    "sinkhorn",
 ];
 
 /// Variants whose memory grows with n² (they keep an n × n score matrix per head) where they
@@ -163,6 +169,11 @@ fn params(attention: &str) -> Value {
         "linformer" | "linformer-linear" => json!({"k": 256}),
         "performer" => json!({"n_features": 256}),
         "nystrom" => json!({"n_landmarks": 64}),
+        // sinkhorn-transformer needs lengths divisible by its blocks: 64 divides the powers of
+        // two the benchmark runs (LRA's 50 does not).
+        "sinkhorn" => json!({"block_size": 64}),
+        "reformer" => json!({"chunk_len": 64, "n_hashes": 2}),
+        "local" => json!({"block_size": 50}),
         _ => json!({}),
     }
 }

@@ -364,3 +364,27 @@ pub fn elu_plus_one(x: f64) -> f64 {
 pub fn efficient_head(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
     matmul(&softmax_rows(q), &matmul(&softmax_rows(&transpose(k)), v))
 }
+
+/// A tensor of standard normal draws from its own generator (SplitMix64 and Box-Muller), the
+/// same for a given `seed` whatever else runs: the device's generator is shared by the tests of
+/// a binary, which run in parallel, so its draws depend on their interleaving.
+pub fn normal_tensor<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
+    let mut state = seed;
+    let mut uniform = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // In (0, 1]: 53 random bits.
+        ((z >> 11) + 1) as f64 / (1u64 << 53) as f64
+    };
+    let count: usize = shape.iter().product();
+    let values: Vec<f32> = (0..count)
+        .map(|_| {
+            let (u, v) = (uniform(), uniform());
+            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
