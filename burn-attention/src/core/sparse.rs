@@ -123,10 +123,15 @@ impl KeySlots {
         sees: impl Fn(usize) -> bool,
     ) {
         self.index[(g * self.n_blocks + beta) * self.slots + s] = pos as i64;
-        let base = (g * self.n_blocks + beta) * self.block * self.slots;
         for r in 0..self.block {
-            self.mask[base + r * self.slots + s] = !sees(r);
+            let at = self.pair(g, beta, r, s);
+            self.mask[at] = !sees(r);
         }
+    }
+
+    /// Offset of (query `r` of block `beta`, slot `s`) of group `g` in `mask` and `bias`.
+    pub fn pair(&self, g: usize, beta: usize, r: usize, s: usize) -> usize {
+        ((g * self.n_blocks + beta) * self.block + r) * self.slots + s
     }
 
     /// Number of (query, key) pairs left unmasked, over all groups.

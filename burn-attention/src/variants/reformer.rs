@@ -304,13 +304,13 @@ impl ReformerAttention {
                             if pad[j] {
                                 continue;
                             }
-                            slots.index[(g * rounds * n_chunks + block) * 2 * c + s] = j as i64;
+                            // Rows past n (whole-chunk padding) see nothing.
+                            slots.set(g, block, s, j, |row| beta * c + row < n);
                             for row in 0..c {
                                 let Some(&i) = round.order.get(beta * c + row) else {
                                     continue;
                                 };
-                                let at = ((g * rounds * n_chunks + block) * c + row) * 2 * c + s;
-                                slots.mask[at] = false;
+                                let at = slots.pair(g, block, row, s);
                                 let self_bias = if i == j { SELF_BIAS } else { 0.0 };
                                 bias[at] = self_bias - (met(i, j) as f32).ln();
                             }
