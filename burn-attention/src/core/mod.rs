@@ -10,6 +10,7 @@ pub(crate) mod flash;
 pub mod heads;
 pub mod input;
 pub mod kernelized;
+pub mod key_slots;
 pub mod params;
 pub mod softmax;
 pub mod sparse;

@@ -34,10 +34,7 @@ pub fn exact_softmax_attention(
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
     let [batch, _, n_q, _] = q.dims();
     let n_k = k.dims()[2];
-    // Dropout on the weights is only active while training with a non-zero rate; the fused
-    // kernel has none (as PyTorch's CPU flash attention has none).
-    let weight_dropout = q.is_autodiff() && dropout.is_some_and(|dropout| dropout.prob > 0.0);
-    if !weight_dropout
+    if !flash::has_weight_dropout(&q, dropout)
         && let Some(out) = flash::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale)
     {
         return out;

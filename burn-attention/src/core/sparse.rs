@@ -4,141 +4,24 @@
 //! The queries are cut into blocks of `block` consecutive rows; every query of a block scores the
 //! same `slots` keys, gathered by position ([`KeySlots`]), with a mask per query and slot for
 //! whatever the block's queries do not share (a window's edges, causality, padding, slots left
-//! empty). Scores, weights and gathered keys and values all hold `n_blocks · block · slots`
-//! entries per head: time and memory grow with the pairs a pattern attends (plus the slots its
-//! blocks share without attending), never with `n²` unless the pattern itself is dense.
+//! empty). Time grows with the `n_blocks · block · slots` pairs scored per head: the pairs a
+//! pattern attends plus the slots its blocks share without attending, never `n²` unless the
+//! pattern itself is dense. Memory: on `flex`, a fused kernel keeps `O(n d)` per head (one
+//! block's buffers at a time, weights recomputed in the backward pass); the composed form the
+//! other backends run stores the `n_blocks · block · slots` scores, weights and gathered keys.
 //!
 //! The step returns each query's log-sum-exp beside its output, so that attentions over several
 //! key sets (Reformer's hash rounds, a strided pattern's two halves) combine into the softmax
 //! over their union ([`merge_by_log_sum_exp`]).
 
+use std::sync::Arc;
+
 use burn::nn::Dropout;
 use burn::prelude::*;
 
+use super::flash;
 use super::input::MASK_FILL;
-
-/// Which keys each block of queries scores, built on the host by a pattern.
-///
-/// `index` and `mask` are laid out per *group*: one group shared by every batch element and head
-/// (a fixed pattern without padding), one per batch element (padding), or one per batch element
-/// and head (patterns drawn per head, or computed from the data).
-#[derive(Debug, Clone)]
-pub struct KeySlots {
-    /// Queries per block.
-    pub block: usize,
-    /// Number of query blocks (`n_blocks · block >= n_q`; rows past `n_q` are dropped).
-    pub n_blocks: usize,
-    /// Keys scored by each block.
-    pub slots: usize,
-    /// `[batch_groups, head_groups]`, each 1 or the full size.
-    pub groups: [usize; 2],
-    /// Key position of each slot, `[groups, n_blocks, slots]` flattened; a masked slot may hold
-    /// any valid position.
-    pub index: Vec<i64>,
-    /// `true` = query `r` of block `β` does not see slot `s`: `[groups, n_blocks, block, slots]`
-    /// flattened.
-    pub mask: Vec<bool>,
-    /// Added to the scores before the softmax, `[groups, n_blocks, block, slots]` (Reformer's
-    /// correction for keys met in several hash rounds); none for most patterns.
-    pub bias: Option<Vec<f32>>,
-    /// The query position at each row of the blocks, `[groups, n_blocks · block]`, a
-    /// permutation of `0..n_blocks · block` (positions past `n_q` are padding rows), for patterns
-    /// whose blocks are not runs of consecutive queries (a strided pattern's residue classes,
-    /// Reformer's buckets); `None`: row `r` is query `r`.
-    pub query_order: Option<Vec<i64>>,
-}
-
-impl KeySlots {
-    /// Empty slots for `n_blocks` blocks of `block` queries scoring `slots` keys each: every
-    /// slot masked and pointing at position 0, for the pattern to fill in.
-    pub fn masked(groups: [usize; 2], n_blocks: usize, block: usize, slots: usize) -> Self {
-        let g = groups[0] * groups[1];
-        Self {
-            block,
-            n_blocks,
-            slots,
-            groups,
-            index: vec![0; g * n_blocks * slots],
-            mask: vec![true; g * n_blocks * block * slots],
-            bias: None,
-            query_order: None,
-        }
-    }
-
-    /// Each query `i` sees the keys `j` with `i - before <= j <= i + after`, and the keys at
-    /// `globals` (sorted, distinct), in blocks of `block` queries; one group per batch element,
-    /// its padded keys (`padding[b][j]`) masked. A block scores the `block + before + after`
-    /// positions around it, then the global positions (masked in the band, so that none is
-    /// counted twice).
-    pub fn band(
-        n: usize,
-        block: usize,
-        [before, after]: [usize; 2],
-        globals: &[usize],
-        padding: &[Vec<bool>],
-    ) -> Self {
-        let block = block.clamp(1, n.max(1));
-        let n_blocks = n.div_ceil(block);
-        let width = block + before + after;
-        let mut slots = Self::masked([padding.len(), 1], n_blocks, block, width + globals.len());
-        for (g, pad) in padding.iter().enumerate() {
-            for beta in 0..n_blocks {
-                let first = beta * block;
-                for s in 0..width {
-                    // Slot s holds position first - before + s.
-                    let Some(j) = (first + s).checked_sub(before) else {
-                        continue;
-                    };
-                    if j < n && !pad[j] && globals.binary_search(&j).is_err() {
-                        slots.set(g, beta, s, j, |r| {
-                            let i = first + r;
-                            j + before >= i && j <= i + after
-                        });
-                    }
-                }
-                for (t, &j) in globals.iter().enumerate() {
-                    if j < n && !pad[j] {
-                        slots.set(g, beta, width + t, j, |_| true);
-                    }
-                }
-            }
-        }
-        slots
-    }
-
-    /// Offset of group `(batch, head)` (each taken modulo its group count) in `index`, in
-    /// slots.
-    pub fn group(&self, batch: usize, head: usize) -> usize {
-        (batch % self.groups[0]) * self.groups[1] + head % self.groups[1]
-    }
-
-    /// Sets slot `s` of block `beta` in group `g` to key position `pos`, seen by the queries
-    /// `r` of the block for which `sees(r)`.
-    pub fn set(
-        &mut self,
-        g: usize,
-        beta: usize,
-        s: usize,
-        pos: usize,
-        sees: impl Fn(usize) -> bool,
-    ) {
-        self.index[(g * self.n_blocks + beta) * self.slots + s] = pos as i64;
-        for r in 0..self.block {
-            let at = self.pair(g, beta, r, s);
-            self.mask[at] = !sees(r);
-        }
-    }
-
-    /// Offset of (query `r` of block `beta`, slot `s`) of group `g` in `mask` and `bias`.
-    pub fn pair(&self, g: usize, beta: usize, r: usize, s: usize) -> usize {
-        ((g * self.n_blocks + beta) * self.block + r) * self.slots + s
-    }
-
-    /// Number of (query, key) pairs left unmasked, over all groups.
-    pub fn attended_pairs(&self) -> usize {
-        self.mask.iter().filter(|&&m| !m).count()
-    }
-}
+use super::key_slots::KeySlots;
 
 /// The output and log-sum-exp of softmax attention over gathered keys.
 #[derive(Debug, Clone)]
@@ -155,10 +38,33 @@ pub struct GatheredOutput {
 /// A query whose slots are all masked gets the mean of its slots' values, finite (as a fully
 /// masked row of [`exact_softmax_attention`](super::softmax::exact_softmax_attention)).
 ///
+/// On `flex` (f32, no active weight dropout) it runs a fused kernel whose backward recomputes
+/// the weights block by block from the log-sum-exp, so training keeps `O(n d)` per head beyond
+/// the inputs; elsewhere the composed steps below, whose backward Burn derives and which store
+/// the gathered keys, values and weights (`n · slots` per head).
+///
 /// # Shapes
 /// - `q`: `[batch, heads, n_q, d]`; `k`: `[batch, heads, n_k, d]`; `v`: `[batch, heads, n_k, d_v]`
 /// - output: `[batch, heads, n_q, d_v]`, log-sum-exp `[batch, heads, n_q, 1]`
 pub fn gathered_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    slots: KeySlots,
+    scale: f32,
+    dropout: Option<&Dropout>,
+) -> GatheredOutput {
+    let slots = Arc::new(slots);
+    if !flash::has_weight_dropout(&q, dropout)
+        && let Some((out, lse)) = flash::try_gathered_attention(&q, &k, &v, &slots, scale)
+    {
+        return GatheredOutput { out, lse };
+    }
+    composed_gathered_attention(q, k, v, Arc::unwrap_or_clone(slots), scale, dropout)
+}
+
+/// [`gathered_attention`] from Burn's operations: gather, batched products, softmax.
+fn composed_gathered_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
@@ -368,6 +274,152 @@ pub fn padding_flags(key_pad: &Option<Tensor<2, Bool>>, batch: usize, n: usize) 
         Some(mask) => {
             let flags: Vec<bool> = mask.clone().into_data().iter::<bool>().collect();
             flags.chunks(n).map(<[bool]>::to_vec).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use burn::prelude::*;
+
+    use super::{KeySlots, composed_gathered_attention, flash};
+
+    /// A small deterministic generator (SplitMix64) for patterns and inputs.
+    struct Draws(u64);
+
+    impl Draws {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        /// Uniform in [-1, 1).
+        fn signed(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+
+        fn tensor(&mut self, shape: [usize; 4], scale: f32, device: &Device) -> Tensor<4> {
+            let values: Vec<f32> = (0..shape.iter().product::<usize>())
+                .map(|_| scale * self.signed())
+                .collect();
+            Tensor::from_data(TensorData::new(values, shape), device)
+        }
+    }
+
+    /// A random pattern: repeated and masked slots, one query that sees nothing, optional
+    /// score bias and query order, rows past `n_q`.
+    fn random_slots(
+        draws: &mut Draws,
+        groups: [usize; 2],
+        [n_q, n_k]: [usize; 2],
+        [block, width]: [usize; 2],
+        bias: bool,
+        order: bool,
+    ) -> KeySlots {
+        let n_blocks = n_q.div_ceil(block);
+        let mut slots = KeySlots::masked(groups, n_blocks, block, width);
+        for j in slots.index.iter_mut() {
+            *j = draws.below(n_k) as i64;
+        }
+        for m in slots.mask.iter_mut() {
+            *m = draws.below(10) < 3;
+        }
+        // Query row 1 of block 0 in group 0 sees nothing.
+        for s in 0..width {
+            let at = slots.pair(0, 0, 1, s);
+            slots.mask[at] = true;
+        }
+        if bias {
+            slots.bias = Some(
+                (0..slots.mask.len())
+                    .map(|_| 2.0 * draws.signed())
+                    .collect(),
+            );
+        }
+        if order {
+            let rows = n_blocks * block;
+            let mut all = Vec::new();
+            for _ in 0..groups[0] * groups[1] {
+                let mut perm: Vec<i64> = (0..rows as i64).collect();
+                for i in (1..rows).rev() {
+                    perm.swap(i, draws.below(i + 1));
+                }
+                all.extend(perm);
+            }
+            slots.query_order = Some(all);
+        }
+        slots
+    }
+
+    fn max_rel_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
+        (a - b).abs().max().into_scalar::<f32>() / scale
+    }
+
+    /// The fused kernel against the composed steps (Burn's own gather, softmax and derived
+    /// backward): outputs, log-sum-exps, and the gradients of a loss that reads both.
+    #[test]
+    fn fused_matches_composed_with_gradients() {
+        let device = Device::flex().autodiff();
+        let mut draws = Draws(7);
+        let cases = [
+            // (groups, [n_q, n_k], [block, slots], bias, order, d, d_v, input scale)
+            ([1, 1], [13, 13], [4, 6], false, false, 8, 8, 1.0),
+            ([2, 3], [13, 17], [4, 6], true, true, 8, 5, 3.0),
+            ([2, 1], [20, 9], [5, 12], false, true, 4, 6, 3.0),
+            ([1, 3], [1, 1], [1, 1], true, false, 8, 8, 1.0),
+        ];
+        for (groups, [n_q, n_k], shape, bias, order, d, d_v, scale) in cases {
+            let (batch, heads) = (2, 3);
+            let slots = random_slots(&mut draws, groups, [n_q, n_k], shape, bias, order);
+            let q = draws.tensor([batch, heads, n_q, d], scale, &device);
+            let k = draws.tensor([batch, heads, n_k, d], scale, &device);
+            let v = draws.tensor([batch, heads, n_k, d_v], 1.0, &device);
+            let g_out = draws.tensor([batch, heads, n_q, d_v], 1.0, &device);
+            let g_lse = draws.tensor([batch, heads, n_q, 1], 1.0, &device);
+            let run = |fused: bool| {
+                let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
+                let (out, lse) = if fused {
+                    flash::try_gathered_attention(&q, &k, &v, &Arc::new(slots.clone()), 0.5)
+                        .expect("flex has the fused kernel")
+                } else {
+                    let o = composed_gathered_attention(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        slots.clone(),
+                        0.5,
+                        None,
+                    );
+                    (o.out, o.lse)
+                };
+                let loss =
+                    (out.clone() * g_out.clone()).sum() + (lse.clone() * g_lse.clone()).sum();
+                let grads = loss.backward();
+                let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+                [out.inner(), lse.inner(), grad(&q), grad(&k), grad(&v)]
+            };
+            let fused = run(true);
+            let composed = run(false);
+            for (name, (a, b)) in ["out", "lse", "dq", "dk", "dv"]
+                .iter()
+                .zip(fused.into_iter().zip(composed))
+            {
+                let diff = max_rel_diff(a, b);
+                assert!(
+                    diff < 2e-5,
+                    "{name}: relative difference {diff} (groups {groups:?}, n_q {n_q})"
+                );
+            }
         }
     }
 }

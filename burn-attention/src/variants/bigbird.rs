@@ -29,10 +29,9 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::key_slots::KeySlots;
 use crate::core::params::lazy_param;
-use crate::core::sparse::{
-    KeySlots, gathered_attention, padding_flags, real_lengths, with_full_rows,
-};
+use crate::core::sparse::{gathered_attention, padding_flags, real_lengths, with_full_rows};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 /// The registry entry.

@@ -26,8 +26,9 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::sparse::{KeySlots, gathered_attention, padding_flags};
+use crate::core::sparse::{gathered_attention, padding_flags};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {

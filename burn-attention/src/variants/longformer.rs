@@ -25,7 +25,8 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::sparse::{KeySlots, gathered_attention, padding_flags, with_full_rows};
+use crate::core::key_slots::KeySlots;
+use crate::core::sparse::{gathered_attention, padding_flags, with_full_rows};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 /// The registry entry.

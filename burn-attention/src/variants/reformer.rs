@@ -38,9 +38,10 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::key_slots::KeySlots;
 use crate::core::params::lazy_param;
 use crate::core::sparse::{
-    GatheredOutput, KeySlots, gathered_attention, merge_by_log_sum_exp, padding_flags,
+    GatheredOutput, gathered_attention, merge_by_log_sum_exp, padding_flags,
 };
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 

@@ -33,7 +33,8 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
-use crate::core::sparse::{KeySlots, gathered_attention, padding_flags, real_lengths};
+use crate::core::key_slots::KeySlots;
+use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 /// The registry entry.

@@ -31,8 +31,9 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::sparse::{KeySlots, gathered_attention, merge_by_log_sum_exp, padding_flags};
+use crate::core::sparse::{gathered_attention, merge_by_log_sum_exp, padding_flags};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 const CAPABILITIES: Capabilities = Capabilities {

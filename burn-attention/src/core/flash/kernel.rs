@@ -123,7 +123,7 @@ impl Scoring<'_> {
 /// `dst (m×n) = alpha·dst + beta·lhs (m×k) · rhs (k×n)`, row-major with the given strides
 /// (`(row stride, column stride)` per matrix). `alpha` is ignored when `accumulate` is false.
 #[allow(clippy::too_many_arguments)]
-fn matmul(
+pub(super) fn matmul(
     m: usize,
     n: usize,
     k: usize,
@@ -463,7 +463,7 @@ pub fn exp_in_place(values: &mut [f32]) {
 }
 
 /// Row kernels, compiled for AVX-512 and AVX2 beside the portable build and picked at run time.
-mod simd {
+pub(super) mod simd {
     /// Lanes the loops are written over; the compiler maps them onto vector registers.
     const LANES: usize = 16;
 
@@ -609,7 +609,7 @@ mod simd {
 
     macro_rules! dispatch {
         ($name:ident => $impl_name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
-            pub(super) fn $name($($arg: $ty),*) -> $ret {
+            pub(in crate::core::flash) fn $name($($arg: $ty),*) -> $ret {
                 match level() {
                     // SAFETY: `level` checked that the CPU has the features each build enables.
                     #[cfg(target_arch = "x86_64")]

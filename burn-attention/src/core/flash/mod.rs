@@ -12,11 +12,15 @@
 //! apply (another backend, a dtype other than `f32`), and the caller composes the steps.
 
 #[cfg(feature = "flex")]
+mod gathered;
+#[cfg(feature = "flex")]
 mod kernel;
 
 use std::sync::Arc;
 
 use burn::prelude::*;
+
+use crate::core::key_slots::KeySlots;
 
 /// Key-padding flags shared between the forward and backward passes (`[batch, n_k]`,
 /// `true` = padding).
@@ -64,6 +68,56 @@ pub(crate) fn try_attention(
     #[cfg(not(any(feature = "flex", feature = "tch")))]
     {
         let _ = (q, k, v, mask_pad, causal, scale);
+        None
+    }
+}
+
+/// Whether dropout on the attention weights is active: only while training (autodiff) with a
+/// non-zero rate. The fused kernels have none (as PyTorch's CPU flash attention has none), so
+/// their callers compose the steps when it is.
+pub(crate) fn has_weight_dropout(q: &Tensor<4>, dropout: Option<&burn::nn::Dropout>) -> bool {
+    q.is_autodiff() && dropout.is_some_and(|dropout| dropout.prob > 0.0)
+}
+
+/// Fused softmax attention over gathered keys (see [`gathered_attention`](crate::core::sparse::gathered_attention)):
+/// the output `[batch, heads, n_q, d_v]` and log-sum-exp `[batch, heads, n_q, 1]`, both
+/// differentiable, when the backend has the kernel (`flex`, `f32`), `None` otherwise. Its
+/// backward recomputes the weights block by block: memory beyond inputs and outputs is one
+/// block's buffers per thread, whatever the number of attended pairs.
+pub(crate) fn try_gathered_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    slots: &Arc<KeySlots>,
+    scale: f32,
+) -> Option<(Tensor<4>, Tensor<4>)> {
+    #[cfg(feature = "flex")]
+    {
+        let all_f32 = [q, k, v]
+            .iter()
+            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        let [batch, heads, n_q, _] = q.dims();
+        let d_v = v.dims()[3];
+        if !is_flex(&q.device()) || !all_f32 || n_q == 0 || k.dims()[2] == 0 {
+            return None;
+        }
+        // One tensor holds both outputs (the log-sum-exp as an extra column), so that one
+        // backward receives the gradients of both.
+        let joint = <burn::backend::Dispatch as GatheredAttention>::gathered_attention(
+            q.clone().into_dispatch(),
+            k.clone().into_dispatch(),
+            v.clone().into_dispatch(),
+            slots.clone(),
+            scale,
+        );
+        let joint = Tensor::<4>::from_dispatch(joint);
+        let out = joint.clone().slice([0..batch, 0..heads, 0..n_q, 0..d_v]);
+        let lse = joint.slice([0..batch, 0..heads, 0..n_q, d_v..d_v + 1]);
+        Some((out, lse))
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (q, k, v, slots, scale);
         None
     }
 }
@@ -148,6 +202,34 @@ mod extension {
 }
 
 #[cfg(feature = "flex")]
+use gathered_extension::GatheredAttention;
+
+#[cfg(feature = "flex")]
+mod gathered_extension {
+    use std::sync::Arc;
+
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, backend_extension};
+
+    use crate::core::key_slots::KeySlots;
+
+    /// The backend extension: fused attention over gathered keys, with a handwritten backward.
+    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+    pub trait GatheredAttention: Backend {
+        /// `softmax(scale · q k_slotsᵀ + bias + masks) v_slots` per query block, on
+        /// `[batch, heads, n, d]` tensors: `[batch, heads, n_q, d_v + 1]`, the output with each
+        /// query's log-sum-exp as the last column.
+        fn gathered_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            slots: Arc<KeySlots>,
+            scale: f32,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
 mod flex {
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -160,7 +242,8 @@ mod flex {
     use std::sync::Arc;
 
     use super::kernel::{self, Dims, Scoring};
-    use super::{FlashAttention, KeyPadding};
+    use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+    use crate::core::key_slots::KeySlots;
 
     /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
     /// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`
@@ -392,6 +475,126 @@ mod flex {
                     prep.finish(out.clone(), out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(Flex::vector_exp(x.into_primitive())),
+            }
+        }
+    }
+
+    /// The forward output and log-sum-exp as one `[batch, heads, n_q, d_v + 1]` tensor.
+    fn joint_tensor(forward: &gathered::Forward, dims: Dims) -> FloatTensor<Flex> {
+        let d_v = dims.d_v;
+        let mut joint = Vec::with_capacity(forward.lse.len() * (d_v + 1));
+        for (row, &l) in forward.out.chunks(d_v.max(1)).zip(&forward.lse) {
+            joint.extend_from_slice(&row[..d_v]);
+            joint.push(l);
+        }
+        let [b, h, n_q, _] = dims.out_shape();
+        device_tensor(joint, [b, h, n_q, d_v + 1])
+    }
+
+    impl GatheredAttention for Flex {
+        fn gathered_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            slots: Arc<KeySlots>,
+            scale: f32,
+        ) -> FloatTensor<Self> {
+            let host = Host::new(q, k, v);
+            let forward = gathered::forward(&host.q, &host.k, &host.v, host.dims, &slots, scale);
+            joint_tensor(&forward, host.dims)
+        }
+    }
+
+    /// What the gathered backward keeps: inputs and the forward pass (`O(n d)` per head).
+    #[derive(Debug, Clone)]
+    struct GatheredSaved {
+        host: Host,
+        forward: Arc<gathered::Forward>,
+        slots: Arc<KeySlots>,
+        scale: f32,
+    }
+
+    #[derive(Debug)]
+    struct GatheredBackward;
+
+    impl Backward<Flex, 3> for GatheredBackward {
+        type State = GatheredSaved;
+
+        fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [node_q, node_k, node_v] = ops.parents;
+            let (joint, _) = host(grads.consume::<Flex>(&ops.node));
+            let saved = ops.state;
+            let dims = saved.host.dims;
+            let d_v = dims.d_v;
+            let mut d_out = Vec::with_capacity(saved.forward.out.len());
+            let mut d_lse = Vec::with_capacity(saved.forward.lse.len());
+            for row in joint.chunks(d_v + 1) {
+                d_out.extend_from_slice(&row[..d_v]);
+                d_lse.push(row[d_v]);
+            }
+            let host = &saved.host;
+            let (dq, dk, dv) = gathered::backward(
+                &host.q,
+                &host.k,
+                &host.v,
+                dims,
+                &saved.slots,
+                saved.scale,
+                gathered::Upstream {
+                    forward: &saved.forward,
+                    d_out: &d_out,
+                    d_lse: Some(&d_lse),
+                },
+            );
+            for (node, grad, shape) in [
+                (node_q, dq, dims.q_shape()),
+                (node_k, dk, dims.k_shape()),
+                (node_v, dv, dims.v_shape()),
+            ] {
+                if let Some(node) = node {
+                    grads.register::<Flex>(node.id, device_tensor(grad, shape));
+                }
+            }
+        }
+    }
+
+    impl<C: CheckpointStrategy> GatheredAttention for Autodiff<Flex, C> {
+        fn gathered_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            slots: Arc<KeySlots>,
+            scale: f32,
+        ) -> FloatTensor<Self> {
+            match GatheredBackward
+                .prepare::<C>([q.node(), k.node(), v.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let host = Host::new(
+                        q.primitive().clone(),
+                        k.primitive().clone(),
+                        v.primitive().clone(),
+                    );
+                    let forward =
+                        gathered::forward(&host.q, &host.k, &host.v, host.dims, &slots, scale);
+                    let joint = joint_tensor(&forward, host.dims);
+                    let saved = GatheredSaved {
+                        host,
+                        forward: Arc::new(forward),
+                        slots,
+                        scale,
+                    };
+                    prep.finish(saved, joint)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(Flex::gathered_attention(
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    slots,
+                    scale,
+                )),
             }
         }
     }

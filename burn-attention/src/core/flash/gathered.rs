@@ -1,0 +1,412 @@
+//! Softmax attention over gathered keys on the CPU, fused: the forward pass keeps each query's
+//! log-sum-exp and the backward pass recomputes the weights block by block from it, as the
+//! tiled kernel of [`kernel`](super::kernel) does for dense attention.
+//!
+//! The composed form (`gather`, batched products, softmax) stores the gathered keys and values
+//! and the scores and weights of every (query, slot) pair for its backward: `n · slots` floats
+//! per head, several times over. Here a task per batch · head walks the query blocks in turn,
+//! gathers one block's keys and values into a buffer, and keeps nothing beyond the inputs, the
+//! output and one log-sum-exp per query: memory `O(n d)` per head, whatever the pattern.
+//!
+//! Tensors are contiguous row-major `f32` slices: `q` `[bh, n_q, d]`, `k` `[bh, n_k, d]`,
+//! `v` `[bh, n_k, d_v]`, where `bh` runs over batch × heads. Masked (query, slot) pairs get
+//! [`MASK_FILL`] in place of their score, as in the composed form, and no gradient.
+
+use rayon::prelude::*;
+
+use super::kernel::{Dims, matmul, simd};
+use crate::core::input::MASK_FILL;
+use crate::core::key_slots::KeySlots;
+
+/// Per-task buffers: one block's queries, gathered keys and values, and scores.
+struct Buffers {
+    /// Query position of each row of the block (`None`: a padding row past `n_q`).
+    rows: Vec<Option<usize>>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl Buffers {
+    fn new(slots: &KeySlots, dims: Dims) -> Self {
+        let (block, width) = (slots.block, slots.slots);
+        Self {
+            rows: vec![None; block],
+            q: vec![0.0; block * dims.d],
+            k: vec![0.0; width * dims.d],
+            v: vec![0.0; width * dims.d_v],
+            s: vec![0.0; block * width],
+        }
+    }
+
+    /// Gathers block `beta` of group `g`: its query rows (zero for padding rows), its slots'
+    /// keys and values, and its masked, biased, scaled scores.
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &mut self,
+        slots: &KeySlots,
+        g: usize,
+        beta: usize,
+        [q, k, v]: [&[f32]; 3],
+        dims: Dims,
+        scale: f32,
+    ) {
+        let Dims { n_q, d, d_v, .. } = dims;
+        let (block, width) = (slots.block, slots.slots);
+        let n_rows = slots.n_blocks * block;
+        for r in 0..block {
+            let row = beta * block + r;
+            let pos = match &slots.query_order {
+                Some(order) => order[g * n_rows + row] as usize,
+                None => row,
+            };
+            let dst = &mut self.q[r * d..(r + 1) * d];
+            if pos < n_q {
+                dst.copy_from_slice(&q[pos * d..(pos + 1) * d]);
+                self.rows[r] = Some(pos);
+            } else {
+                dst.fill(0.0);
+                self.rows[r] = None;
+            }
+        }
+        let index = &slots.index[(g * slots.n_blocks + beta) * width..][..width];
+        for (t, &j) in index.iter().enumerate() {
+            let j = j as usize;
+            self.k[t * d..(t + 1) * d].copy_from_slice(&k[j * d..(j + 1) * d]);
+            self.v[t * d_v..(t + 1) * d_v].copy_from_slice(&v[j * d_v..(j + 1) * d_v]);
+        }
+        matmul(
+            block,
+            width,
+            d,
+            &mut self.s,
+            width,
+            false,
+            &self.q,
+            (d, 1),
+            &self.k,
+            (1, d),
+            scale,
+        );
+        let pairs = slots.pair(g, beta, 0, 0)..slots.pair(g, beta, block - 1, width - 1) + 1;
+        if let Some(bias) = &slots.bias {
+            for (s, &b) in self.s.iter_mut().zip(&bias[pairs.clone()]) {
+                *s += b;
+            }
+        }
+        for (s, &masked) in self.s.iter_mut().zip(&slots.mask[pairs]) {
+            if masked {
+                *s = MASK_FILL;
+            }
+        }
+    }
+}
+
+/// The slots' key positions must lie below `n_k`, their query order below `n_blocks · block`.
+fn check(slots: &KeySlots, dims: Dims) {
+    let groups = slots.groups[0] * slots.groups[1];
+    assert!(slots.block > 0 && slots.slots > 0, "empty blocks or slots");
+    assert!(slots.n_blocks * slots.block >= dims.n_q, "blocks too few");
+    assert_eq!(slots.index.len(), groups * slots.n_blocks * slots.slots);
+    assert_eq!(
+        slots.mask.len(),
+        groups * slots.n_blocks * slots.block * slots.slots
+    );
+    assert!(
+        slots
+            .index
+            .iter()
+            .all(|&j| j >= 0 && (j as usize) < dims.n_k),
+        "a slot points past the keys"
+    );
+    if let Some(bias) = &slots.bias {
+        assert_eq!(bias.len(), slots.mask.len());
+    }
+    if let Some(order) = &slots.query_order {
+        let rows = slots.n_blocks * slots.block;
+        assert_eq!(order.len(), groups * rows);
+        assert!(order.iter().all(|&p| p >= 0 && (p as usize) < rows));
+    }
+}
+
+/// What the forward pass computes: the output and, per query, the log-sum-exp of its scores
+/// and the two terms it is made of (the backward pass rebuilds the weights from those, exactly
+/// as the forward pass normalised them: a log-sum-exp rounded near a masked score of −10⁴
+/// would be off by 10⁻³).
+#[derive(Debug)]
+pub struct Forward {
+    /// `[bh, n_q, d_v]`.
+    pub out: Vec<f32>,
+    /// `max + ln(sum)`, `[bh, n_q]`.
+    pub lse: Vec<f32>,
+    /// Each query's largest score, `[bh, n_q]`.
+    pub max: Vec<f32>,
+    /// `Σ exp(score − max)`, `[bh, n_q]`.
+    pub sum: Vec<f32>,
+}
+
+/// Forward pass over every batch · head.
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: Dims,
+    slots: &KeySlots,
+    scale: f32,
+) -> Forward {
+    let Dims {
+        n_q, n_k, d, d_v, ..
+    } = dims;
+    let bh = dims.batch * dims.heads;
+    check(slots, dims);
+    let mut out = vec![0.0f32; bh * n_q * d_v];
+    let mut max = vec![0.0f32; bh * n_q];
+    let mut sum = vec![0.0f32; bh * n_q];
+    let (block, width) = (slots.block, slots.slots);
+    if n_q > 0 {
+        out.par_chunks_mut(n_q * d_v)
+            .zip(max.par_chunks_mut(n_q))
+            .zip(sum.par_chunks_mut(n_q))
+            .enumerate()
+            .for_each_init(
+                || (Buffers::new(slots, dims), vec![0.0f32; block * d_v]),
+                |(buf, o), (h, ((out, max), sum))| {
+                    let g = slots.group(h / dims.heads, h % dims.heads);
+                    let inputs = [
+                        &q[h * n_q * d..(h + 1) * n_q * d],
+                        &k[h * n_k * d..(h + 1) * n_k * d],
+                        &v[h * n_k * d_v..(h + 1) * n_k * d_v],
+                    ];
+                    for beta in 0..slots.n_blocks {
+                        buf.load(slots, g, beta, inputs, dims, scale);
+                        for r in 0..block {
+                            let row = &mut buf.s[r * width..(r + 1) * width];
+                            let m = simd::max(row);
+                            let l = simd::exp_shift_sum(row, m);
+                            let inv = 1.0 / l;
+                            row.iter_mut().for_each(|p| *p *= inv);
+                            if let Some(pos) = buf.rows[r] {
+                                (max[pos], sum[pos]) = (m, l);
+                            }
+                        }
+                        matmul(
+                            block,
+                            d_v,
+                            width,
+                            o,
+                            d_v,
+                            false,
+                            &buf.s,
+                            (width, 1),
+                            &buf.v,
+                            (d_v, 1),
+                            1.0,
+                        );
+                        for (r, pos) in buf.rows.iter().enumerate() {
+                            if let Some(pos) = *pos {
+                                out[pos * d_v..(pos + 1) * d_v]
+                                    .copy_from_slice(&o[r * d_v..(r + 1) * d_v]);
+                            }
+                        }
+                    }
+                },
+            );
+    }
+    let lse = max.iter().zip(&sum).map(|(m, l)| m + l.ln()).collect();
+    Forward { out, lse, max, sum }
+}
+
+/// What the backward pass reads besides the inputs: the forward pass's results, and the
+/// gradients reaching its output and log-sum-exp (`d_lse` none when the log-sum-exp feeds
+/// nothing).
+pub struct Upstream<'a> {
+    /// The forward pass.
+    pub forward: &'a Forward,
+    /// Gradient of the output `[bh, n_q, d_v]`.
+    pub d_out: &'a [f32],
+    /// Gradient of the log-sum-exp `[bh, n_q]`.
+    pub d_lse: Option<&'a [f32]>,
+}
+
+/// Gradients with respect to `q`, `k` and `v`.
+///
+/// With `P` the weights and `dP = dO Vᵀ`, a score's gradient is `P (dP − δ)` with
+/// `δ_i = dO_i · O_i − d lse_i` (the log-sum-exp's gradient with respect to a score is its
+/// weight); keys met by several slots collect every slot's share.
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: Dims,
+    slots: &KeySlots,
+    scale: f32,
+    up: Upstream<'_>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let Dims {
+        n_q, n_k, d, d_v, ..
+    } = dims;
+    let bh = dims.batch * dims.heads;
+    check(slots, dims);
+    assert_eq!(up.forward.out.len(), bh * n_q * d_v, "output length");
+    assert_eq!(up.d_out.len(), bh * n_q * d_v, "output-gradient length");
+    assert_eq!(up.forward.max.len(), bh * n_q, "row-maximum length");
+    let mut dq = vec![0.0f32; bh * n_q * d];
+    let mut dk = vec![0.0f32; bh * n_k * d];
+    let mut dv = vec![0.0f32; bh * n_k * d_v];
+    if n_q == 0 {
+        return (dq, dk, dv);
+    }
+    let (block, width) = (slots.block, slots.slots);
+    dq.par_chunks_mut(n_q * d)
+        .zip(dk.par_chunks_mut(n_k * d))
+        .zip(dv.par_chunks_mut(n_k * d_v))
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    Buffers::new(slots, dims),
+                    // The block's δ, dO rows, dP, dQ and gathered dK or dV.
+                    vec![0.0f32; block],
+                    vec![0.0f32; block * d_v],
+                    vec![0.0f32; block * width],
+                    vec![0.0f32; block * d],
+                    vec![0.0f32; width * d.max(d_v)],
+                )
+            },
+            |(buf, delta, d_o, dp, dq_block, d_gathered), (h, ((dq, dk), dv))| {
+                let g = slots.group(h / dims.heads, h % dims.heads);
+                let inputs = [
+                    &q[h * n_q * d..(h + 1) * n_q * d],
+                    &k[h * n_k * d..(h + 1) * n_k * d],
+                    &v[h * n_k * d_v..(h + 1) * n_k * d_v],
+                ];
+                let out = &up.forward.out[h * n_q * d_v..(h + 1) * n_q * d_v];
+                let d_out = &up.d_out[h * n_q * d_v..(h + 1) * n_q * d_v];
+                let max = &up.forward.max[h * n_q..(h + 1) * n_q];
+                let sum = &up.forward.sum[h * n_q..(h + 1) * n_q];
+                let d_lse = up.d_lse.map(|x| &x[h * n_q..(h + 1) * n_q]);
+                let index =
+                    |beta: usize| &slots.index[(g * slots.n_blocks + beta) * width..][..width];
+                for beta in 0..slots.n_blocks {
+                    buf.load(slots, g, beta, inputs, dims, scale);
+                    // P = exp(S − max) / sum; padding rows carry no weight and no gradient.
+                    for r in 0..block {
+                        let p = &mut buf.s[r * width..(r + 1) * width];
+                        let dst = &mut d_o[r * d_v..(r + 1) * d_v];
+                        match buf.rows[r] {
+                            Some(i) => {
+                                simd::exp_shift(p, max[i]);
+                                let inv = 1.0 / sum[i];
+                                p.iter_mut().for_each(|x| *x *= inv);
+                                let row = &d_out[i * d_v..(i + 1) * d_v];
+                                dst.copy_from_slice(row);
+                                delta[r] = simd::dot(row, &out[i * d_v..(i + 1) * d_v])
+                                    - d_lse.map_or(0.0, |x| x[i]);
+                            }
+                            None => {
+                                delta[r] = 0.0;
+                                p.fill(0.0);
+                                dst.fill(0.0);
+                            }
+                        }
+                    }
+                    // dV_slots = Pᵀ dO, added to the slots' value rows.
+                    let dv_slots = &mut d_gathered[..width * d_v];
+                    matmul(
+                        width,
+                        d_v,
+                        block,
+                        dv_slots,
+                        d_v,
+                        false,
+                        &buf.s,
+                        (1, width),
+                        d_o,
+                        (d_v, 1),
+                        1.0,
+                    );
+                    scatter_add(dv, dv_slots, index(beta), d_v);
+                    // dP = dO V_slotsᵀ;  dS = scale · P ∘ (dP − δ), zero where masked.
+                    matmul(
+                        block,
+                        width,
+                        d_v,
+                        dp,
+                        width,
+                        false,
+                        d_o,
+                        (d_v, 1),
+                        &buf.v,
+                        (1, d_v),
+                        1.0,
+                    );
+                    for r in 0..block {
+                        let at = r * width..(r + 1) * width;
+                        simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta[r], scale);
+                    }
+                    let pairs =
+                        slots.pair(g, beta, 0, 0)..slots.pair(g, beta, 0, 0) + block * width;
+                    for (x, &masked) in dp.iter_mut().zip(&slots.mask[pairs]) {
+                        if masked {
+                            *x = 0.0;
+                        }
+                    }
+                    // dQ_block = dS K_slots, to the block's query rows.
+                    matmul(
+                        block,
+                        d,
+                        width,
+                        dq_block,
+                        d,
+                        false,
+                        dp,
+                        (width, 1),
+                        &buf.k,
+                        (d, 1),
+                        1.0,
+                    );
+                    for (r, pos) in buf.rows.iter().enumerate() {
+                        if let Some(i) = *pos {
+                            for (a, &b) in dq[i * d..(i + 1) * d]
+                                .iter_mut()
+                                .zip(&dq_block[r * d..(r + 1) * d])
+                            {
+                                *a += b;
+                            }
+                        }
+                    }
+                    // dK_slots = dSᵀ Q_block, added to the slots' key rows.
+                    let dk_slots = &mut d_gathered[..width * d];
+                    matmul(
+                        width,
+                        d,
+                        block,
+                        dk_slots,
+                        d,
+                        false,
+                        dp,
+                        (1, width),
+                        &buf.q,
+                        (d, 1),
+                        1.0,
+                    );
+                    scatter_add(dk, dk_slots, index(beta), d);
+                }
+            },
+        );
+    (dq, dk, dv)
+}
+
+/// Adds row `t` of `rows` (`width` wide) to row `index[t]` of `dst`.
+fn scatter_add(dst: &mut [f32], rows: &[f32], index: &[i64], width: usize) {
+    for (t, &j) in index.iter().enumerate() {
+        let j = j as usize;
+        for (a, &b) in dst[j * width..(j + 1) * width]
+            .iter_mut()
+            .zip(&rows[t * width..(t + 1) * width])
+        {
+            *a += b;
+        }
+    }
+}

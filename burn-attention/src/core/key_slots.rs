@@ -1,0 +1,125 @@
+//! Which keys each block of queries scores: the pattern a sparse attention hands to
+//! [`gathered_attention`](super::sparse::gathered_attention), built on the host.
+
+/// Which keys each block of queries scores, built on the host by a pattern.
+///
+/// `index` and `mask` are laid out per *group*: one group shared by every batch element and head
+/// (a fixed pattern without padding), one per batch element (padding), or one per batch element
+/// and head (patterns drawn per head, or computed from the data).
+#[derive(Debug, Clone)]
+pub struct KeySlots {
+    /// Queries per block.
+    pub block: usize,
+    /// Number of query blocks (`n_blocks · block >= n_q`; rows past `n_q` are dropped).
+    pub n_blocks: usize,
+    /// Keys scored by each block.
+    pub slots: usize,
+    /// `[batch_groups, head_groups]`, each 1 or the full size.
+    pub groups: [usize; 2],
+    /// Key position of each slot, `[groups, n_blocks, slots]` flattened; a masked slot may hold
+    /// any valid position.
+    pub index: Vec<i64>,
+    /// `true` = query `r` of block `β` does not see slot `s`: `[groups, n_blocks, block, slots]`
+    /// flattened.
+    pub mask: Vec<bool>,
+    /// Added to the scores before the softmax, `[groups, n_blocks, block, slots]` (Reformer's
+    /// correction for keys met in several hash rounds); none for most patterns.
+    pub bias: Option<Vec<f32>>,
+    /// The query position at each row of the blocks, `[groups, n_blocks · block]`, a
+    /// permutation of `0..n_blocks · block` (positions past `n_q` are padding rows), for patterns
+    /// whose blocks are not runs of consecutive queries (a strided pattern's residue classes,
+    /// Reformer's buckets); `None`: row `r` is query `r`.
+    pub query_order: Option<Vec<i64>>,
+}
+
+impl KeySlots {
+    /// Empty slots for `n_blocks` blocks of `block` queries scoring `slots` keys each: every
+    /// slot masked and pointing at position 0, for the pattern to fill in.
+    pub fn masked(groups: [usize; 2], n_blocks: usize, block: usize, slots: usize) -> Self {
+        let g = groups[0] * groups[1];
+        Self {
+            block,
+            n_blocks,
+            slots,
+            groups,
+            index: vec![0; g * n_blocks * slots],
+            mask: vec![true; g * n_blocks * block * slots],
+            bias: None,
+            query_order: None,
+        }
+    }
+
+    /// Each query `i` sees the keys `j` with `i - before <= j <= i + after`, and the keys at
+    /// `globals` (sorted, distinct), in blocks of `block` queries; one group per batch element,
+    /// its padded keys (`padding[b][j]`) masked. A block scores the `block + before + after`
+    /// positions around it, then the global positions (masked in the band, so that none is
+    /// counted twice).
+    pub fn band(
+        n: usize,
+        block: usize,
+        [before, after]: [usize; 2],
+        globals: &[usize],
+        padding: &[Vec<bool>],
+    ) -> Self {
+        let block = block.clamp(1, n.max(1));
+        let n_blocks = n.div_ceil(block);
+        let width = block + before + after;
+        let mut slots = Self::masked([padding.len(), 1], n_blocks, block, width + globals.len());
+        for (g, pad) in padding.iter().enumerate() {
+            for beta in 0..n_blocks {
+                let first = beta * block;
+                for s in 0..width {
+                    // Slot s holds position first - before + s.
+                    let Some(j) = (first + s).checked_sub(before) else {
+                        continue;
+                    };
+                    if j < n && !pad[j] && globals.binary_search(&j).is_err() {
+                        slots.set(g, beta, s, j, |r| {
+                            let i = first + r;
+                            j + before >= i && j <= i + after
+                        });
+                    }
+                }
+                for (t, &j) in globals.iter().enumerate() {
+                    if j < n && !pad[j] {
+                        slots.set(g, beta, width + t, j, |_| true);
+                    }
+                }
+            }
+        }
+        slots
+    }
+
+    /// Offset of group `(batch, head)` (each taken modulo its group count) in `index`, in
+    /// slots.
+    pub fn group(&self, batch: usize, head: usize) -> usize {
+        (batch % self.groups[0]) * self.groups[1] + head % self.groups[1]
+    }
+
+    /// Sets slot `s` of block `beta` in group `g` to key position `pos`, seen by the queries
+    /// `r` of the block for which `sees(r)`.
+    pub fn set(
+        &mut self,
+        g: usize,
+        beta: usize,
+        s: usize,
+        pos: usize,
+        sees: impl Fn(usize) -> bool,
+    ) {
+        self.index[(g * self.n_blocks + beta) * self.slots + s] = pos as i64;
+        for r in 0..self.block {
+            let at = self.pair(g, beta, r, s);
+            self.mask[at] = !sees(r);
+        }
+    }
+
+    /// Offset of (query `r` of block `beta`, slot `s`) of group `g` in `mask` and `bias`.
+    pub fn pair(&self, g: usize, beta: usize, r: usize, s: usize) -> usize {
+        ((g * self.n_blocks + beta) * self.block + r) * self.slots + s
+    }
+
+    /// Number of (query, key) pairs left unmasked, over all groups.
+    pub fn attended_pairs(&self) -> usize {
+        self.mask.iter().filter(|&&m| !m).count()
+    }
+}
