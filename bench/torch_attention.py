@@ -9,7 +9,9 @@ packages people use: linformer (LinformerSelfAttention), performer and performer
 (performer-pytorch SelfAttention, FAVOR+ or its generalized ReLU kernel), nystrom
 (nystrom-attention NystromAttention), local (local-attention LocalAttention, blocks attending to
 themselves, inside the same four projections), reformer (reformer-pytorch LSHSelfAttention),
-sinkhorn (sinkhorn-transformer SinkhornSelfAttention). Installed by `cargo xtask bench setup`.
+sinkhorn (sinkhorn-transformer SinkhornSelfAttention), longformer and bigbird (HuggingFace
+transformers' LongformerSelfAttention and BigBirdBlockSparseAttention, each with an output
+projection). Installed by `cargo xtask bench setup`.
 """
 import argparse
 import json
@@ -44,6 +46,78 @@ class Projected(nn.Module):
         split = lambda t: t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
         out = self.attend(split(self.q(x)), split(self.k(x)), split(self.v(x)))
         return self.o(out.transpose(1, 2).reshape(b, n, d))
+
+
+class HfLongformer(nn.Module):
+    """HuggingFace transformers' LongformerSelfAttention (its window's and global Q/K/V
+    projections; the first position global, as LRA's CLS) and an output projection."""
+
+    def __init__(self, dim, heads, window):
+        super().__init__()
+        from transformers import LongformerConfig
+        from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
+
+        config = LongformerConfig(
+            hidden_size=dim,
+            num_attention_heads=heads,
+            attention_window=[window],
+            attention_probs_dropout_prob=0.0,
+        )
+        self.attn = LongformerSelfAttention(config, layer_id=0)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        # The layer's mask convention: 0 local, > 0 global, < 0 padding.
+        mask = torch.zeros(x.shape[0], x.shape[1])
+        mask[:, 0] = 1.0
+        out = self.attn(
+            x,
+            attention_mask=mask,
+            is_index_masked=mask < 0,
+            is_index_global_attn=mask > 0,
+            is_global_attn=True,
+        )[0]
+        return self.o(out)
+
+
+class HfBigBird(nn.Module):
+    """HuggingFace transformers' BigBirdBlockSparseAttention (ITC: window of 3 blocks, first and
+    last block global, random blocks; kept in training mode, where HF draws them) and an output
+    projection."""
+
+    def __init__(self, dim, heads, block, random_blocks):
+        super().__init__()
+        from transformers import BigBirdConfig
+        from transformers.models.big_bird.modeling_big_bird import (
+            BigBirdBlockSparseAttention,
+            BigBirdModel,
+        )
+
+        config = BigBirdConfig(
+            hidden_size=dim,
+            num_attention_heads=heads,
+            block_size=block,
+            num_random_blocks=random_blocks,
+            attention_type="block_sparse",
+            use_bias=False,
+            attention_probs_dropout_prob=0.0,
+        )
+        self.block = block
+        self.attn = BigBirdBlockSparseAttention(config, seed=0)
+        self.masks = BigBirdModel.create_masks_for_block_sparse_attn
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        blocked, band, from_mask, to_mask = self.masks(torch.ones(x.shape[:2]), self.block)
+        out = self.attn(
+            x,
+            band_mask=band,
+            from_mask=from_mask,
+            to_mask=to_mask,
+            from_blocked_mask=blocked,
+            to_blocked_mask=blocked,
+        )[0]
+        return self.o(out)
 
 
 def build(name, dim, heads, n, params):
@@ -110,6 +184,10 @@ def build(name, dim, heads, n, params):
             residual=kernel is not None,
             residual_conv_kernel=kernel or 33,
         )
+    if name == "longformer":
+        return HfLongformer(dim, heads, params.get("window", 512))
+    if name == "bigbird":
+        return HfBigBird(dim, heads, params.get("block_size", 64), params.get("random_blocks", 3))
     raise SystemExit(f"error: no PyTorch implementation of `{name}` in this benchmark")
 
 

@@ -124,6 +124,7 @@ const PIP_PACKAGES: &[&str] = &[
     "local-attention",
     "reformer-pytorch",
     "sinkhorn-transformer",
+    "transformers",
 ];
 
 /// Attentions with a PyTorch counterpart in `bench/torch_attention.py`.
@@ -136,6 +137,8 @@ const TORCH_VARIANTS: &[&str] = &[
     "local",
     "reformer",
     "sinkhorn",
+    "longformer",
+    "bigbird",
 ];
 
 /// Variants whose memory grows with n² (they keep an n × n score matrix per head) where they
@@ -174,6 +177,8 @@ fn params(attention: &str) -> Value {
         "sinkhorn" => json!({"block_size": 64}),
         "reformer" => json!({"chunk_len": 64, "n_hashes": 2}),
         "local" => json!({"block_size": 50}),
+        "longformer" => json!({"window": 512}),
+        "bigbird" => json!({"block_size": 64, "random_blocks": 3}),
         _ => json!({}),
     }
 }

@@ -382,8 +382,14 @@ mod tests {
             let (batch, heads) = (2, 3);
             let slots = random_slots(&mut draws, groups, [n_q, n_k], shape, bias, order);
             let q = draws.tensor([batch, heads, n_q, d], scale, &device);
-            let k = draws.tensor([batch, heads, n_k, d], scale, &device);
-            let v = draws.tensor([batch, heads, n_k, d_v], 1.0, &device);
+            // Keys and values as per-head views of `[batch, n, heads, d]` (read in place by
+            // the kernel), queries contiguous.
+            let k = draws
+                .tensor([batch, n_k, heads, d], scale, &device)
+                .swap_dims(1, 2);
+            let v = draws
+                .tensor([batch, n_k, heads, d_v], 1.0, &device)
+                .swap_dims(1, 2);
             let g_out = draws.tensor([batch, heads, n_q, d_v], 1.0, &device);
             let g_lse = draws.tensor([batch, heads, n_q, 1], 1.0, &device);
             let run = |fused: bool| {

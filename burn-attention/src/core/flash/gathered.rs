@@ -5,11 +5,12 @@
 //! The composed form (`gather`, batched products, softmax) stores the gathered keys and values
 //! and the scores and weights of every (query, slot) pair for its backward: `n · slots` floats
 //! per head, several times over. Here a task per batch · head walks the query blocks in turn,
-//! gathers one block's keys and values into a buffer, and keeps nothing beyond the inputs, the
-//! output and one log-sum-exp per query: memory `O(n d)` per head, whatever the pattern.
+//! gathers one block's queries, keys and values into buffers, and keeps nothing beyond the
+//! inputs (read in place, [`Rows`]), the output and two floats per query: memory `O(n d)` per
+//! head, whatever the pattern.
 //!
-//! Tensors are contiguous row-major `f32` slices: `q` `[bh, n_q, d]`, `k` `[bh, n_k, d]`,
-//! `v` `[bh, n_k, d_v]`, where `bh` runs over batch × heads. Masked (query, slot) pairs get
+//! Outputs and gradients are contiguous row-major `f32`: `[bh, n, width]`, where `bh` runs over
+//! batch × heads. Masked (query, slot) pairs get
 //! [`MASK_FILL`] in place of their score, as in the composed form, and no gradient.
 
 use rayon::prelude::*;
@@ -17,6 +18,53 @@ use rayon::prelude::*;
 use super::kernel::{Dims, matmul, simd};
 use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
+
+/// The rows of a `[batch, heads, n, width]` tensor read where they lie: row `i` of head `h` of
+/// batch element `b` is the `width` values from `start + b·s₀ + h·s₁ + i·s₂`. Per-head views of
+/// `[batch, n, heads · width]` projections are read without a copy.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    data: &'a [f32],
+    start: usize,
+    strides: [usize; 3],
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// A view of `data` with the given shape, start and strides (of the first three axes; the
+    /// last is contiguous). Panics if a row lies outside `data`.
+    pub fn new(data: &'a [f32], shape: [usize; 4], start: usize, strides: [usize; 3]) -> Self {
+        if shape.iter().all(|&x| x > 0) {
+            let last = start + (0..3).map(|a| (shape[a] - 1) * strides[a]).sum::<usize>();
+            assert!(
+                last + shape[3] <= data.len(),
+                "a row lies outside the tensor"
+            );
+        }
+        Self {
+            data,
+            start,
+            strides,
+            width: shape[3],
+        }
+    }
+
+    fn row(&self, b: usize, h: usize, i: usize) -> &'a [f32] {
+        let at = self.start + b * self.strides[0] + h * self.strides[1] + i * self.strides[2];
+        &self.data[at..at + self.width]
+    }
+}
+
+/// Queries, keys and values of one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// `[batch, heads, n_q, d]`.
+    pub q: Rows<'a>,
+    /// `[batch, heads, n_k, d]`.
+    pub k: Rows<'a>,
+    /// `[batch, heads, n_k, d_v]`.
+    pub v: Rows<'a>,
+}
 
 /// Per-task buffers: one block's queries, gathered keys and values, and scores.
 struct Buffers {
@@ -40,19 +88,19 @@ impl Buffers {
         }
     }
 
-    /// Gathers block `beta` of group `g`: its query rows (zero for padding rows), its slots'
-    /// keys and values, and its masked, biased, scaled scores.
-    #[allow(clippy::too_many_arguments)]
+    /// Gathers block `beta` of head `h` (of all batch · heads): its query rows (zero for
+    /// padding rows), its slots' keys and values, and its masked, biased, scaled scores.
     fn load(
         &mut self,
         slots: &KeySlots,
-        g: usize,
-        beta: usize,
-        [q, k, v]: [&[f32]; 3],
+        (h, beta): (usize, usize),
+        inputs: &Inputs<'_>,
         dims: Dims,
         scale: f32,
     ) {
         let Dims { n_q, d, d_v, .. } = dims;
+        let (b, h) = (h / dims.heads, h % dims.heads);
+        let g = slots.group(b, h);
         let (block, width) = (slots.block, slots.slots);
         let n_rows = slots.n_blocks * block;
         for r in 0..block {
@@ -63,7 +111,7 @@ impl Buffers {
             };
             let dst = &mut self.q[r * d..(r + 1) * d];
             if pos < n_q {
-                dst.copy_from_slice(&q[pos * d..(pos + 1) * d]);
+                dst.copy_from_slice(inputs.q.row(b, h, pos));
                 self.rows[r] = Some(pos);
             } else {
                 dst.fill(0.0);
@@ -73,8 +121,8 @@ impl Buffers {
         let index = &slots.index[(g * slots.n_blocks + beta) * width..][..width];
         for (t, &j) in index.iter().enumerate() {
             let j = j as usize;
-            self.k[t * d..(t + 1) * d].copy_from_slice(&k[j * d..(j + 1) * d]);
-            self.v[t * d_v..(t + 1) * d_v].copy_from_slice(&v[j * d_v..(j + 1) * d_v]);
+            self.k[t * d..(t + 1) * d].copy_from_slice(inputs.k.row(b, h, j));
+            self.v[t * d_v..(t + 1) * d_v].copy_from_slice(inputs.v.row(b, h, j));
         }
         matmul(
             block,
@@ -147,17 +195,8 @@ pub struct Forward {
 }
 
 /// Forward pass over every batch · head.
-pub fn forward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dims: Dims,
-    slots: &KeySlots,
-    scale: f32,
-) -> Forward {
-    let Dims {
-        n_q, n_k, d, d_v, ..
-    } = dims;
+pub fn forward(inputs: Inputs<'_>, dims: Dims, slots: &KeySlots, scale: f32) -> Forward {
+    let Dims { n_q, d_v, .. } = dims;
     let bh = dims.batch * dims.heads;
     check(slots, dims);
     let mut out = vec![0.0f32; bh * n_q * d_v];
@@ -172,14 +211,8 @@ pub fn forward(
             .for_each_init(
                 || (Buffers::new(slots, dims), vec![0.0f32; block * d_v]),
                 |(buf, o), (h, ((out, max), sum))| {
-                    let g = slots.group(h / dims.heads, h % dims.heads);
-                    let inputs = [
-                        &q[h * n_q * d..(h + 1) * n_q * d],
-                        &k[h * n_k * d..(h + 1) * n_k * d],
-                        &v[h * n_k * d_v..(h + 1) * n_k * d_v],
-                    ];
                     for beta in 0..slots.n_blocks {
-                        buf.load(slots, g, beta, inputs, dims, scale);
+                        buf.load(slots, (h, beta), &inputs, dims, scale);
                         for r in 0..block {
                             let row = &mut buf.s[r * width..(r + 1) * width];
                             let m = simd::max(row);
@@ -235,9 +268,7 @@ pub struct Upstream<'a> {
 /// `δ_i = dO_i · O_i − d lse_i` (the log-sum-exp's gradient with respect to a score is its
 /// weight); keys met by several slots collect every slot's share.
 pub fn backward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    inputs: Inputs<'_>,
     dims: Dims,
     slots: &KeySlots,
     scale: f32,
@@ -275,21 +306,16 @@ pub fn backward(
                 )
             },
             |(buf, delta, d_o, dp, dq_block, d_gathered), (h, ((dq, dk), dv))| {
-                let g = slots.group(h / dims.heads, h % dims.heads);
-                let inputs = [
-                    &q[h * n_q * d..(h + 1) * n_q * d],
-                    &k[h * n_k * d..(h + 1) * n_k * d],
-                    &v[h * n_k * d_v..(h + 1) * n_k * d_v],
-                ];
                 let out = &up.forward.out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let d_out = &up.d_out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let max = &up.forward.max[h * n_q..(h + 1) * n_q];
                 let sum = &up.forward.sum[h * n_q..(h + 1) * n_q];
                 let d_lse = up.d_lse.map(|x| &x[h * n_q..(h + 1) * n_q]);
+                let g = slots.group(h / dims.heads, h % dims.heads);
                 let index =
                     |beta: usize| &slots.index[(g * slots.n_blocks + beta) * width..][..width];
                 for beta in 0..slots.n_blocks {
-                    buf.load(slots, g, beta, inputs, dims, scale);
+                    buf.load(slots, (h, beta), &inputs, dims, scale);
                     // P = exp(S − max) / sum; padding rows carry no weight and no gradient.
                     for r in 0..block {
                         let p = &mut buf.s[r * width..(r + 1) * width];
@@ -341,9 +367,9 @@ pub fn backward(
                         (1, d_v),
                         1.0,
                     );
-                    for r in 0..block {
+                    for (r, &delta) in delta.iter().enumerate() {
                         let at = r * width..(r + 1) * width;
-                        simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta[r], scale);
+                        simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta, scale);
                     }
                     let pairs =
                         slots.pair(g, beta, 0, 0)..slots.pair(g, beta, 0, 0) + block * width;

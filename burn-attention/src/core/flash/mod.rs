@@ -479,6 +479,96 @@ mod flex {
         }
     }
 
+    /// A `flex` tensor held for the gathered kernel to read in place: the tensor itself (its
+    /// storage shared, not copied) and where its rows lie. A layout that is not a view of rows
+    /// (a negative or non-unit last stride) is copied contiguous first.
+    #[derive(Debug, Clone)]
+    struct Held {
+        tensor: FloatTensor<Flex>,
+        shape: [usize; 4],
+        start: usize,
+        strides: [usize; 3],
+    }
+
+    impl Held {
+        fn new(tensor: FloatTensor<Flex>) -> Self {
+            let layout = tensor.layout();
+            let shape: [usize; 4] = layout
+                .shape()
+                .to_vec()
+                .try_into()
+                .expect("per-head tensors have four axes");
+            let strides = layout.strides();
+            if strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
+                return Self {
+                    start: layout.start_offset(),
+                    strides: [0, 1, 2].map(|a| strides[a] as usize),
+                    tensor,
+                    shape,
+                };
+            }
+            let (values, _) = host(tensor);
+            let [_, h, n, w] = shape;
+            Self {
+                tensor: device_tensor(values, shape),
+                shape,
+                start: 0,
+                strides: [h * n * w, n * w, w],
+            }
+        }
+
+        fn rows(&self) -> gathered::Rows<'_> {
+            gathered::Rows::new(
+                self.tensor.storage::<f32>(),
+                self.shape,
+                self.start,
+                self.strides,
+            )
+        }
+    }
+
+    /// The queries, keys and values of a gathered call, held in place.
+    #[derive(Debug, Clone)]
+    struct HeldInputs {
+        q: Held,
+        k: Held,
+        v: Held,
+    }
+
+    impl HeldInputs {
+        fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
+            Self {
+                q: Held::new(q),
+                k: Held::new(k),
+                v: Held::new(v),
+            }
+        }
+
+        fn dims(&self) -> Dims {
+            let [batch, heads, n_q, d] = self.q.shape;
+            Dims {
+                batch,
+                heads,
+                n_q,
+                n_k: self.k.shape[2],
+                d,
+                d_v: self.v.shape[3],
+            }
+        }
+
+        fn rows(&self) -> gathered::Inputs<'_> {
+            gathered::Inputs {
+                q: self.q.rows(),
+                k: self.k.rows(),
+                v: self.v.rows(),
+            }
+        }
+
+        fn forward(&self, slots: &KeySlots, scale: f32) -> gathered::Forward {
+            gathered::forward(self.rows(), self.dims(), slots, scale)
+        }
+    }
+
     /// The forward output and log-sum-exp as one `[batch, heads, n_q, d_v + 1]` tensor.
     fn joint_tensor(forward: &gathered::Forward, dims: Dims) -> FloatTensor<Flex> {
         let d_v = dims.d_v;
@@ -499,16 +589,15 @@ mod flex {
             slots: Arc<KeySlots>,
             scale: f32,
         ) -> FloatTensor<Self> {
-            let host = Host::new(q, k, v);
-            let forward = gathered::forward(&host.q, &host.k, &host.v, host.dims, &slots, scale);
-            joint_tensor(&forward, host.dims)
+            let inputs = HeldInputs::new(q, k, v);
+            joint_tensor(&inputs.forward(&slots, scale), inputs.dims())
         }
     }
 
     /// What the gathered backward keeps: inputs and the forward pass (`O(n d)` per head).
     #[derive(Debug, Clone)]
     struct GatheredSaved {
-        host: Host,
+        inputs: HeldInputs,
         forward: Arc<gathered::Forward>,
         slots: Arc<KeySlots>,
         scale: f32,
@@ -524,7 +613,7 @@ mod flex {
             let [node_q, node_k, node_v] = ops.parents;
             let (joint, _) = host(grads.consume::<Flex>(&ops.node));
             let saved = ops.state;
-            let dims = saved.host.dims;
+            let dims = saved.inputs.dims();
             let d_v = dims.d_v;
             let mut d_out = Vec::with_capacity(saved.forward.out.len());
             let mut d_lse = Vec::with_capacity(saved.forward.lse.len());
@@ -532,11 +621,8 @@ mod flex {
                 d_out.extend_from_slice(&row[..d_v]);
                 d_lse.push(row[d_v]);
             }
-            let host = &saved.host;
             let (dq, dk, dv) = gathered::backward(
-                &host.q,
-                &host.k,
-                &host.v,
+                saved.inputs.rows(),
                 dims,
                 &saved.slots,
                 saved.scale,
@@ -572,16 +658,15 @@ mod flex {
                 .stateful()
             {
                 OpsKind::Tracked(prep) => {
-                    let host = Host::new(
+                    let inputs = HeldInputs::new(
                         q.primitive().clone(),
                         k.primitive().clone(),
                         v.primitive().clone(),
                     );
-                    let forward =
-                        gathered::forward(&host.q, &host.k, &host.v, host.dims, &slots, scale);
-                    let joint = joint_tensor(&forward, host.dims);
+                    let forward = inputs.forward(&slots, scale);
+                    let joint = joint_tensor(&forward, inputs.dims());
                     let saved = GatheredSaved {
-                        host,
+                        inputs,
                         forward: Arc::new(forward),
                         slots,
                         scale,
