@@ -196,29 +196,50 @@ pub fn merge_by_log_sum_exp(parts: Vec<GatheredOutput>) -> GatheredOutput {
     }
 }
 
+/// The rows `rows[b]` of each batch element `b` of a `[batch, heads, n, w]` tensor, as
+/// `[batch, heads, count, w]` (`count` the longest list; shorter lists repeat their first row,
+/// which [`with_full_rows`] never reads back). A `[batch, n, w]` tensor goes through as
+/// `[batch, 1, n, w]`. At least one list must be non-empty (Burn has no empty tensors on every
+/// backend): callers skip the global rows when there are none.
+pub fn pick_rows(x: Tensor<4>, rows: &[Vec<usize>]) -> Tensor<4> {
+    let [batch, heads, n, w] = x.dims();
+    let count = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut pick = Vec::with_capacity(batch * heads * count);
+    for (b, rows) in rows.iter().enumerate() {
+        for h in 0..heads {
+            let base = (b * heads + h) * n;
+            for t in 0..count {
+                let i = rows.get(t).or(rows.first()).copied().unwrap_or(0);
+                pick.push((base + i) as i64);
+            }
+        }
+    }
+    let device = x.device();
+    let len = pick.len();
+    let index = Tensor::<1, Int>::from_data(TensorData::new(pick, [len]), &device);
+    x.reshape([batch * heads * n, w])
+        .select(0, index)
+        .reshape([batch, heads, count, w])
+}
+
 /// `out` with the rows `rows[b]` of each batch element `b` replaced by exact softmax attention
 /// of those queries over every key (padded keys masked): the rows of global tokens (Longformer)
-/// and global blocks (BigBird). `q`, `k`, `v` may be other projections than those that made
-/// `out`.
+/// and global blocks (BigBird). `q_rows` holds those rows' queries ([`pick_rows`]); they and
+/// `k`, `v` may come from other projections than those that made `out`.
 ///
 /// # Shapes
-/// - `out`: `[batch, heads, n, d_v]`; `q`: `[batch, heads, n, d]`; `k`, `v`: over `n_k` keys
+/// - `out`: `[batch, heads, n, d_v]`; `q_rows`: `[batch, heads, count, d]`; `k`, `v`: over
+///   `n_k` keys
 pub fn with_full_rows(
     out: Tensor<4>,
-    [q, k, v]: [Tensor<4>; 3],
+    [q_rows, k, v]: [Tensor<4>; 3],
     rows: &[Vec<usize>],
     key_pad: Option<Tensor<2, Bool>>,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
-    let [batch, heads, n, d] = q.dims();
-    let d_v = v.dims()[3];
-    let count = rows.iter().map(Vec::len).max().unwrap_or(0);
-    if count == 0 {
-        return out;
-    }
-    let device = q.device();
-    // The global rows of each (batch, head), padded with repeats of the first.
-    let mut pick = Vec::with_capacity(batch * heads * count);
+    let [batch, heads, n, d_v] = out.dims();
+    let count = q_rows.dims()[2];
+    let device = out.device();
     // For each position: the global row that holds it (or 0), and whether it is one.
     let mut back = Vec::with_capacity(batch * heads * n);
     let mut is_global = vec![false; batch * n];
@@ -230,27 +251,16 @@ pub fn with_full_rows(
             slot[i] = t;
         }
         for h in 0..heads {
-            let base = (b * heads + h) * n;
-            for t in 0..count {
-                let i = rows.get(t).or(rows.first()).copied().unwrap_or(0);
-                pick.push((base + i) as i64);
-            }
             let slot_base = (b * heads + h) * count;
             back.extend(slot.iter().map(|&t| (slot_base + t) as i64));
         }
     }
-    let index = |values: Vec<i64>| {
-        let len = values.len();
-        Tensor::<1, Int>::from_data(TensorData::new(values, [len]), &device)
-    };
-    let q_rows = q
-        .reshape([batch * heads * n, d])
-        .select(0, index(pick))
-        .reshape([batch, heads, count, d]);
+    let len = back.len();
+    let back = Tensor::<1, Int>::from_data(TensorData::new(back, [len]), &device);
     let full = super::softmax::exact_softmax_attention(q_rows, k, v, key_pad, false, dropout);
     let spread = full
         .reshape([batch * heads * count, d_v])
-        .select(0, index(back))
+        .select(0, back)
         .reshape([batch, heads, n, d_v]);
     let mask = Tensor::<2, Bool>::from_data(TensorData::new(is_global, [batch, n]), &device)
         .reshape([batch, 1, n, 1])

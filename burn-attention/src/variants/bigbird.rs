@@ -31,7 +31,9 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::params::lazy_param;
-use crate::core::sparse::{gathered_attention, padding_flags, real_lengths, with_full_rows};
+use crate::core::sparse::{
+    gathered_attention, padding_flags, pick_rows, real_lengths, with_full_rows,
+};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
 
 /// The registry entry.
@@ -265,9 +267,12 @@ impl AttentionModule for BigBirdAttention {
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let out = gathered_attention(q.clone(), k.clone(), v.clone(), slots, scale, dropout).out;
+        if global_rows.iter().all(Vec::is_empty) {
+            return Ok(out);
+        }
         Ok(with_full_rows(
             out,
-            [q, k, v],
+            [pick_rows(q, &global_rows), k, v],
             &global_rows,
             masks.key_pad,
             dropout,

@@ -26,7 +26,7 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
-use crate::core::sparse::{gathered_attention, padding_flags, with_full_rows};
+use crate::core::sparse::{gathered_attention, padding_flags, pick_rows, with_full_rows};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
 
 /// The registry entry.
@@ -199,11 +199,20 @@ impl AttentionModule for LongformerAttention {
         let [batch, n, _] = x.dims();
         let padding = padding_flags(&masks.key_pad, batch, n);
         let heads = self.proj.n_heads;
-        let global = [&self.query_global, &self.key_global, &self.value_global]
-            .map(|linear| split_heads(linear.forward(x.clone()), heads));
+        let rows = self.global_rows(n, &padding);
         let (q, k, v) = self.proj.project(input);
         let out = self.window_attention([q, k, v], &padding);
-        let rows = self.global_rows(n, &padding);
+        if rows.iter().all(Vec::is_empty) {
+            return Ok(self.proj.out(out));
+        }
+        // The global queries are needed at the global rows only: project those rows alone.
+        let x_rows = pick_rows(x.clone().unsqueeze_dim(1), &rows).squeeze_dim(1);
+        let global = [
+            (&self.query_global, x_rows),
+            (&self.key_global, x.clone()),
+            (&self.value_global, x),
+        ]
+        .map(|(linear, x)| split_heads(linear.forward(x), heads));
         let out = with_full_rows(out, global, &rows, masks.key_pad, Some(&self.dropout));
         Ok(self.proj.out(out))
     }
@@ -223,9 +232,12 @@ impl AttentionModule for LongformerAttention {
         let padding = padding_flags(&masks.key_pad, batch, n);
         let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding);
         let rows = self.global_rows(n, &padding);
+        if rows.iter().all(Vec::is_empty) {
+            return Ok(out);
+        }
         Ok(with_full_rows(
             out,
-            [q, k, v],
+            [pick_rows(q, &rows), k, v],
             &rows,
             masks.key_pad,
             Some(&self.dropout),
