@@ -118,6 +118,13 @@ impl KeySlots {
         ((g * self.n_blocks + beta) * self.block + r) * self.slots + s
     }
 
+    /// The offsets in `mask` and `bias` of every (query, slot) pair of block `beta` of group
+    /// `g`, query by query.
+    pub fn block_pairs(&self, g: usize, beta: usize) -> std::ops::Range<usize> {
+        let first = self.pair(g, beta, 0, 0);
+        first..first + self.block * self.slots
+    }
+
     /// Number of (query, key) pairs left unmasked, over all groups.
     pub fn attended_pairs(&self) -> usize {
         self.mask.iter().filter(|&&m| !m).count()

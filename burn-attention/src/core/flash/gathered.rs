@@ -137,7 +137,7 @@ impl Buffers {
             (1, d),
             scale,
         );
-        let pairs = slots.pair(g, beta, 0, 0)..slots.pair(g, beta, block - 1, width - 1) + 1;
+        let pairs = slots.block_pairs(g, beta);
         if let Some(bias) = &slots.bias {
             for (s, &b) in self.s.iter_mut().zip(&bias[pairs.clone()]) {
                 *s += b;
@@ -371,8 +371,7 @@ pub fn backward(
                         let at = r * width..(r + 1) * width;
                         simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta, scale);
                     }
-                    let pairs =
-                        slots.pair(g, beta, 0, 0)..slots.pair(g, beta, 0, 0) + block * width;
+                    let pairs = slots.block_pairs(g, beta);
                     for (x, &masked) in dp.iter_mut().zip(&slots.mask[pairs]) {
                         if masked {
                             *x = 0.0;

@@ -231,6 +231,7 @@ mod gathered_extension {
 
 #[cfg(feature = "flex")]
 mod flex {
+    use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
@@ -279,6 +280,25 @@ mod flex {
 
     fn device_tensor(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
         burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+    }
+
+    /// Hands the gradients of `q`, `k` and `v` (contiguous, shaped by `dims`) to the parents
+    /// that track one.
+    fn register_qkv_grads(
+        grads: &mut Gradients,
+        parents: [Option<NodeId>; 3],
+        [dq, dk, dv]: [Vec<f32>; 3],
+        dims: Dims,
+    ) {
+        for (node, grad, shape) in [
+            (parents[0], dq, dims.q_shape()),
+            (parents[1], dk, dims.k_shape()),
+            (parents[2], dv, dims.v_shape()),
+        ] {
+            if let Some(node) = node {
+                grads.register::<Flex>(node, device_tensor(grad, shape));
+            }
+        }
     }
 
     /// Inputs of one call on the host.
@@ -387,7 +407,7 @@ mod flex {
         type State = Saved;
 
         fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node_q, node_k, node_v] = ops.parents;
+            let parents = ops.parents.map(|node| node.map(|node| node.id));
             let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
             let saved = ops.state;
             let host = &saved.host;
@@ -408,16 +428,7 @@ mod flex {
                     key_padding: saved.key_padding.as_deref(),
                 },
             );
-            let dims = host.dims;
-            for (node, grad, shape) in [
-                (node_q, dq, dims.q_shape()),
-                (node_k, dk, dims.k_shape()),
-                (node_v, dv, dims.v_shape()),
-            ] {
-                if let Some(node) = node {
-                    grads.register::<Flex>(node.id, device_tensor(grad, shape));
-                }
-            }
+            register_qkv_grads(grads, parents, [dq, dk, dv], host.dims);
         }
     }
 
@@ -610,7 +621,7 @@ mod flex {
         type State = GatheredSaved;
 
         fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node_q, node_k, node_v] = ops.parents;
+            let parents = ops.parents.map(|node| node.map(|node| node.id));
             let (joint, _) = host(grads.consume::<Flex>(&ops.node));
             let saved = ops.state;
             let dims = saved.inputs.dims();
@@ -632,15 +643,7 @@ mod flex {
                     d_lse: Some(&d_lse),
                 },
             );
-            for (node, grad, shape) in [
-                (node_q, dq, dims.q_shape()),
-                (node_k, dk, dims.k_shape()),
-                (node_v, dv, dims.v_shape()),
-            ] {
-                if let Some(node) = node {
-                    grads.register::<Flex>(node.id, device_tensor(grad, shape));
-                }
-            }
+            register_qkv_grads(grads, parents, [dq, dk, dv], dims);
         }
     }
 
