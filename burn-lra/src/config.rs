@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::data::listops::GeneratorConfig;
+use crate::data::pathfinder::PathfinderConfig;
 
 pub use lra_runs::{Selection, Task};
 
@@ -28,6 +29,7 @@ impl TaskShape for Task {
         match self {
             Task::Listops => crate::data::listops::VOCAB_SIZE,
             Task::Text | Task::Matching => crate::data::bytes::VOCAB_SIZE,
+            Task::Image | Task::Pathfinder | Task::Pathx => crate::data::image::VOCAB_SIZE,
         }
     }
 
@@ -35,6 +37,8 @@ impl TaskShape for Task {
         match self {
             Task::Listops => crate::data::listops::N_CLASSES,
             Task::Text | Task::Matching => 2,
+            Task::Image => crate::data::image::N_CLASSES,
+            Task::Pathfinder | Task::Pathx => crate::data::pathfinder::N_CLASSES,
         }
     }
 }
@@ -64,6 +68,12 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         include_str!("../../configs/text/small.toml"),
     ),
     ("text", "lra", include_str!("../../configs/text/lra.toml")),
+    ("text", "bpe", include_str!("../../configs/text/bpe.toml")),
+    (
+        "text",
+        "tiny-bpe",
+        include_str!("../../configs/text/tiny-bpe.toml"),
+    ),
     (
         "matching",
         "tiny",
@@ -79,6 +89,48 @@ pub const PRESETS: &[(&str, &str, &str)] = &[
         "lra",
         include_str!("../../configs/matching/lra.toml"),
     ),
+    (
+        "matching",
+        "bpe",
+        include_str!("../../configs/matching/bpe.toml"),
+    ),
+    (
+        "image",
+        "tiny",
+        include_str!("../../configs/image/tiny.toml"),
+    ),
+    (
+        "image",
+        "small",
+        include_str!("../../configs/image/small.toml"),
+    ),
+    ("image", "lra", include_str!("../../configs/image/lra.toml")),
+    (
+        "pathfinder",
+        "tiny",
+        include_str!("../../configs/pathfinder/tiny.toml"),
+    ),
+    (
+        "pathfinder",
+        "small",
+        include_str!("../../configs/pathfinder/small.toml"),
+    ),
+    (
+        "pathfinder",
+        "lra",
+        include_str!("../../configs/pathfinder/lra.toml"),
+    ),
+    (
+        "pathx",
+        "tiny",
+        include_str!("../../configs/pathx/tiny.toml"),
+    ),
+    (
+        "pathx",
+        "small",
+        include_str!("../../configs/pathx/small.toml"),
+    ),
+    ("pathx", "lra", include_str!("../../configs/pathx/lra.toml")),
 ];
 
 /// A complete run configuration.
@@ -108,12 +160,22 @@ pub struct DataConfig {
     /// Generate the dataset instead of reading files (ListOps), with these parameters.
     #[serde(default)]
     pub generate: Option<GeneratorConfig>,
+    /// Pathfinder / Path-X: the images' size and difficulty, and what to generate when no
+    /// `--data-dir` is given.
+    #[serde(default)]
+    pub pathfinder: Option<PathfinderConfig>,
     /// Where validation examples come from.
     #[serde(default)]
     pub validation: Validation,
     /// Matching: each document is first cut to this many bytes (LRA: 10,000), then to `max_len`.
     #[serde(default = "default_doc_bytes")]
     pub doc_max_bytes: usize,
+    /// How text becomes tokens (text and matching): `"bytes"` (LRA's) or `"bpe"`.
+    #[serde(default)]
+    pub tokenizer: TokenizerKind,
+    /// BPE vocabulary size (`tokenizer = "bpe"` only), padding not counted.
+    #[serde(default)]
+    pub bpe_vocab_size: Option<usize>,
     /// Report test accuracy on a fixed sample of this many test examples (drawn once, seed 0)
     /// instead of the whole split: quick presets only; the result records the test size.
     #[serde(default)]
@@ -122,6 +184,17 @@ pub struct DataConfig {
 
 fn default_doc_bytes() -> usize {
     10_000
+}
+
+/// How the text and matching tasks turn text into tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenizerKind {
+    /// One token per UTF-8 byte (LRA's byte-level tasks).
+    #[default]
+    Bytes,
+    /// Byte-level BPE trained on the training split (`data.bpe_vocab_size` tokens).
+    Bpe,
 }
 
 /// Where a run's validation examples come from.
@@ -419,6 +492,50 @@ impl RunConfig {
             }
             generate.validate()?;
         }
+        match (self.task, &self.data.pathfinder) {
+            (Task::Pathfinder | Task::Pathx, None) => bail!(
+                "`data.pathfinder` is required for {} (size, difficulty, n_images)",
+                self.task
+            ),
+            (Task::Pathfinder | Task::Pathx, Some(pathfinder)) => {
+                pathfinder.validate()?;
+                let expected: &[usize] = if self.task == Task::Pathx {
+                    &[128]
+                } else {
+                    &[32, 64]
+                };
+                if !expected.contains(&pathfinder.size) {
+                    bail!(
+                        "`data.pathfinder.size` is {} but {} images are {}",
+                        pathfinder.size,
+                        self.task,
+                        if self.task == Task::Pathx {
+                            "128 pixels"
+                        } else {
+                            "32 or 64 pixels"
+                        }
+                    );
+                }
+            }
+            (_, Some(_)) => bail!("`data.pathfinder` is for the pathfinder and pathx tasks only"),
+            (_, None) => {}
+        }
+        match (self.data.tokenizer, self.data.bpe_vocab_size) {
+            (TokenizerKind::Bpe, _) if !matches!(self.task, Task::Text | Task::Matching) => {
+                bail!("`data.tokenizer = \"bpe\"` is for the text and matching tasks only")
+            }
+            (TokenizerKind::Bpe, None) => {
+                bail!("`data.bpe_vocab_size` is required with `data.tokenizer = \"bpe\"`")
+            }
+            (TokenizerKind::Bpe, Some(v)) if !(300..=65_000).contains(&v) => bail!(
+                "`data.bpe_vocab_size` must be between 300 and 65000 (256 byte tokens plus \
+                 merges; ids are 16-bit), got {v}"
+            ),
+            (TokenizerKind::Bytes, Some(_)) => {
+                bail!("`data.bpe_vocab_size` applies to `data.tokenizer = \"bpe\"` only")
+            }
+            _ => {}
+        }
         if self.data.test_subset == Some(0) {
             bail!("`data.test_subset` must be at least 1");
         }
@@ -430,6 +547,15 @@ impl RunConfig {
                 .with_context(|| format!("`attention.{name}`"))?;
         }
         Ok(())
+    }
+
+    /// Size of the model's token vocabulary, padding included: the task's, or the BPE
+    /// vocabulary plus padding.
+    pub fn vocab_size(&self) -> usize {
+        match (self.data.tokenizer, self.data.bpe_vocab_size) {
+            (TokenizerKind::Bpe, Some(v)) => v + 1,
+            _ => self.task.vocab_size(),
+        }
     }
 
     /// Longest sequence the encoder sees: `max_len`, plus one with CLS pooling.

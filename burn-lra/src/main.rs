@@ -59,6 +59,32 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Generate Pathfinder images in LRA's released layout
+    /// (`<out>/<difficulty folder>/{imgs,metadata}/`), and optionally a contact sheet of the
+    /// first images (a PNG grid, labels alternating 0, 1, 0, ...).
+    GeneratePathfinder {
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// Image side: 32, 64 or 128.
+        #[arg(long, default_value_t = 32)]
+        size: usize,
+        /// easy (paths of 6 paddles), intermediate (9) or hard (14).
+        #[arg(long, default_value = "hard")]
+        difficulty: String,
+        /// Images.
+        #[arg(long, default_value_t = 1000)]
+        n: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also write a contact sheet of the first `--sheet-count` images to this PNG.
+        #[arg(long)]
+        sheet: Option<PathBuf>,
+        /// Images on the contact sheet (4 per row).
+        #[arg(long, default_value_t = 8)]
+        sheet_count: usize,
+    },
     /// Compare two run directories: configuration, metrics and results (times aside) and the
     /// values of their weights. Exits with 1 when they differ, naming the files.
     Compare {
@@ -219,6 +245,47 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::GeneratePathfinder {
+            out,
+            size,
+            difficulty,
+            n,
+            seed,
+            sheet,
+            sheet_count,
+        } => {
+            use burn_lra::data::pathfinder::{self, PathfinderConfig};
+            let difficulty = serde_json::from_value(serde_json::Value::String(difficulty.clone()))
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "--difficulty must be easy, intermediate or hard, got `{difficulty}`"
+                    )
+                })?;
+            let config = PathfinderConfig {
+                size,
+                difficulty,
+                n_images: n,
+                seed,
+            };
+            pathfinder::write_dataset(&out, &config)?;
+            println!(
+                "wrote {n} images to {}",
+                out.join(difficulty.folder()).display()
+            );
+            if let Some(sheet) = sheet {
+                let folder = out.join(difficulty.folder()).join("imgs/0");
+                let images = (0..sheet_count.min(n))
+                    .map(|i| {
+                        pathfinder::read_png(&folder.join(format!("sample_{i}.png"))).map(|p| p.2)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let scale = (256 / size).max(2);
+                let (w, h, pixels) = pathfinder::contact_sheet(&images, size, 4, scale);
+                pathfinder::write_png_rect(&sheet, &pixels, w, h)?;
+                println!("wrote {}", sheet.display());
+            }
+            Ok(())
+        }
         Command::GenerateMatching {
             out,
             n_train,
@@ -269,8 +336,15 @@ fn run(cli: Cli) -> Result<()> {
             let device = backend.device()?;
             println!("{} / {preset}: trainable parameters", task.name());
             println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
-            let count =
-                |name| count_trainable(&config, name, task.vocab_size(), task.n_classes(), &device);
+            let count = |name| {
+                count_trainable(
+                    &config,
+                    name,
+                    config.vocab_size(),
+                    task.n_classes(),
+                    &device,
+                )
+            };
             // The baseline is built once, not once per variant.
             let softmax_params = count("softmax")?;
             for v in burn_attention_zoo::VARIANTS {
@@ -346,7 +420,7 @@ fn train_command(args: TrainArgs) -> Result<()> {
     burn_lra::model::check_memory(
         &config,
         &args.attention,
-        args.task.vocab_size(),
+        config.vocab_size(),
         args.task.n_classes(),
     )?;
     let device = args.backend.device_at(args.device)?;

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::config::{RunConfig, Task, TaskShape, Validation};
-use crate::data::{bytes, listops, matching};
+use crate::config::{RunConfig, Task, TokenizerKind, Validation};
+use crate::data::{bpe, bytes, image, listops, matching, pathfinder};
 use crate::train::Splits;
 
 /// Loads the three splits of `config.task` and applies `data.validation` and
@@ -17,12 +17,17 @@ use crate::train::Splits;
 /// - Text reads IMDB (aclImdb folders or their `.tar.gz`) or a `train.tsv`/`test.tsv`
 ///   (`label<TAB>text`) corpus from `data_dir`.
 /// - Matching reads LRA's `new_aan_pairs.{train,eval,test}.tsv` from `data_dir`.
+/// - Image reads CIFAR-10's binary batches or IDX files (MNIST, Fashion-MNIST) from `data_dir`.
+/// - Pathfinder and Path-X read LRA's released layout from `data_dir` when one is given;
+///   otherwise they generate `data.pathfinder.n_images` images once into `cache_dir`.
 pub fn load_splits(
     config: &RunConfig,
     data_dir: Option<&Path>,
     cache_dir: &Path,
 ) -> Result<Splits> {
-    let max_len = config.data.max_len;
+    // With BPE the documents are read whole (as bytes) and cut after re-tokenization.
+    let bpe = config.data.tokenizer == TokenizerKind::Bpe;
+    let max_len = if bpe { usize::MAX } else { config.data.max_len };
     let (mut train, val, mut test) = match config.task {
         Task::Listops => {
             let dir = match (data_dir, &config.data.generate) {
@@ -53,7 +58,7 @@ pub fn load_splits(
                      their .tar.gz) or a folder holding train.tsv and test.tsv (label<TAB>text)"
                 );
             };
-            let splits = bytes::read_corpus(dir, max_len, Task::Text.n_classes())?;
+            let splits = bytes::read_corpus(dir, max_len, 2)?;
             (splits.train, splits.val, splits.test)
         }
         Task::Matching => {
@@ -68,6 +73,36 @@ pub fn load_splits(
                 matching::read_splits(dir, max_len, config.data.doc_max_bytes)?;
             (train, Some(val), test)
         }
+        Task::Image => {
+            let Some(dir) = data_dir else {
+                bail!(
+                    "no image data: pass --data-dir with CIFAR-10's binary release                      (cifar-10-batches-bin/) or IDX files such as Fashion-MNIST's                      (Debian: dataset-fashion-mnist, /usr/share/datasets/fashion-mnist)"
+                );
+            };
+            let [train, test] = image::read_splits(dir, max_len)?;
+            (train, None, test)
+        }
+        Task::Pathfinder | Task::Pathx => {
+            let settings = (config.data.pathfinder.as_ref())
+                .expect("validated: pathfinder tasks have [data.pathfinder]");
+            let dir = match data_dir {
+                Some(dir) => dir.to_path_buf(),
+                None => {
+                    let dir = cache_dir.join(settings.cache_name());
+                    if !dir.join(settings.difficulty.folder()).is_dir() {
+                        eprintln!(
+                            "generating {} Pathfinder images into {}",
+                            settings.n_images,
+                            dir.display()
+                        );
+                        pathfinder::write_dataset(&dir, settings)?;
+                    }
+                    dir
+                }
+            };
+            let [train, val, test] = pathfinder::read_splits(&dir, settings, max_len)?;
+            (train, Some(val), test)
+        }
     };
     let val = match (config.data.validation, val) {
         (Validation::Split, Some(val)) => Some(val),
@@ -79,6 +114,22 @@ pub fn load_splits(
         // One copy of the tokens: the test split serves both roles.
         (Validation::Test, _) => None,
         (Validation::Holdout(n), _) => Some(train.split_off_holdout(n, "validation hold-out")?),
+    };
+    let mut val = val;
+    let tokenizer = match config.data.bpe_vocab_size.filter(|_| bpe) {
+        None => None,
+        Some(vocab) => {
+            // Trained on what the model trains on: the training split, hold-out removed.
+            let tokenizer = bpe::load_or_train(cache_dir, config.task.name(), &train, vocab)?;
+            let cut = config.data.max_len;
+            for split in [Some(&mut train), val.as_mut(), Some(&mut test)]
+                .into_iter()
+                .flatten()
+            {
+                tokenizer.retokenize(split, cut)?;
+            }
+            Some((tokenizer.path, tokenizer.json))
+        }
     };
     let classes: Vec<usize> = (train.label_counts().iter())
         .enumerate()
@@ -101,6 +152,7 @@ pub fn load_splits(
         train,
         val,
         test,
-        vocab_size: config.task.vocab_size(),
+        vocab_size: config.vocab_size(),
+        tokenizer,
     })
 }

@@ -50,6 +50,9 @@ pub struct Splits {
     pub test: Dataset,
     /// Token ids are below this.
     pub vocab_size: usize,
+    /// The BPE tokenizer the tokens come from: its cached file and contents (recorded in the
+    /// run directory); `None` for the tasks' own tokens.
+    pub tokenizer: Option<(std::path::PathBuf, String)>,
 }
 
 impl Splits {
@@ -497,6 +500,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         "n_params_softmax": budget.softmax_params,
         "param_increase": budget.increase(),
         "split_sizes": data.sizes(),
+        "tokenizer": data.tokenizer.as_ref().map(|(path, _)| path),
         "config_changes": [],
     });
     let (_lock, resume) = match open_run_dir(config, opts, &record)? {
@@ -509,6 +513,12 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         }
         Opened::Ready(lock, resume) => (lock, resume),
     };
+    if let Some((_, json)) = &data.tokenizer {
+        crate::data::write_atomic(
+            &opts.run_dir.join(lra_runs::layout::TOKENIZER),
+            json.as_bytes(),
+        )?;
+    }
     for warning in &warnings {
         eprintln!("warning: {warning}");
     }

@@ -21,6 +21,8 @@ use crate::result::RunResult;
 
 /// The resolved configuration.
 pub const CONFIG: &str = "config.json";
+/// The BPE tokenizer a run's tokens come from (`data.tokenizer = "bpe"` only).
+pub const TOKENIZER: &str = "tokenizer.json";
 /// One JSON line per validation.
 pub const METRICS: &str = "metrics.jsonl";
 /// The outcome; written last, so a directory holding it is finished.

@@ -12,11 +12,24 @@ pub enum Task {
     Text,
     /// Byte-level document matching (AAN citation pairs): two documents, related or not.
     Matching,
+    /// Image classification from a sequence of grey pixels (CIFAR-10; any IDX image set).
+    Image,
+    /// Pathfinder at 32 x 32 pixels: are the two dots joined by one dashed path?
+    Pathfinder,
+    /// Path-X: Pathfinder at 128 x 128 pixels (16,384 tokens).
+    Pathx,
 }
 
 impl Task {
     /// Every task.
-    pub const ALL: [Task; 3] = [Task::Listops, Task::Text, Task::Matching];
+    pub const ALL: [Task; 6] = [
+        Task::Listops,
+        Task::Text,
+        Task::Matching,
+        Task::Image,
+        Task::Pathfinder,
+        Task::Pathx,
+    ];
 
     /// The task's name in flags, files and run directories.
     pub fn name(self) -> &'static str {
@@ -24,6 +37,9 @@ impl Task {
             Task::Listops => "listops",
             Task::Text => "text",
             Task::Matching => "matching",
+            Task::Image => "image",
+            Task::Pathfinder => "pathfinder",
+            Task::Pathx => "pathx",
         }
     }
 }

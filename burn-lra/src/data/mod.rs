@@ -1,9 +1,12 @@
 //! Datasets: tokenized examples, splits and batching.
 
+pub mod bpe;
 pub mod bytes;
+pub mod image;
 pub mod listops;
 pub mod loader;
 pub mod matching;
+pub mod pathfinder;
 
 use std::path::Path;
 
