@@ -499,6 +499,82 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     let compare = vec!["compare".to_string(), dir(0), dir(1)];
     b.case("compare", compare, "differ in");
 
+    // Image: a truncated CIFAR-10 batch, an IDX file whose header disagrees with its size.
+    let cifar = b.root.join("cifar").join("cifar-10-batches-bin");
+    std::fs::create_dir_all(&cifar).unwrap();
+    std::fs::write(cifar.join("data_batch_1.bin"), vec![3u8; 3073 + 100]).unwrap();
+    let args = b.task_args("image", b.root.join("cifar").to_str().unwrap());
+    b.case(
+        "cifar-truncated",
+        args,
+        "data_batch_1.bin: truncated: 3173 bytes",
+    );
+    let idx = b.root.join("idx");
+    std::fs::create_dir_all(&idx).unwrap();
+    let mut images = vec![0u8, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2];
+    images.extend([0u8; 7]);
+    std::fs::write(idx.join("train-images-idx3-ubyte"), images).unwrap();
+    let labels = [0u8, 0, 8, 1, 0, 0, 0, 2, 1, 2];
+    std::fs::write(idx.join("train-labels-idx1-ubyte"), labels).unwrap();
+    std::fs::write(idx.join("t10k-labels-idx1-ubyte"), labels).unwrap();
+    let mut good = vec![0u8, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2];
+    good.extend([0u8; 8]);
+    std::fs::write(idx.join("t10k-images-idx3-ubyte"), good).unwrap();
+    let args = b.task_args("image", idx.to_str().unwrap());
+    b.case(
+        "idx-size",
+        args,
+        "train-images-idx3-ubyte: the header says 2 x 2 x 2 (8 bytes of data) but the file holds 7",
+    );
+    // Pathfinder: a PNG of the wrong size in LRA's layout, and a label out of range.
+    let png_16 = {
+        let mut bytes = Vec::new();
+        let mut encoder = png::Encoder::new(&mut bytes, 16, 16);
+        encoder.set_color(png::ColorType::Grayscale);
+        encoder.set_depth(png::BitDepth::Eight);
+        encoder
+            .write_header()
+            .unwrap()
+            .write_image_data(&[0; 256])
+            .unwrap();
+        bytes
+    };
+    for (name, metadata, needle) in [
+        (
+            "pathfinder-png-size",
+            "imgs/0 sample_0.png 0 1\n",
+            "sample_0.png: 16 x 16 pixels, expected 32 x 32",
+        ),
+        (
+            "pathfinder-label",
+            "imgs/0 sample_0.png 0 3\n",
+            "0.npy:1: label `3` is out of range",
+        ),
+    ] {
+        let pf = b.root.join(name).join("curv_baseline");
+        std::fs::create_dir_all(pf.join("imgs/0")).unwrap();
+        std::fs::create_dir_all(pf.join("metadata")).unwrap();
+        std::fs::write(pf.join("imgs/0/sample_0.png"), &png_16).unwrap();
+        std::fs::write(pf.join("metadata/0.npy"), metadata).unwrap();
+        let args = b.task_args("pathfinder", b.root.join(name).to_str().unwrap());
+        b.case(name, args, needle);
+    }
+    // BPE where it does not apply, and without its vocabulary size.
+    b.config_case(
+        "bpe-listops",
+        "softmax",
+        "[data]\n",
+        "[data]\ntokenizer = \"bpe\"\nbpe_vocab_size = 500\n",
+        "`data.tokenizer = \"bpe\"` is for the text and matching tasks only",
+    );
+    b.config_case(
+        "bpe-no-size",
+        "softmax",
+        "[data]\n",
+        "[data]\nbpe_vocab_size = 500\n",
+        "`data.bpe_vocab_size` applies to `data.tokenizer = \"bpe\"` only",
+    );
+
     let cases = std::mem::take(&mut b.cases);
     assert!(cases.len() >= 30, "{} cases", cases.len());
     let before = snapshot(&b.runs);
