@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use burn_lra::backend::{BackendDevice, BackendKind};
 use burn_lra::config::{RunConfig, Task, TaskShape};
+use burn_lra::data::pathfinder::Difficulty;
 use burn_lra::model::{ParamBudget, count_trainable};
 use burn_lra::task::load_splits;
 use burn_lra::train::{ResumeMode, TrainOptions, train};
@@ -69,9 +70,9 @@ enum Command {
         /// Image side: 32, 64 or 128.
         #[arg(long, default_value_t = 32)]
         size: usize,
-        /// easy (paths of 6 paddles), intermediate (9) or hard (14).
-        #[arg(long, default_value = "hard")]
-        difficulty: String,
+        /// Path length.
+        #[arg(long, value_enum, default_value_t = Difficulty::Hard)]
+        difficulty: Difficulty,
         /// Images.
         #[arg(long, default_value_t = 1000)]
         n: usize,
@@ -255,12 +256,6 @@ fn run(cli: Cli) -> Result<()> {
             sheet_count,
         } => {
             use burn_lra::data::pathfinder::{self, PathfinderConfig};
-            let difficulty = serde_json::from_value(serde_json::Value::String(difficulty.clone()))
-                .map_err(|_| {
-                    anyhow::anyhow!(
-                        "--difficulty must be easy, intermediate or hard, got `{difficulty}`"
-                    )
-                })?;
             let config = PathfinderConfig {
                 size,
                 difficulty,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::config::{RunConfig, Task, TokenizerKind, Validation};
+use crate::config::{RunConfig, Task, TaskShape, TokenizerKind, Validation};
 use crate::data::{bpe, bytes, image, listops, matching, pathfinder};
 use crate::train::Splits;
 
@@ -58,7 +58,7 @@ pub fn load_splits(
                      their .tar.gz) or a folder holding train.tsv and test.tsv (label<TAB>text)"
                 );
             };
-            let splits = bytes::read_corpus(dir, max_len, 2)?;
+            let splits = bytes::read_corpus(dir, max_len, Task::Text.n_classes())?;
             (splits.train, splits.val, splits.test)
         }
         Task::Matching => {
@@ -76,7 +76,9 @@ pub fn load_splits(
         Task::Image => {
             let Some(dir) = data_dir else {
                 bail!(
-                    "no image data: pass --data-dir with CIFAR-10's binary release                      (cifar-10-batches-bin/) or IDX files such as Fashion-MNIST's                      (Debian: dataset-fashion-mnist, /usr/share/datasets/fashion-mnist)"
+                    "no image data: pass --data-dir with CIFAR-10's binary release \
+                     (cifar-10-batches-bin/) or IDX files such as Fashion-MNIST's \
+                     (Debian: dataset-fashion-mnist, /usr/share/datasets/fashion-mnist)"
                 );
             };
             let [train, test] = image::read_splits(dir, max_len)?;
@@ -104,7 +106,7 @@ pub fn load_splits(
             (train, Some(val), test)
         }
     };
-    let val = match (config.data.validation, val) {
+    let mut val = match (config.data.validation, val) {
         (Validation::Split, Some(val)) => Some(val),
         (Validation::Split, None) => bail!(
             "{}: the corpus has no validation split; set `data.validation` to \"test\" (LRA's \
@@ -115,7 +117,6 @@ pub fn load_splits(
         (Validation::Test, _) => None,
         (Validation::Holdout(n), _) => Some(train.split_off_holdout(n, "validation hold-out")?),
     };
-    let mut val = val;
     let tokenizer = match config.data.bpe_vocab_size.filter(|_| bpe) {
         None => None,
         Some(vocab) => {

@@ -67,7 +67,11 @@ pub fn load_or_train(
     if !path.is_file() {
         eprintln!(
             "training a {vocab_size}-token BPE on {} training documents into {}",
-            documents(train).count(),
+            train
+                .examples
+                .iter()
+                .map(|e| 1 + usize::from(e.pair.is_some()))
+                .sum::<usize>(),
             path.display()
         );
         let json = train_bpe(train, vocab_size)?;
@@ -155,8 +159,7 @@ mod tests {
 
     #[test]
     fn bpe_trains_on_train_only_caches_and_round_trips() {
-        let dir = std::env::temp_dir().join(format!("burn-lra-bpe-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::data::scratch_dir("bpe");
         let texts = [
             "the film was great, the acting great",
             "the film was dull and the plot dull",

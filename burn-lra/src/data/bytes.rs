@@ -254,14 +254,7 @@ fn imdb_source(path: &Path) -> Result<ImdbSource> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("burn-lra-bytes-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::data::scratch_dir;
 
     /// A small corpus in the aclImdb layout: (split, label folder, file name, text).
     const REVIEWS: [(&str, &str, &str, &str); 5] = [
@@ -291,7 +284,7 @@ mod tests {
 
     #[test]
     fn an_empty_review_is_named_in_folder_and_archive() {
-        let root = temp_dir("empty-review");
+        let root = scratch_dir("bytes-empty-review");
         write_tree(&root);
         std::fs::write(root.join("aclImdb/train/pos/3_8.txt"), "").unwrap();
         let err = format!("{:#}", read_imdb(&root.join("aclImdb"), 16).unwrap_err());
@@ -326,7 +319,7 @@ mod tests {
 
     #[test]
     fn imdb_folder_and_archive_read_the_same_reviews() {
-        let dir = temp_dir("imdb");
+        let dir = scratch_dir("bytes-imdb");
         write_tree(&dir);
         let archive_dir = dir.join("archive");
         std::fs::create_dir_all(&archive_dir).unwrap();
@@ -346,7 +339,7 @@ mod tests {
 
     #[test]
     fn bad_text_inputs_are_named() {
-        let dir = temp_dir("bad");
+        let dir = scratch_dir("bytes-bad");
         let err = |path: &Path| format!("{:#}", read_corpus(path, 8, 2).err().unwrap());
         // Missing path.
         let missing = dir.join("nope");
@@ -401,7 +394,7 @@ mod tests {
 
     #[test]
     fn labelled_tsv_keeps_tabs_inside_the_text() {
-        let dir = temp_dir("tsv");
+        let dir = scratch_dir("bytes-tsv");
         std::fs::write(dir.join("train.tsv"), "1\ta\tb\r\n0.0\tc\n").unwrap();
         std::fs::write(dir.join("test.tsv"), "0\tz\n").unwrap();
         let splits = read_corpus(&dir, 10, 2).unwrap();

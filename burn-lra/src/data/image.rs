@@ -83,22 +83,15 @@ pub fn read_splits(dir: &Path, max_len: usize) -> Result<[Dataset; 2]> {
                 read_idx_pair(&images, &labels)?,
             ))
         };
-        let test_images = idx_file(dir, "t10k", "images-idx3")
-            .or_else(|| idx_file(dir, "test", "images-idx3"))
+        let (test_prefix, test_images) = ["t10k", "test"]
+            .into_iter()
+            .find_map(|prefix| idx_file(dir, prefix, "images-idx3").map(|f| (prefix, f)))
             .with_context(|| {
                 format!(
                     "{}: found train-images-idx3-ubyte but no t10k-images-idx3-ubyte[.gz]",
                     dir.display()
                 )
             })?;
-        let test_prefix = if test_images
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("t10k"))
-        {
-            "t10k"
-        } else {
-            "test"
-        };
         [
             split("train", train_images)?,
             split(test_prefix, test_images)?,
@@ -286,14 +279,7 @@ pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<Vec<Example>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("burn-lra-image-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::data::scratch_dir;
 
     /// A CIFAR-10 record: `label`, then each channel filled by `pixel(channel, index)`.
     fn cifar_record(label: u8, pixel: impl Fn(usize, usize) -> u8) -> Vec<u8> {
@@ -343,7 +329,7 @@ mod tests {
 
     #[test]
     fn cifar_batches_in_the_official_layout_load() {
-        let root = temp_dir("cifar");
+        let root = scratch_dir("image-cifar");
         let dir = root.join(CIFAR_FOLDER);
         std::fs::create_dir_all(&dir).unwrap();
         // Batch k holds two records with labels k and 9 - k; pixel values encode the channel.
@@ -385,7 +371,7 @@ mod tests {
 
     #[test]
     fn bad_cifar_batches_name_file_and_record() {
-        let dir = temp_dir("cifar-bad");
+        let dir = scratch_dir("image-cifar-bad");
         let path = dir.join("data_batch_1.bin");
         let mut bytes = cifar_record(1, |_, _| 0);
         bytes.extend(cifar_record(2, |_, _| 0));
@@ -421,7 +407,7 @@ mod tests {
 
     #[test]
     fn idx_files_load_plain_and_gzipped() {
-        let dir = temp_dir("idx");
+        let dir = scratch_dir("image-idx");
         // Three 2 x 3 images with labels 4, 0, 9.
         let pixels: Vec<u8> = (0..18).map(|i| (i * 14) as u8).collect();
         std::fs::write(
@@ -449,7 +435,7 @@ mod tests {
 
     #[test]
     fn bad_idx_files_are_named() {
-        let dir = temp_dir("idx-bad");
+        let dir = scratch_dir("image-idx-bad");
         let path = dir.join("train-images-idx3-ubyte");
         // The header says 3 images of 2 x 3, the data holds 17 bytes.
         std::fs::write(&path, idx(&[3, 2, 3], &[0; 17])).unwrap();

@@ -135,17 +135,11 @@ pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("burn-lra-aan-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::data::scratch_dir;
 
     #[test]
     fn aan_rows_are_cut_then_tokenized() {
-        let dir = temp_dir("rows");
+        let dir = scratch_dir("aan-rows");
         let path = dir.join("pairs.tsv");
         std::fs::write(&path, "1.0\tid1\tid2\tabcdef\txy\n0\ta\tb\tq\trs\n").unwrap();
         // doc_max_bytes 4 then max_len 3: the first 3 bytes.
@@ -165,7 +159,7 @@ mod tests {
 
     #[test]
     fn bad_aan_rows_are_named() {
-        let dir = temp_dir("bad");
+        let dir = scratch_dir("aan-bad");
         let path = dir.join("pairs.tsv");
         std::fs::write(&path, "1.0\tid1\tid2\tabc\tdef\n1.0\tid1\tid2\tabc\n").unwrap();
         let e = format!("{:#}", read_tsv(&path, 8, 8).unwrap_err());
@@ -192,7 +186,7 @@ mod tests {
 
     #[test]
     fn generated_files_read_back_balanced() {
-        let dir = temp_dir("gen");
+        let dir = scratch_dir("aan-gen");
         let cfg = PairGeneratorConfig {
             n_train: 40,
             n_val: 10,

@@ -202,6 +202,15 @@ impl Batch {
 
 /// Calls `row(line_number, line)` for every non-empty line of `path`, the line without its
 /// `\n` or `\r\n` (lines are bytes: text fields are tokenized as bytes, not decoded).
+/// A fresh, empty folder for a test, `<temp dir>/burn-lra-<name>-<process id>`.
+#[cfg(test)]
+pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-lra-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub(crate) fn for_each_row(
     path: &Path,
     mut row: impl FnMut(usize, &[u8]) -> Result<()>,

@@ -30,7 +30,7 @@ pub const N_CLASSES: usize = 2;
 const BATCH: usize = 1000;
 
 /// How long the target paths are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Difficulty {
     /// Paths of 6 paddles (`curv_baseline`).
@@ -220,16 +220,15 @@ pub fn read_png(path: &Path) -> Result<(usize, usize, Vec<u8>)> {
     let info = reader.next_frame(&mut buffer).map_err(bad)?;
     let (w, h) = (info.width as usize, info.height as usize);
     let data = &buffer[..info.buffer_size()];
+    let samples = info.color_type.samples();
     let pixels = match info.color_type {
-        png::ColorType::Grayscale => data.to_vec(),
-        png::ColorType::GrayscaleAlpha => data.chunks_exact(2).map(|p| p[0]).collect(),
-        png::ColorType::Rgb => (data.chunks_exact(3))
-            .map(|p| super::image::grey(p[0], p[1], p[2]))
-            .collect(),
-        png::ColorType::Rgba => (data.chunks_exact(4))
-            .map(|p| super::image::grey(p[0], p[1], p[2]))
-            .collect(),
         png::ColorType::Indexed => bail!("{}: an indexed PNG was not expanded", path.display()),
+        png::ColorType::Grayscale | png::ColorType::GrayscaleAlpha => {
+            data.chunks_exact(samples).map(|p| p[0]).collect()
+        }
+        png::ColorType::Rgb | png::ColorType::Rgba => (data.chunks_exact(samples))
+            .map(|p| super::image::grey(p[0], p[1], p[2]))
+            .collect(),
     };
     Ok((w, h, pixels))
 }
@@ -349,13 +348,7 @@ pub fn contact_sheet(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("burn-lra-pf-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::data::scratch_dir;
 
     fn config(n: usize) -> PathfinderConfig {
         PathfinderConfig {
@@ -368,7 +361,7 @@ mod tests {
 
     #[test]
     fn generated_layout_reads_back_balanced_and_split() {
-        let root = temp_dir("layout").join("data");
+        let root = scratch_dir("pf-layout").join("data");
         let cfg = config(20);
         write_dataset(&root, &cfg).unwrap();
         assert!(root.join("curv_baseline/imgs/0/sample_19.png").is_file());
@@ -386,7 +379,7 @@ mod tests {
             assert_eq!(val.examples[1].tokens, pixel_tokens(&png));
         }
         // The same seed writes the same images.
-        let again = temp_dir("layout-again").join("data");
+        let again = scratch_dir("pf-layout-again").join("data");
         write_dataset(&again, &cfg).unwrap();
         let file = "curv_baseline/imgs/0/sample_7.png";
         assert_eq!(
@@ -404,7 +397,7 @@ mod tests {
 
     #[test]
     fn bad_layouts_name_file_and_line() {
-        let root = temp_dir("bad");
+        let root = scratch_dir("pf-bad");
         let cfg = config(10);
         write_dataset(&root.join("d"), &cfg).unwrap();
         let folder = root.join("d/curv_baseline");
@@ -445,7 +438,7 @@ mod tests {
 
     #[test]
     fn colour_pngs_are_read_as_grey() {
-        let dir = temp_dir("rgb");
+        let dir = scratch_dir("pf-rgb");
         let path = dir.join("rgb.png");
         let mut bytes = Vec::new();
         {

@@ -418,20 +418,14 @@ fn target_pair(canvas: &mut Canvas, rng: &mut Rng, contour_length: usize) -> Opt
     if free <= 0 {
         return None;
     }
-    let mut first = None;
-    for _ in 0..PADDLE_TRIALS {
+    let first = (0..PADDLE_TRIALS).find_map(|_| {
         let tail = [
             border + rng.below(free as usize) as i32,
             border + rng.below(free as usize) as i32,
         ];
-        first = Snake::seed(canvas, tail, random_angle(rng), intensity);
-        if first.is_some() {
-            break;
-        }
-    }
-    let first = first?;
-    let mut second = None;
-    for _ in 0..PADDLE_TRIALS {
+        Snake::seed(canvas, tail, random_angle(rng), intensity)
+    })?;
+    let second = (0..PADDLE_TRIALS).find_map(|_| {
         let angle = random_angle(rng);
         let direction = rng.below(360) as f32 * PI / 180.0;
         let d = p.seed_distance as f32;
@@ -439,12 +433,9 @@ fn target_pair(canvas: &mut Canvas, rng: &mut Rng, contour_length: usize) -> Opt
             (first.origin[0] as f32 + d * direction.sin()).round() as i32,
             (first.origin[1] as f32 + d * direction.cos()).round() as i32,
         ];
-        second = Snake::seed(canvas, tail, angle, intensity);
-        if second.is_some() {
-            break;
-        }
-    }
-    let mut pair = [first, second?];
+        Snake::seed(canvas, tail, angle, intensity)
+    })?;
+    let mut pair = [first, second];
     for snake in &pair {
         canvas.draw(&snake.last, intensity);
     }
@@ -530,16 +521,11 @@ pub fn generate(
     rng: &mut Rng,
 ) -> anyhow::Result<PathfinderImage> {
     let margin = params.paddle_margins[rng.below(params.paddle_margins.len())];
-    let mut canvas = Canvas::new(params, margin);
-    let mut pair = None;
-    for _ in 0..PAIR_TRIALS {
-        canvas = Canvas::new(params, margin);
-        pair = target_pair(&mut canvas, rng, contour_length);
-        if pair.is_some() {
-            break;
-        }
-    }
-    let Some(pair) = pair else {
+    let found = (0..PAIR_TRIALS).find_map(|_| {
+        let mut canvas = Canvas::new(params, margin);
+        target_pair(&mut canvas, rng, contour_length).map(|pair| (canvas, pair))
+    });
+    let Some((mut canvas, pair)) = found else {
         anyhow::bail!(
             "no pair of {contour_length}-paddle paths fits a {0} x {0} image in {PAIR_TRIALS} tries",
             params.size
