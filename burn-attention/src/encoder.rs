@@ -16,6 +16,7 @@ use burn::prelude::*;
 use crate::core::contract::{AttentionModule, DecodingState};
 use crate::core::error::AttentionError;
 use crate::core::input::AttentionInput;
+use crate::core::params::num_params_checked;
 use crate::registry::{Attention, AttentionConfig};
 
 /// Configuration of one [`EncoderBlock`].
@@ -198,6 +199,25 @@ impl EncoderConfig {
         self.block.validate()
     }
 
+    /// Number of scalars the encoder's parameters will hold (frozen ones included), counted from
+    /// their shapes with checked arithmetic before any is allocated: one block is built, lazily,
+    /// and counted `n_layers` times, with the final norm and any projection the layers share.
+    /// `None` when the count does not fit in a `usize`; an error when the configuration is
+    /// invalid.
+    pub fn num_params(&self, device: &Device) -> Result<Option<usize>, AttentionError> {
+        self.validate()?;
+        let block = num_params_checked(&self.block.init(device));
+        let shared = match self.block.attention.init_shared_projection(device) {
+            Some(projection) => num_params_checked(&projection),
+            None => Some(0),
+        };
+        let norm = self.block.attention.d_model().checked_mul(2);
+        Ok(block
+            .and_then(|b| b.checked_mul(self.n_layers))
+            .zip(shared.zip(norm))
+            .and_then(|(blocks, (shared, norm))| blocks.checked_add(shared)?.checked_add(norm)))
+    }
+
     /// Creates the encoder.
     ///
     /// # Panics
@@ -233,12 +253,13 @@ impl<A: Module + AttentionModule> Encoder<A> {
     /// # Panics
     /// If `blocks` is empty.
     pub fn new(blocks: Vec<EncoderBlock<A>>, norm_eps: f64, device: &Device) -> Self {
+        // Read from the shape, not the tensor: a lazily built block stays unallocated.
         let d_model = blocks
             .first()
             .expect("an encoder needs at least one block")
             .norm_attn
             .gamma
-            .dims()[0];
+            .lazy_shape()[0];
         Self {
             blocks,
             shared_projection: None,

@@ -26,7 +26,7 @@ pub use crate::core::input::{
 pub use crate::core::kernelized::{
     CAUSAL_CHUNK, causal_kernelized_attention, kernelized_attention, kernelized_step,
 };
-pub use crate::core::params::num_trainable_params;
+pub use crate::core::params::{num_params_checked, num_trainable_params};
 pub use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 pub use encoder::{BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
 pub use registry::{Attention, AttentionConfig, VARIANTS, variant};

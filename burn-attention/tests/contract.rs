@@ -370,3 +370,42 @@ fn decoding_is_refused_without_a_causal_form() {
         assert!(err.to_string().contains("decoding"), "{name}: {err}");
     }
 }
+
+/// `EncoderConfig::num_params` counts before anything is built: for every variant (Linformer's
+/// layer-wise shared projection included) it equals Burn's count over the built encoder, and a
+/// configuration whose count overflows gives `None` rather than a panic or an allocation.
+#[test]
+fn encoder_parameters_are_counted_from_shapes_before_building() {
+    let device = device();
+    for variant in VARIANTS {
+        for n_layers in [1, 3] {
+            let config = EncoderConfig::new(
+                EncoderBlockConfig::new(config_for(variant.name), 24),
+                n_layers,
+            );
+            let counted = config.num_params(&device).unwrap();
+            assert_eq!(
+                counted,
+                Some(config.init(&device).num_params()),
+                "{} at {n_layers} layers",
+                variant.name
+            );
+        }
+    }
+    let shared = AttentionConfig::from_name("linformer", D_MODEL, N_HEADS, N_MAX)
+        .unwrap()
+        .with_params(
+            serde_json::json!({"sharing": "layerwise"})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+    let config = EncoderConfig::new(EncoderBlockConfig::new(shared, 24), 3);
+    assert_eq!(
+        config.num_params(&device).unwrap(),
+        Some(config.init(&device).num_params())
+    );
+    let huge = AttentionConfig::from_name("softmax", 1 << 31, 1, N_MAX).unwrap();
+    let config = EncoderConfig::new(EncoderBlockConfig::new(huge, 1 << 31), usize::MAX / 2);
+    assert_eq!(config.num_params(&device).unwrap(), None);
+}

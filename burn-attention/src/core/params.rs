@@ -21,6 +21,27 @@ pub fn num_trainable_params<M: Module>(module: &M) -> usize {
     count.0
 }
 
+/// Number of scalars in `module`'s float parameters, frozen ones included, counted from their
+/// shapes without initialising any (Burn's initialisers and [`lazy_param`] build parameters
+/// lazily, so nothing is allocated), with checked arithmetic: `None` when the count does not
+/// fit in a `usize`. Burn's `Module::num_params` sums unchecked and overflows on absurd sizes;
+/// this is the count to check a configuration's size with before anything is built for real.
+pub fn num_params_checked<M: Module>(module: &M) -> Option<usize> {
+    struct Count(Option<usize>);
+    impl ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let elements = param
+                .lazy_shape()
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d));
+            self.0 = self.0.zip(elements).and_then(|(a, b)| a.checked_add(b));
+        }
+    }
+    let mut count = Count(Some(0));
+    module.visit(&mut count);
+    count.0
+}
+
 /// A parameter of `shape` whose value `init` draws on first use, as Burn's own initialisers do:
 /// building a module allocates none of it, so a configuration's size can be counted
 /// ([`Module::num_params`]) before any memory is committed to it.
