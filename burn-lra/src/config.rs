@@ -419,6 +419,35 @@ impl RunConfig {
             ("model.d_ff", m.d_ff),
             ("model.d_mlp", m.d_mlp),
             ("data.max_len", self.data.max_len),
+            ("data.doc_max_bytes", self.data.doc_max_bytes),
+            ("data.test_subset", self.data.test_subset.unwrap_or(1)),
+            ("training.batch_size", self.training.batch_size),
+            ("training.steps", self.training.steps),
+            ("training.eval_every", self.training.eval_every),
+            (
+                "training.grad_accumulation",
+                self.training.grad_accumulation,
+            ),
+            (
+                "training.checkpoint_every",
+                self.training.checkpoint_every.unwrap_or(1),
+            ),
+            (
+                "training.redraw_every",
+                self.training.redraw_every.unwrap_or(1),
+            ),
+        ] {
+            if value > MAX_SIZE {
+                bail!("`{key}` must be at most {MAX_SIZE} (2^32 - 1), got {value}");
+            }
+        }
+        for (key, value) in [
+            ("model.n_layers", m.n_layers),
+            ("model.d_model", m.d_model),
+            ("model.n_heads", m.n_heads),
+            ("model.d_ff", m.d_ff),
+            ("model.d_mlp", m.d_mlp),
+            ("data.max_len", self.data.max_len),
             ("training.batch_size", self.training.batch_size),
             ("training.steps", self.training.steps),
             ("training.eval_every", self.training.eval_every),
@@ -585,6 +614,11 @@ impl RunConfig {
         Ok(EncoderConfig::new(block, m.n_layers))
     }
 }
+
+/// The largest size or count a configuration may give (2^32 - 1): far above any trainable
+/// model's, and small enough that every sum and single product of sizes the harness forms fits
+/// in 64 bits (parameter counts, which multiply several, are computed with checked arithmetic).
+pub const MAX_SIZE: usize = u32::MAX as usize;
 
 /// Refuses a value that is not a finite number above 0 (NaN and infinity included), naming `key`.
 fn positive_finite(key: &str, value: f64) -> Result<()> {

@@ -148,9 +148,14 @@ struct TrainArgs {
     /// No progress bar; print a line per validation instead.
     #[arg(long)]
     no_progress: bool,
-    /// Continue the unfinished run in the run directory from its last checkpoint.
+    /// Continue the unfinished run in the run directory from its last checkpoint (every file of
+    /// which is checked first; a damaged checkpoint is refused, naming the file).
     #[arg(long)]
     resume: bool,
+    /// Start the unfinished run in the run directory over: its checkpoints (damaged or not),
+    /// weights and metrics are removed first, and nothing else. A finished run is refused.
+    #[arg(long, conflicts_with_all = ["resume", "continue_"])]
+    restart: bool,
     /// Whatever the run directory holds: start the run, continue it from its checkpoint, or,
     /// when it is finished, print so and exit 0 (what sweeps and Slurm array tasks run). Exits
     /// with 75 when another process is training in the directory.
@@ -262,21 +267,33 @@ fn run(cli: Cli) -> Result<()> {
                 n_images: n,
                 seed,
             };
-            pathfinder::write_dataset(&out, &config)?;
-            println!(
-                "wrote {n} images to {}",
-                out.join(difficulty.folder()).display()
-            );
+            // Refused before any image is drawn: an existing sheet is never replaced.
+            if let Some(sheet) = &sheet {
+                if sheet_count == 0 {
+                    anyhow::bail!("`--sheet-count` must be at least 1");
+                }
+                if std::fs::symlink_metadata(sheet).is_ok() {
+                    anyhow::bail!(
+                        "{} already exists; it is left as it is (choose another --sheet path, or \
+                         remove it first)",
+                        sheet.display()
+                    );
+                }
+            }
+            let folder = pathfinder::write_dataset(&out, &config)?;
+            println!("wrote {n} images to {}", folder.display());
             if let Some(sheet) = sheet {
-                let folder = out.join(difficulty.folder()).join("imgs/0");
                 let images = (0..sheet_count.min(n))
                     .map(|i| {
-                        pathfinder::read_png(&folder.join(format!("sample_{i}.png"))).map(|p| p.2)
+                        pathfinder::read_png(
+                            &folder.join("imgs/0").join(format!("sample_{i}.png")),
+                            size,
+                        )
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let scale = (256 / size).max(2);
                 let (w, h, pixels) = pathfinder::contact_sheet(&images, size, 4, scale);
-                pathfinder::write_png_rect(&sheet, &pixels, w, h)?;
+                lra_runs::write_new(&sheet, &pathfinder::png_bytes(&pixels, w, h)?)?;
                 println!("wrote {}", sheet.display());
             }
             Ok(())
@@ -329,6 +346,11 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let (config, preset) = load_config(task, &preset, config.as_deref())?;
             let device = backend.device()?;
+            // Counted from shapes first: a model too large to build is refused, not built.
+            let fits = |name| {
+                burn_lra::model::check_memory(&config, name, config.vocab_size(), task.n_classes())
+            };
+            fits("softmax").context("the softmax baseline")?;
             println!("{} / {preset}: trainable parameters", task.name());
             println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
             let count = |name| {
@@ -343,6 +365,10 @@ fn run(cli: Cli) -> Result<()> {
             // The baseline is built once, not once per variant.
             let softmax_params = count("softmax")?;
             for v in burn_attention_zoo::VARIANTS {
+                if let Err(err) = fits(v.name) {
+                    println!("{:<16} {err:#}", v.name);
+                    continue;
+                }
                 let budget = ParamBudget {
                     n_params: count(v.name).with_context(|| format!("attention `{}`", v.name))?,
                     softmax_params,
@@ -386,8 +412,21 @@ fn load_config(
     Ok((config, name))
 }
 
-fn train_command(args: TrainArgs) -> Result<()> {
+fn train_command(mut args: TrainArgs) -> Result<()> {
     burn_attention_zoo::variant(&args.attention)?;
+    // Paths as the file system names them, so that a run records the same paths however the
+    // command spelt them (`runs` or `/home/me/runs`).
+    args.out = lra_runs::absolute(&args.out)?;
+    args.run_dir = args
+        .run_dir
+        .as_deref()
+        .map(lra_runs::absolute)
+        .transpose()?;
+    args.data_dir = args
+        .data_dir
+        .as_deref()
+        .map(lra_runs::absolute)
+        .transpose()?;
     let (config, preset) = load_config(args.task, &args.preset, args.config.as_deref())?;
     // Fail on an attention that cannot take this configuration before loading any data.
     config
@@ -446,9 +485,10 @@ fn train_command(args: TrainArgs) -> Result<()> {
             run_dir: run_dir.clone(),
             preset,
             progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            resume: match (args.resume, args.continue_) {
-                (true, _) => ResumeMode::Resume,
-                (_, true) => ResumeMode::Continue,
+            resume: match (args.resume, args.continue_, args.restart) {
+                (true, _, _) => ResumeMode::Resume,
+                (_, true, _) => ResumeMode::Continue,
+                (_, _, true) => ResumeMode::Restart,
                 _ => ResumeMode::Start,
             },
             stop_after: args.stop_after,

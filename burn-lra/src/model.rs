@@ -71,8 +71,9 @@ impl LraClassifier {
         };
         Ok(Self {
             embedding: EmbeddingConfig::new(vocab_size, m.d_model).init(device),
+            // Built lazily, as every other parameter: a model can be counted before it exists.
             cls: (m.pooling == Pooling::Cls)
-                .then(|| Param::from_tensor(Tensor::zeros([1, 1, m.d_model], device))),
+                .then(|| Initializer::Zeros.init([1, 1, m.d_model], device)),
             positions: (m.positions == Positions::Learned).then(|| {
                 EmbeddingConfig::new(config.encoder_len(), m.d_model)
                     .with_initializer(Initializer::Normal {
@@ -231,29 +232,53 @@ impl ParamBudget {
 /// AdamW's two moments and the best-validation copy.
 const TRAINING_BYTES_PER_PARAM: u64 = 5 * 4;
 
+/// Scalars in the parameters of the classifier for `config` with the attention called
+/// `attention` (frozen ones included), counted from shapes with checked arithmetic and without
+/// building the model: the encoder is counted from one lazily built block
+/// ([`burn_attention_zoo::EncoderConfig::num_params`]), the rest from a lazily built one-layer
+/// classifier. `None` when the count does not fit in a `usize`.
+pub fn num_params_checked(
+    config: &RunConfig,
+    attention: &str,
+    vocab_size: usize,
+    n_classes: usize,
+) -> Result<Option<usize>> {
+    let device = crate::backend::any_device()?;
+    let encoder = config.encoder_config(attention)?.num_params(&device)?;
+    let mut one_layer = config.clone();
+    one_layer.model.n_layers = 1;
+    let model = LraClassifier::new(&one_layer, attention, vocab_size, n_classes, &device)?;
+    let whole = burn_attention_zoo::num_params_checked(&model);
+    let its_encoder = burn_attention_zoo::num_params_checked(&model.encoder);
+    Ok(whole
+        .zip(its_encoder)
+        .zip(encoder)
+        .and_then(|((whole, its), encoder)| (whole - its).checked_add(encoder)))
+}
+
 /// Refuses a configuration whose parameters cannot be trained in the memory this machine has
-/// available, naming the field that makes them too large, before anything is allocated (the
-/// model is built with lazily initialised parameters and only their shapes are counted).
+/// available (or cannot even be counted), naming the field that makes them too large, before
+/// anything is allocated: parameters are counted from shapes ([`num_params_checked`]).
 ///
 /// Activations are not counted: batches are padded to their longest example, so they grow with
-/// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), nothing
-/// is checked.
+/// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), only
+/// the count itself is checked.
 pub fn check_memory(
     config: &RunConfig,
     attention: &str,
     vocab_size: usize,
     n_classes: usize,
 ) -> Result<()> {
-    let Some(available) = available_memory() else {
-        return Ok(());
+    let available = available_memory().unwrap_or(u64::MAX);
+    let needs = |config: &RunConfig| -> Result<Option<u64>> {
+        Ok(
+            num_params_checked(config, attention, vocab_size, n_classes)?
+                .and_then(|n| (n as u64).checked_mul(TRAINING_BYTES_PER_PARAM)),
+        )
     };
-    let device = crate::backend::any_device()?;
-    let needs = |config: &RunConfig| -> Option<u64> {
-        let model = LraClassifier::new(config, attention, vocab_size, n_classes, &device).ok()?;
-        Some(model.num_params() as u64 * TRAINING_BYTES_PER_PARAM)
-    };
-    let bytes = needs(config).unwrap_or(0);
-    if bytes <= available {
+    let fits = |bytes: Option<u64>| bytes.is_some_and(|b| b <= available);
+    let bytes = needs(config)?;
+    if fits(bytes) {
         return Ok(());
     }
     // The field to name: the first whose smaller value brings the model within reach.
@@ -261,22 +286,32 @@ pub fn check_memory(
     shorter.data.max_len = config.data.max_len.min(512);
     let mut defaults = config.clone();
     defaults.attention.remove(attention);
-    let field = if needs(&shorter).is_some_and(|b| b <= available) {
+    let mut one_layer = config.clone();
+    one_layer.model.n_layers = 1;
+    let field = if fits(needs(&shorter)?) {
         format!("`data.max_len` = {}", config.data.max_len)
-    } else if needs(&defaults).is_some_and(|b| b <= available) {
+    } else if config.attention.contains_key(attention) && fits(needs(&defaults)?) {
         format!("`attention.{attention}`")
+    } else if config.model.n_layers > 1 && fits(needs(&one_layer)?) {
+        format!("`model.n_layers` = {}", config.model.n_layers)
     } else {
-        "the `model` sizes (`d_model`, `d_ff`, `n_layers`)".to_string()
+        "the `model` sizes (`d_model`, `d_ff`, `d_mlp`, `n_layers`)".to_string()
     };
     let gb = |b: u64| b as f64 / 1e9;
-    bail!(
-        "{field} is too large: training the model's {} parameters needs {:.1} GB (weights, \
-         gradients, AdamW's two moments and the best-validation copy), more than the {:.1} GB \
-         of memory available",
-        bytes / TRAINING_BYTES_PER_PARAM,
-        gb(bytes),
-        gb(available)
-    )
+    match bytes {
+        None => bail!(
+            "{field} is too large: the model's parameters are more than can be counted (over \
+             2^64 bytes to train)"
+        ),
+        Some(bytes) => bail!(
+            "{field} is too large: training the model's {} parameters needs {:.1} GB (weights, \
+             gradients, AdamW's two moments and the best-validation copy), more than the {:.1} GB \
+             of memory available",
+            bytes / TRAINING_BYTES_PER_PARAM,
+            gb(bytes),
+            gb(available)
+        ),
+    }
 }
 
 /// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
@@ -348,6 +383,69 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The count from shapes (one block built, lazily) equals Burn's count over the whole built
+    /// model, for every attention and every task's `lra` preset at 2 and 3 layers; sizes whose
+    /// product overflows give no count, and the memory check refuses them naming the field,
+    /// without building anything.
+    #[test]
+    fn parameters_are_counted_from_shapes() {
+        let device = Device::flex();
+        for task in Task::ALL {
+            let mut config = RunConfig::preset(task, "tiny").unwrap();
+            for n_layers in [2, 3] {
+                config.model.n_layers = n_layers;
+                for variant in burn_attention_zoo::VARIANTS {
+                    let built = LraClassifier::new(
+                        &config,
+                        variant.name,
+                        task.vocab_size(),
+                        task.n_classes(),
+                        &device,
+                    )
+                    .unwrap();
+                    let counted = num_params_checked(
+                        &config,
+                        variant.name,
+                        task.vocab_size(),
+                        task.n_classes(),
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        counted,
+                        Some(built.num_params()),
+                        "{} {}",
+                        task.name(),
+                        variant.name
+                    );
+                }
+            }
+        }
+        let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+        config.model.d_model = 4_000_000_000;
+        config.model.n_heads = 1;
+        config.model.d_ff = 4_000_000_000;
+        config.model.n_layers = 4_000_000_000;
+        assert_eq!(
+            num_params_checked(&config, "softmax", 16, 10).unwrap(),
+            None
+        );
+        let err = format!(
+            "{:#}",
+            check_memory(&config, "softmax", 16, 10).unwrap_err()
+        );
+        assert!(err.contains("more than can be counted"), "{err}");
+        let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+        config.model.n_layers = 4_000_000_000;
+        let err = format!(
+            "{:#}",
+            check_memory(&config, "softmax", 16, 10).unwrap_err()
+        );
+        assert!(
+            err.starts_with("`model.n_layers` = 4000000000 is too large"),
+            "{err}"
+        );
     }
 
     /// Frozen tensors are not trainable: Performer's random features leave its count equal to

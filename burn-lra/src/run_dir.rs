@@ -2,10 +2,13 @@
 //! configuration changes a resume may make, the lock that keeps one process per directory, and
 //! the comparison of two run directories.
 //!
-//! The layout and the file names are [`lra_runs::layout`]'s, shared with the sweep tool.
+//! The layout and the file names are [`lra_runs::layout`]'s, shared with the sweep tool. Every
+//! file a resume or a result reads is checked against a SHA-256 recorded when it was written:
+//! a checkpoint's files against its `checksums.json`, the metrics against the checkpoint's
+//! state, the finished weights against `result.json`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -15,17 +18,18 @@ use serde_json::Value;
 
 pub use lra_runs::layout::{CHECKPOINT, find_checkpoint};
 use lra_runs::layout::{
-    CHECKPOINT_CHECKSUMS, CHECKPOINT_MODEL, CHECKPOINT_NEW, CHECKPOINT_OLD, CHECKPOINT_OPTIMIZER,
-    CHECKPOINT_STATE, CONFIG, METRICS, MODEL_BEST, MODEL_LAST, RESULT,
+    CHECKPOINT_BEST, CHECKPOINT_CHECKSUMS, CHECKPOINT_CONFIG, CHECKPOINT_FILES, CHECKPOINT_MODEL,
+    CHECKPOINT_NEW, CHECKPOINT_OLD, CHECKPOINT_OPTIMIZER, CHECKPOINT_STATE, CONFIG, METRICS,
+    MODEL_BEST, MODEL_LAST, RESULT, RUN_FILES, RUN_FOLDERS, is_owned_name,
 };
 pub use lra_runs::{ConfigChange, RunDirLock};
 
-use crate::config::{RunConfig, TaskShape};
+use crate::config::RunConfig;
 use crate::data::write_atomic;
 use crate::model::LraClassifier;
 
-/// The files of a checkpoint whose SHA-256 it records (in `checksums.json`) and a resume checks.
-const CHECKSUMMED: [&str; 2] = [CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER];
+/// What a resume or a restart says to do about a checkpoint it cannot use.
+const RESTART_ADVICE: &str = "--restart starts the run over";
 
 /// Saves `model`'s weights to `path` atomically.
 pub fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
@@ -37,132 +41,321 @@ pub fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Loads weights saved by [`save_weights`] into `model`.
-pub fn load_weights(model: LraClassifier, path: &Path) -> Result<LraClassifier> {
+/// Loads weights saved by [`save_weights`] into `model`, after checking that the file's SHA-256
+/// is `sha256` (recorded when it was written); a mismatch is an error naming the file.
+pub fn load_weights(model: LraClassifier, path: &Path, sha256: &str) -> Result<LraClassifier> {
+    verify_file(path, sha256, "recorded when it was written")?;
     model
         .try_load_file(path)
         .map_err(|e| anyhow::anyhow!("cannot load weights from {}: {e}", path.display()))
 }
 
-/// The SHA-256 of `path`'s bytes, in hex.
-fn sha256_file(path: &Path) -> Result<String> {
+/// The SHA-256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(Sha256::digest(&bytes)
+    Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect())
+        .collect()
 }
 
-/// Records the checksums of a checkpoint's files in `dir/checksums.json`.
-fn write_checksums(dir: &Path) -> Result<()> {
-    let mut sums = serde_json::Map::new();
-    for name in CHECKSUMMED {
-        sums.insert(name.into(), sha256_file(&dir.join(name))?.into());
+/// The SHA-256 of `path`'s bytes, in hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(sha256_hex(&bytes))
+}
+
+/// Checks that `path` exists and its SHA-256 is `expected`; the error names the file and where
+/// the expected sum was `recorded`.
+fn verify_file(path: &Path, expected: &str, recorded: &str) -> Result<()> {
+    if !path.is_file() {
+        bail!("{} is missing (its SHA-256 was {recorded})", path.display());
     }
-    write_atomic(
-        &dir.join(CHECKPOINT_CHECKSUMS),
-        serde_json::to_string_pretty(&sums)?.as_bytes(),
-    )
-}
-
-/// Checks a checkpoint's files against its `checksums.json`; a mismatch is an error naming the
-/// file. A checkpoint written before checksums were kept is accepted with a warning.
-pub fn verify_checksums(dir: &Path) -> Result<()> {
-    let path = dir.join(CHECKPOINT_CHECKSUMS);
-    if !path.exists() {
-        eprintln!(
-            "warning: {} has no checksums.json (written before checksums were kept); its files \
-             are not verified",
-            dir.display()
+    if sha256_file(path)? != expected {
+        bail!(
+            "{}: corrupted (its SHA-256 differs from the one {recorded})",
+            path.display()
         );
-        return Ok(());
     }
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let sums: serde_json::Map<String, Value> = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a checksum list", path.display()))?;
-    for name in CHECKSUMMED {
-        let file = dir.join(name);
-        let expected = sums
-            .get(name)
-            .and_then(|v| v.as_str())
-            .with_context(|| format!("{}: no checksum for {name}", path.display()))?;
-        if sha256_file(&file)? != expected {
+    Ok(())
+}
+
+/// Refuses a run directory holding anything the harness does not write there (a file or folder
+/// of the user's, which training would write beside or over), or one of its own names as the
+/// wrong kind (a file where the checkpoint folder belongs, say): the error names the path. A
+/// missing directory is fine: it is created for the run.
+pub fn check_run_dir(run_dir: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) if run_dir.exists() && !run_dir.is_dir() => bail!(
+            "{} is a file, not a run directory; it is left as it is (choose another --run-dir)",
+            run_dir.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", run_dir.display())),
+    };
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot read {}", run_dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if RUN_FOLDERS.contains(&name.as_str()) {
+            if !kind.is_dir() {
+                bail!(
+                    "{} is not a folder, but a checkpoint folder belongs at that path; it is left \
+                     as it is (remove it, then --resume or --restart)",
+                    path.display()
+                );
+            }
+        } else if is_owned_name(&name, &RUN_FILES) || name.ends_with(".bpk.tmp") {
+            if !kind.is_file() {
+                bail!(
+                    "{} is not a file, but the run writes a file at that path; it is left as it \
+                     is (remove it, or choose another --run-dir)",
+                    path.display()
+                );
+            }
+        } else {
             bail!(
-                "{}: corrupted (its SHA-256 differs from the one recorded when the checkpoint was \
-                 written); the checkpoint cannot be resumed",
-                file.display()
+                "{} holds {name}, which no run writes: a run directory holds only the harness's \
+                 files, so that training never writes beside or over the user's (choose another \
+                 --run-dir, or move {name} away)",
+                run_dir.display()
             );
         }
     }
     Ok(())
 }
 
-/// Writes the checkpoint atomically: a complete `checkpoint.new/`, then renames; a reader sees
-/// the old checkpoint or the new one, never a mix.
+/// Removes a checkpoint folder of the harness's (`checkpoint`, `checkpoint.new`,
+/// `checkpoint.old`): its own files only; anything else inside is an error naming it.
+pub fn remove_checkpoint_dir(dir: &Path) -> Result<()> {
+    lra_runs::remove_owned_dir(dir, |name| is_owned_name(name, &CHECKPOINT_FILES))
+}
+
+/// Removes what an unfinished run left (its checkpoints, weights, metrics, configuration and
+/// tokenizer copy), for `--restart`: only the harness's own files ([`check_run_dir`] has
+/// refused any other).
+pub fn clear_unfinished_run(run_dir: &Path) -> Result<()> {
+    for folder in [CHECKPOINT, CHECKPOINT_NEW, CHECKPOINT_OLD] {
+        remove_checkpoint_dir(&run_dir.join(folder))?;
+    }
+    for file in [MODEL_BEST, MODEL_LAST, METRICS, lra_runs::layout::TOKENIZER] {
+        let path = run_dir.join(file);
+        if path.is_file() {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// What a checkpoint holds besides its weights and optimiser state, as its files store it.
+pub struct CheckpointContents<'a> {
+    /// The model after the checkpoint's step.
+    pub model: &'a LraClassifier,
+    /// The optimiser state.
+    pub optim: &'a burn::optim::ModuleOptimizer,
+    /// The best-validation weights so far (none before the first validation).
+    pub best: Option<&'a LraClassifier>,
+    /// The run's `config.json` record.
+    pub record: &'a Value,
+}
+
+/// Writes the checkpoint atomically: a complete `checkpoint.new/` (the model, the optimiser,
+/// the best weights, the record, `state` and, last, the SHA-256 of each in `checksums.json`),
+/// then renames; a reader sees the old checkpoint or the new one, never a mix.
 pub fn write_checkpoint(
     run_dir: &Path,
-    model: &LraClassifier,
-    optim: &burn::optim::ModuleOptimizer,
+    contents: &CheckpointContents,
     state: &impl Serialize,
 ) -> Result<()> {
     let new = run_dir.join(CHECKPOINT_NEW);
     let old = run_dir.join(CHECKPOINT_OLD);
     let current = run_dir.join(CHECKPOINT);
-    if new.exists() {
-        std::fs::remove_dir_all(&new)
-            .with_context(|| format!("cannot remove {}", new.display()))?;
-    }
+    // A `checkpoint.new` is one this process's predecessor was writing when it was killed.
+    remove_checkpoint_dir(&new)?;
     std::fs::create_dir_all(&new).with_context(|| format!("cannot create {}", new.display()))?;
-    save_weights(model, &new.join(CHECKPOINT_MODEL))?;
-    optim.save(new.join(CHECKPOINT_OPTIMIZER)).map_err(|e| {
-        anyhow::anyhow!("cannot save the optimiser state in {}: {e}", new.display())
-    })?;
-    write_checksums(&new)?;
+    save_weights(contents.model, &new.join(CHECKPOINT_MODEL))?;
+    contents
+        .optim
+        .save(new.join(CHECKPOINT_OPTIMIZER))
+        .map_err(|e| {
+            anyhow::anyhow!("cannot save the optimiser state in {}: {e}", new.display())
+        })?;
+    if let Some(best) = contents.best {
+        save_weights(best, &new.join(CHECKPOINT_BEST))?;
+    }
+    write_atomic(
+        &new.join(CHECKPOINT_CONFIG),
+        serde_json::to_string_pretty(contents.record)?.as_bytes(),
+    )?;
     write_atomic(
         &new.join(CHECKPOINT_STATE),
         serde_json::to_string_pretty(state)?.as_bytes(),
     )?;
-    if current.exists() {
-        if old.exists() {
-            std::fs::remove_dir_all(&old)
-                .with_context(|| format!("cannot remove {}", old.display()))?;
+    let mut sums = serde_json::Map::new();
+    for name in CHECKPOINT_FILES {
+        let path = new.join(name);
+        if name != CHECKPOINT_CHECKSUMS && path.is_file() {
+            sums.insert(name.into(), sha256_file(&path)?.into());
         }
+    }
+    write_atomic(
+        &new.join(CHECKPOINT_CHECKSUMS),
+        serde_json::to_string_pretty(&sums)?.as_bytes(),
+    )?;
+    if current.exists() {
+        remove_checkpoint_dir(&old)?;
         std::fs::rename(&current, &old)
             .with_context(|| format!("cannot move {}", current.display()))?;
     }
     std::fs::rename(&new, &current).with_context(|| format!("cannot move {}", new.display()))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old)
-            .with_context(|| format!("cannot remove {}", old.display()))?;
+    remove_checkpoint_dir(&old)
+}
+
+/// A checkpoint whose every file matched its recorded SHA-256.
+#[derive(Debug, Clone)]
+pub struct VerifiedCheckpoint {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its `state.json`, parsed as JSON.
+    pub state: Value,
+    /// Its copy of the run's `config.json` record.
+    pub record: Value,
+    /// Whether it holds best-validation weights.
+    pub has_best: bool,
+    /// The SHA-256 of each of its files, by name, as its `checksums.json` records them.
+    pub sums: BTreeMap<String, String>,
+}
+
+impl VerifiedCheckpoint {
+    /// The path of one of its files.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
     }
-    Ok(())
+
+    /// Loads its weights file `name` into `model`, checked again as it is read.
+    pub fn load_weights(&self, model: LraClassifier, name: &str) -> Result<LraClassifier> {
+        let sum = self.sums.get(name).with_context(|| {
+            format!(
+                "{}: no checksum for {name}",
+                self.file(CHECKPOINT_CHECKSUMS).display()
+            )
+        })?;
+        load_weights(model, &self.file(name), sum)
+    }
 }
 
-/// Reads a checkpoint's `state.json`.
-pub fn read_state<T: serde::de::DeserializeOwned>(checkpoint: &Path) -> Result<T> {
-    let path = checkpoint.join(CHECKPOINT_STATE);
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a checkpoint state", path.display()))
+/// Checks every file of the checkpoint `dir` against its `checksums.json` (which must list the
+/// weights, the optimiser state, the record and the state, and every other file the folder
+/// holds) and reads its state and record. A missing, unlisted or mismatched file is an error
+/// naming it; nothing is guessed.
+pub fn verify_checkpoint(dir: &Path) -> Result<VerifiedCheckpoint> {
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a folder; the checkpoint cannot be read ({RESTART_ADVICE})",
+            dir.display()
+        );
+    }
+    let sums_path = dir.join(CHECKPOINT_CHECKSUMS);
+    if !sums_path.is_file() {
+        bail!(
+            "{} is missing: the checkpoint's files cannot be verified ({RESTART_ADVICE})",
+            sums_path.display()
+        );
+    }
+    let text = std::fs::read_to_string(&sums_path)
+        .with_context(|| format!("cannot read {}", sums_path.display()))?;
+    let sums: BTreeMap<String, String> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a checksum list ({e}; {RESTART_ADVICE})",
+            sums_path.display()
+        )
+    })?;
+    for required in [
+        CHECKPOINT_MODEL,
+        CHECKPOINT_OPTIMIZER,
+        CHECKPOINT_CONFIG,
+        CHECKPOINT_STATE,
+    ] {
+        if !sums.contains_key(required) {
+            bail!(
+                "{}: no checksum for {required} ({RESTART_ADVICE})",
+                sums_path.display()
+            );
+        }
+    }
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let name = entry
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if name != CHECKPOINT_CHECKSUMS && !sums.contains_key(&name) {
+            bail!(
+                "{}: not listed in {CHECKPOINT_CHECKSUMS}; the checkpoint cannot be verified \
+                 ({RESTART_ADVICE})",
+                dir.join(&name).display()
+            );
+        }
+    }
+    for (name, sum) in &sums {
+        if !CHECKPOINT_FILES.contains(&name.as_str()) || name == CHECKPOINT_CHECKSUMS {
+            bail!(
+                "{}: lists {name}, which no checkpoint holds ({RESTART_ADVICE})",
+                sums_path.display()
+            );
+        }
+        verify_file(
+            &dir.join(name),
+            sum,
+            &format!(
+                "recorded in {CHECKPOINT_CHECKSUMS} when the checkpoint was written; {RESTART_ADVICE}"
+            ),
+        )?;
+    }
+    let read = |name: &str| -> Result<Value> {
+        let path = dir.join(name);
+        read_json(&path)
+    };
+    Ok(VerifiedCheckpoint {
+        dir: dir.to_path_buf(),
+        state: read(CHECKPOINT_STATE)?,
+        record: read(CHECKPOINT_CONFIG)?,
+        has_best: sums.contains_key(CHECKPOINT_BEST),
+        sums,
+    })
 }
 
-/// Keeps the lines of `metrics.jsonl` up to `step` (a resumed run rewrites the later ones).
-pub fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let kept: String = text
-        .lines()
-        .filter(|line| {
-            serde_json::from_str::<Value>(line)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s as usize <= step)
-        })
-        .map(|line| format!("{line}\n"))
-        .collect();
-    write_atomic(path, kept.as_bytes())
+/// The length and SHA-256 of `metrics.jsonl` as a checkpoint records them.
+pub fn metrics_fingerprint(path: &Path) -> Result<(u64, String)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((bytes.len() as u64, sha256_hex(&bytes)))
+}
+
+/// Cuts `metrics.jsonl` back to what it held when the checkpoint was written (`len` bytes whose
+/// SHA-256 is `sha256`; a resumed run rewrites the later lines), after checking those bytes: a
+/// shorter or changed file is an error naming it.
+pub fn restore_metrics(path: &Path, len: u64, sha256: &str) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let kept = usize::try_from(len)
+        .ok()
+        .and_then(|len| bytes.get(..len))
+        .filter(|kept| sha256_hex(kept) == sha256);
+    let Some(kept) = kept else {
+        bail!(
+            "{}: its first {len} bytes differ from those the checkpoint recorded (the metrics of \
+             the steps it holds); {RESTART_ADVICE}",
+            path.display()
+        );
+    };
+    if kept.len() == bytes.len() {
+        return Ok(());
+    }
+    write_atomic(path, kept)
 }
 
 /// The configuration fields a resume may change (a field matches when it is one of these or
@@ -248,14 +441,41 @@ fn diff_values(path: &str, a: &Value, b: &Value, out: &mut BTreeMap<String, [Val
     }
 }
 
+/// Fields that name where a run's files were, not what the run was: two identical runs whose
+/// data or `--out` were spelt differently differ only there, and [`compare_run_dirs`] leaves
+/// them out (the data themselves are compared by their fingerprint, `data_sha256`, and the
+/// tokenizer by `tokenizer_sha256`).
+const LOCATION_FIELDS: [&str; 3] = ["tokenizer", "validation_source", "data_dir"];
+
 /// What differs between two run directories: their configuration, metrics (times aside),
-/// results (times aside) and the values of their weights (`model-best.bpk`, `model-last.bpk`;
-/// the files themselves differ, since they embed random parameter ids). Empty when the runs
-/// are the same.
+/// results (times and file locations aside) and, where both are finished, the values of their
+/// weights (`model-best.bpk`, `model-last.bpk`, each checked against its run's `result.json` and loaded
+/// into the model its run's own configuration builds; the files themselves differ, since they
+/// embed random parameter ids). Empty when the runs are the same; two paths naming one
+/// directory are the same run.
 pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
+    for dir in [a, b] {
+        if !dir.join(CONFIG).is_file() {
+            bail!("{}: not a run directory (no {CONFIG} there)", dir.display());
+        }
+    }
+    let canonical = |dir: &Path| {
+        std::fs::canonicalize(dir).with_context(|| format!("cannot read {}", dir.display()))
+    };
+    if canonical(a)? == canonical(b)? {
+        return Ok(Vec::new());
+    }
+    let without_locations = |mut value: Value| {
+        if let Some(object) = value.as_object_mut() {
+            for field in LOCATION_FIELDS {
+                object.remove(field);
+            }
+        }
+        value
+    };
     let mut differences = Vec::new();
-    let config_a = read_json(&a.join(CONFIG))?;
-    if config_a != read_json(&b.join(CONFIG))? {
+    let (config_a, config_b) = (read_json(&a.join(CONFIG))?, read_json(&b.join(CONFIG))?);
+    if without_locations(config_a.clone()) != without_locations(config_b.clone()) {
         differences.push(CONFIG.to_string());
     }
     let metrics = |dir: &Path| -> Result<Vec<Value>> {
@@ -275,32 +495,41 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
     if metrics(a)? != metrics(b)? {
         differences.push(METRICS.to_string());
     }
-    let result = |dir: &Path| -> Result<Option<Value>> {
-        let path = dir.join(RESULT);
-        if !path.exists() {
-            return Ok(None);
+    let result = |dir: &Path| -> Result<Option<lra_runs::RunResult>> {
+        match lra_runs::run_state(dir)? {
+            lra_runs::RunState::Finished(result) => Ok(Some(*result)),
+            _ => Ok(None),
         }
-        let mut value = read_json(&path)?;
-        value.as_object_mut().map(|o| o.remove("train_seconds"));
+    };
+    let (result_a, result_b) = (result(a)?, result(b)?);
+    let comparable = |result: &Option<lra_runs::RunResult>| -> Result<Option<Value>> {
+        let Some(result) = result else {
+            return Ok(None);
+        };
+        let mut value = without_locations(serde_json::to_value(result)?);
+        if let Some(object) = value.as_object_mut() {
+            object.remove("train_seconds");
+            // The files embed random parameter ids: their values are compared below.
+            object.remove("weights_sha256");
+        }
         Ok(Some(value))
     };
-    if result(a)? != result(b)? {
+    if comparable(&result_a)? != comparable(&result_b)? {
         differences.push(RESULT.to_string());
     }
-    let run: RunConfig = serde_json::from_value(config_a["run"].clone())
-        .with_context(|| format!("{}: no `run` configuration", a.join(CONFIG).display()))?;
-    let attention = config_a["attention_name"]
-        .as_str()
-        .with_context(|| format!("{}: no `attention_name`", a.join(CONFIG).display()))?;
+    // Weights are compared where both runs are finished: only a result vouches for its weights
+    // (an unfinished run's are work in progress, and its result already differs).
+    let (Some(result_a), Some(result_b)) = (&result_a, &result_b) else {
+        return Ok(differences);
+    };
     for file in [MODEL_BEST, MODEL_LAST] {
-        let (fa, fb) = (a.join(file), b.join(file));
-        match (fa.exists(), fb.exists()) {
-            (false, false) => {}
-            (true, true) => {
-                if weight_values(&run, attention, &fa)? != weight_values(&run, attention, &fb)? {
-                    differences.push(file.to_string());
-                }
-            }
+        match (
+            weight_values(a, &config_a, result_a, file)?,
+            weight_values(b, &config_b, result_b, file)?,
+        ) {
+            (None, None) => {}
+            (Some(x), Some(y)) if x == y => {}
+            (Some(_), Some(_)) => differences.push(file.to_string()),
             _ => differences.push(format!("{file} (in one directory only)")),
         }
     }
@@ -314,8 +543,16 @@ pub fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
-/// Every float parameter of a weight file, in module order, as bits (so that NaN equals NaN).
-fn weight_values(config: &RunConfig, attention: &str, path: &Path) -> Result<Vec<Vec<u32>>> {
+/// Every float parameter of the weight file `file` of the finished run in `dir`, in module order,
+/// as bits (so that NaN equals NaN), loaded into the model its own configuration record
+/// (`config`) builds, after checking the file against the SHA-256 its `result` recorded; `None`
+/// where the run left no such file.
+fn weight_values(
+    dir: &Path,
+    config: &Value,
+    result: &lra_runs::RunResult,
+    file: &str,
+) -> Result<Option<Vec<Vec<u32>>>> {
     struct Collect(Vec<Vec<u32>>);
     impl ModuleVisitor for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -330,17 +567,34 @@ fn weight_values(config: &RunConfig, attention: &str, path: &Path) -> Result<Vec
             );
         }
     }
+    let path = dir.join(file);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let config_path = dir.join(CONFIG);
+    let sha256 = result.weights_sha256.get(file).with_context(|| {
+        format!(
+            "{}: no SHA-256 recorded for {file} (written before weights were checksummed); \
+             its weights cannot be verified",
+            dir.join(RESULT).display()
+        )
+    })?;
+    let run: RunConfig = serde_json::from_value(config["run"].clone())
+        .with_context(|| format!("{}: `run` is not a configuration", config_path.display()))?;
+    let attention = config["attention_name"]
+        .as_str()
+        .with_context(|| format!("{}: no `attention_name`", config_path.display()))?;
     let device = crate::backend::any_device()?;
-    let task = config.task;
+    // The run's own vocabulary (a BPE run's is the tokenizer's, not the task's) and classes.
     let model = LraClassifier::new(
-        config,
+        &run,
         attention,
-        task.vocab_size(),
-        task.n_classes(),
+        run.vocab_size(),
+        crate::config::TaskShape::n_classes(run.task),
         &device,
     )?;
-    let model = load_weights(model, path)?;
+    let model = load_weights(model, &path, sha256)?;
     let mut collect = Collect(Vec::new());
     model.visit(&mut collect);
-    Ok(collect.0)
+    Ok(Some(collect.0))
 }

@@ -13,13 +13,14 @@ use crate::train::Splits;
 ///
 /// - ListOps reads `basic_{train,val,test}.tsv` from `data_dir` when one is given; otherwise,
 ///   when the configuration has a `[data.generate]` table, it generates the dataset once into
-///   `cache_dir` and reads it from there.
+///   `cache_dir` and reads it from there, each time checked against its manifest.
 /// - Text reads IMDB (aclImdb folders or their `.tar.gz`) or a `train.tsv`/`test.tsv`
 ///   (`label<TAB>text`) corpus from `data_dir`.
 /// - Matching reads LRA's `new_aan_pairs.{train,eval,test}.tsv` from `data_dir`.
 /// - Image reads CIFAR-10's binary batches or IDX files (MNIST, Fashion-MNIST) from `data_dir`.
 /// - Pathfinder and Path-X read LRA's released layout from `data_dir` when one is given;
-///   otherwise they generate `data.pathfinder.n_images` images once into `cache_dir`.
+///   otherwise they generate `data.pathfinder.n_images` images once into `cache_dir` (checked
+///   against their manifest at every use).
 pub fn load_splits(
     config: &RunConfig,
     data_dir: Option<&Path>,
@@ -34,13 +35,11 @@ pub fn load_splits(
                 (Some(dir), _) => dir.to_path_buf(),
                 (None, Some(generate)) => {
                     let dir = cache_dir.join(generate.cache_name());
-                    let complete = listops::SPLIT_FILES
-                        .iter()
-                        .all(|(_, f)| dir.join(f).is_file());
-                    if !complete {
+                    if !dir.exists() {
                         eprintln!("generating ListOps into {}", dir.display());
-                        listops::write_splits(&dir, &listops::generate(generate)?)?;
+                        generate_cache(&dir, || listops::write_dataset(&dir, generate))?;
                     }
+                    crate::data::verify_manifest(&dir)?;
                     dir
                 }
                 (None, None) => bail!(
@@ -91,14 +90,18 @@ pub fn load_splits(
                 Some(dir) => dir.to_path_buf(),
                 None => {
                     let dir = cache_dir.join(settings.cache_name());
-                    if !dir.join(settings.difficulty.folder()).is_dir() {
+                    let images = dir.join(settings.difficulty.folder());
+                    if !images.exists() {
                         eprintln!(
                             "generating {} Pathfinder images into {}",
                             settings.n_images,
                             dir.display()
                         );
-                        pathfinder::write_dataset(&dir, settings)?;
+                        generate_cache(&images, || {
+                            pathfinder::write_dataset(&dir, settings).map(|_| ())
+                        })?;
                     }
+                    crate::data::verify_manifest(&images)?;
                     dir
                 }
             };
@@ -156,4 +159,14 @@ pub fn load_splits(
         vocab_size: config.vocab_size(),
         tokenizer,
     })
+}
+
+/// Generates the cache `dir` with `generate`; where that fails because another process (a
+/// sweep's other job) published the same cache meanwhile, its copy serves (the caller verifies
+/// it against its manifest).
+fn generate_cache(dir: &Path, generate: impl FnOnce() -> Result<()>) -> Result<()> {
+    match generate() {
+        Err(_) if dir.exists() => Ok(()),
+        other => other,
+    }
 }

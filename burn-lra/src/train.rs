@@ -29,12 +29,14 @@ use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget, check_memory};
 use crate::run_dir::{
-    CHECKPOINT, ConfigChange, RESUMABLE_FIELDS, RunDirLock, config_changes, find_checkpoint,
-    load_weights, read_json, read_state, save_weights, truncate_metrics, verify_checksums,
+    CHECKPOINT, CheckpointContents, ConfigChange, RESUMABLE_FIELDS, RunDirLock, VerifiedCheckpoint,
+    check_run_dir, clear_unfinished_run, config_changes, find_checkpoint, metrics_fingerprint,
+    read_json, restore_metrics, save_weights, sha256_file, sha256_hex, verify_checkpoint,
     write_checkpoint,
 };
 use lra_runs::layout::{
-    CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER, CONFIG, LOCK, METRICS, MODEL_BEST, MODEL_LAST, RESULT,
+    CHECKPOINT_BEST, CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER, CONFIG, LOCK, METRICS, MODEL_BEST,
+    MODEL_LAST, RESULT,
 };
 use lra_runs::layout::{RunState, run_state};
 
@@ -65,6 +67,33 @@ impl Splits {
     pub fn sizes(&self) -> [usize; 3] {
         [self.train.len(), self.validation().len(), self.test.len()]
     }
+
+    /// The SHA-256 of every example of every split (tokens, second documents, labels), in hex:
+    /// what the run trained and was measured on, recorded in `config.json` (`data_sha256`) so
+    /// that a resume on other data is refused and `compare` compares data, not paths.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut bytes = Vec::new();
+        for split in [Some(&self.train), self.val.as_ref(), Some(&self.test)] {
+            let Some(split) = split else {
+                hash.update([0u8]);
+                continue;
+            };
+            hash.update([1u8]);
+            hash.update((split.len() as u64).to_le_bytes());
+            for example in &split.examples {
+                bytes.clear();
+                bytes.extend((example.label as u64).to_le_bytes());
+                for document in std::iter::once(&example.tokens).chain(example.pair.as_ref()) {
+                    bytes.extend((document.len() as u64).to_le_bytes());
+                    bytes.extend(document.iter().flat_map(|t| t.to_le_bytes()));
+                }
+                hash.update(&bytes);
+            }
+        }
+        hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// What in a configuration and its data works but is likely a mistake, one sentence each: a
@@ -82,6 +111,24 @@ pub fn suspicious_settings(
             "`training.batch_size` ({batch}) is larger than the training split ({} examples): \
              every batch is the whole split",
             data.train.len()
+        ));
+    }
+    if let Some(n) = config.data.test_subset
+        && n > data.test.len()
+    {
+        warnings.push(format!(
+            "`data.test_subset` ({n}) is larger than the test split ({} examples): the whole \
+             split is measured",
+            data.test.len()
+        ));
+    }
+    if let crate::config::Schedule::Rsqrt { warmup, .. } = config.training.schedule
+        && warmup > config.training.steps
+    {
+        warnings.push(format!(
+            "`training.schedule.warmup` ({warmup}) is beyond `training.steps` ({}): the learning \
+             rate is still rising at the last step",
+            config.training.steps
         ));
     }
     Ok(warnings)
@@ -124,6 +171,9 @@ pub enum ResumeMode {
     /// finished one's result untouched (what sweeps ask for, so that a task run again does no
     /// harm).
     Continue,
+    /// Start over: an unfinished run's files (its checkpoints, however damaged) are removed first;
+    /// a finished run is refused.
+    Restart,
 }
 
 /// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
@@ -251,10 +301,12 @@ struct TrainState {
     seen: usize,
     /// Training time before this process.
     elapsed_s: f64,
-    /// Micro-batches drawn so far (the data order's position; `None` in checkpoints written
-    /// before it was kept, where it is the step times the accumulation).
-    #[serde(default)]
-    micro_batches: Option<usize>,
+    /// Micro-batches drawn so far (the data order's position).
+    micro_batches: usize,
+    /// Length of `metrics.jsonl` when the checkpoint was written (a resume cuts it back to this).
+    metrics_bytes: u64,
+    /// SHA-256 of those bytes, checked before a resume keeps them.
+    metrics_sha256: String,
 }
 
 /// Seed of the device generator from `step` on (see the module docs).
@@ -287,42 +339,52 @@ pub fn objective(
     (objective, loss)
 }
 
-/// A checkpoint to continue from: where it is, its state, the saved configuration record and
+/// A checkpoint to continue from: its verified files, its state, the run's record it holds and
 /// the changes this resume makes to it.
 struct Resume {
-    dir: PathBuf,
+    checkpoint: VerifiedCheckpoint,
     state: TrainState,
     record: Value,
     changes: BTreeMap<String, [Value; 2]>,
 }
 
-/// Opens `opts.run_dir` for training as `opts.resume` asks: refuses a finished run (returns it
-/// with [`ResumeMode::Continue`]), an unfinished one with [`ResumeMode::Start`], a resume with
-/// nothing to resume or with a field a resume may not change; takes the directory's lock. A
-/// fresh run (or one killed before its first checkpoint) gets its `config.json` and an empty
-/// `metrics.jsonl`; a resumed one is returned, its files untouched until its checkpoint has
-/// loaded.
+/// Opens `opts.run_dir` for training as `opts.resume` asks: refuses a folder holding anything
+/// but the harness's files, a finished run (returns it with [`ResumeMode::Continue`]), an
+/// unfinished one with [`ResumeMode::Start`], a resume with nothing to resume, from a
+/// checkpoint that fails its checks or with a field a resume may not change; takes the
+/// directory's lock. A fresh run (or one killed before its first checkpoint, or restarted) gets
+/// its `config.json` and an empty `metrics.jsonl`; a resumed one is returned, its files
+/// untouched until its checkpoint has loaded.
 fn open_run_dir(config: &RunConfig, opts: &TrainOptions, record: &Value) -> Result<Opened> {
     let run_dir = &opts.run_dir;
+    check_run_dir(run_dir)?;
     let config_path = run_dir.join(CONFIG);
+    // Only a run's record is ever replaced or resumed from.
+    if config_path.is_file() && !is_run_record(&config_path) {
+        bail!(
+            "{} is not a run's configuration record; it is left as it is (choose another \
+             --run-dir)",
+            config_path.display()
+        );
+    }
     let finished = || {
         anyhow::anyhow!(
             "{} already holds a finished run (result.json); remove it to train again",
             run_dir.display()
         )
     };
-    if opts.resume == ResumeMode::Resume && !config_path.is_file() {
+    if opts.resume == ResumeMode::Resume
+        && !config_path.is_file()
+        && find_checkpoint(run_dir).is_none()
+    {
         bail!(
-            "{}: no run to resume (no config.json there); start it without --resume",
+            "{}: no run to resume (no config.json or checkpoint there); start it without --resume",
             run_dir.display()
         );
     }
     let finished_result = || -> Result<Opened> {
-        match opts.resume {
-            ResumeMode::Continue => match run_state(run_dir)? {
-                RunState::Finished(result) => Ok(Opened::Finished(result)),
-                _ => unreachable!("result.json exists"),
-            },
+        match (opts.resume, run_state(run_dir)?) {
+            (ResumeMode::Continue, RunState::Finished(result)) => Ok(Opened::Finished(result)),
             _ => Err(finished()),
         }
     };
@@ -338,18 +400,26 @@ fn open_run_dir(config: &RunConfig, opts: &TrainOptions, record: &Value) -> Resu
     }
     let resume = match (opts.resume, find_checkpoint(run_dir)) {
         (ResumeMode::Resume | ResumeMode::Continue, Some(dir)) => {
-            Some(check_resume(config, record, &config_path, dir)?)
+            Some(Box::new(check_resume(config, record, run_dir, &dir)?))
         }
         (ResumeMode::Start, Some(_)) => bail!(
-            "{} holds an unfinished run; pass --resume to continue it, or remove it",
+            "{} holds an unfinished run; pass --resume to continue it, --restart to start it \
+             over, or choose another --run-dir",
             run_dir.display()
         ),
-        (mode, None) => {
-            if mode != ResumeMode::Start && config_path.is_file() {
-                eprintln!(
-                    "{}: killed before its first checkpoint; starting it over from step 0",
-                    run_dir.display()
-                );
+        (mode, _) => {
+            if mode == ResumeMode::Restart {
+                clear_unfinished_run(run_dir)?;
+                eprintln!("{}: starting the run over (--restart)", run_dir.display());
+            } else if config_path.is_file() {
+                // Killed before its first checkpoint: nothing of value is lost.
+                if mode != ResumeMode::Start {
+                    eprintln!(
+                        "{}: killed before its first checkpoint; starting it over from step 0",
+                        run_dir.display()
+                    );
+                }
+                clear_unfinished_run(run_dir)?;
             }
             write_atomic(
                 &config_path,
@@ -363,29 +433,41 @@ fn open_run_dir(config: &RunConfig, opts: &TrainOptions, record: &Value) -> Resu
     Ok(Opened::Ready(lock, resume))
 }
 
+/// Whether `path` holds a run's `config.json` record (its `run` configuration and attention).
+fn is_run_record(path: &Path) -> bool {
+    read_json(path).is_ok_and(|v| v.get("run").is_some() && v.get("attention_name").is_some())
+}
+
 /// A run directory opened for training.
 enum Opened {
     /// It already holds a finished run (only with [`ResumeMode::Continue`]): its result.
     Finished(Box<RunResult>),
     /// Its lock, and the checkpoint to continue from (`None`: a fresh run).
-    Ready(RunDirLock, Option<Resume>),
+    Ready(RunDirLock, Option<Box<Resume>>),
 }
 
-/// Checks that the run recorded in `config_path` can continue from the checkpoint `dir` with
-/// `config`: the same attention, seed and backend, a configuration that differs only in the
-/// fields a resume may change, intact checkpoint files.
-fn check_resume(
-    config: &RunConfig,
-    record: &Value,
-    config_path: &Path,
-    dir: PathBuf,
-) -> Result<Resume> {
-    let saved = read_json(config_path)?;
-    let run_dir = config_path.parent().unwrap_or(Path::new("."));
-    for key in ["attention_name", "seed", "backend"] {
+/// The fields of the record a resume must find unchanged: what the run is (attention, seed,
+/// backend) and what it reads (its data and tokenizer, by fingerprint).
+const RUN_IDENTITY: [&str; 5] = [
+    "attention_name",
+    "seed",
+    "backend",
+    "data_sha256",
+    "tokenizer_sha256",
+];
+
+/// Checks that the run in `run_dir` can continue from the checkpoint `dir` with `config`: every
+/// checkpoint file as recorded, the same attention, seed, backend and data, a configuration that
+/// differs only in the fields a resume may change.
+fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) -> Result<Resume> {
+    let checkpoint = verify_checkpoint(dir)?;
+    let saved = checkpoint.record.clone();
+    let record_path = checkpoint.file(lra_runs::layout::CHECKPOINT_CONFIG);
+    for key in RUN_IDENTITY {
         if saved[key] != record[key] {
             bail!(
-                "cannot resume {}: its `{key}` differs from this command's (was {}, now {})",
+                "cannot resume {}: its `{key}` differs from this command's (was {}, now {}); \
+                 --restart starts the run over",
                 run_dir.display(),
                 saved[key],
                 record[key]
@@ -393,11 +475,33 @@ fn check_resume(
         }
     }
     let saved_run: RunConfig = serde_json::from_value(saved["run"].clone())
-        .with_context(|| format!("{}: `run` is not a configuration", config_path.display()))?;
+        .with_context(|| format!("{}: `run` is not a configuration", record_path.display()))?;
     let changes = config_changes(&saved_run, config)
         .with_context(|| format!("cannot resume {}", run_dir.display()))?;
-    verify_checksums(&dir)?;
-    let mut state: TrainState = read_state(&dir)?;
+    let state_path = checkpoint.file(lra_runs::layout::CHECKPOINT_STATE);
+    let state: TrainState = serde_json::from_value(checkpoint.state.clone()).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a checkpoint state ({e}); --restart starts the run over",
+            state_path.display()
+        )
+    })?;
+    if state.best.is_some() != checkpoint.has_best {
+        bail!(
+            "{}: {} best-validation weights but the checkpoint {} {CHECKPOINT_BEST}; --restart \
+             starts the run over",
+            state_path.display(),
+            if state.best.is_some() {
+                "records"
+            } else {
+                "records no"
+            },
+            if checkpoint.has_best {
+                "holds"
+            } else {
+                "lacks"
+            }
+        );
+    }
     if config.training.steps < state.step {
         bail!(
             "cannot resume {}: `training.steps` ({}) is below the checkpoint's step ({})",
@@ -406,27 +510,37 @@ fn check_resume(
             state.step
         );
     }
-    state
-        .micro_batches
-        .get_or_insert(state.step * saved_run.training.grad_accumulation);
     Ok(Resume {
-        dir,
+        checkpoint,
         state,
         record: saved,
         changes,
     })
 }
 
-/// Records a resume's configuration changes in `config.json` (the new `run` and a
-/// `config_changes` entry) and returns every change the run has had.
+/// Writes the checkpoint's record back as `config.json`, with this resume's configuration
+/// changes (the new `run` and a `config_changes` entry), and returns every change the run has
+/// had.
 fn record_changes(
     run_dir: &Path,
     resume: &mut Resume,
     config: &RunConfig,
 ) -> Result<Vec<ConfigChange>> {
     let mut history: Vec<ConfigChange> =
-        serde_json::from_value(resume.record["config_changes"].clone()).unwrap_or_default();
+        serde_json::from_value(resume.record["config_changes"].clone()).with_context(|| {
+            format!(
+                "{}: `config_changes` is not a list of changes",
+                resume
+                    .checkpoint
+                    .file(lra_runs::layout::CHECKPOINT_CONFIG)
+                    .display()
+            )
+        })?;
     if resume.changes.is_empty() {
+        write_atomic(
+            &run_dir.join(CONFIG),
+            serde_json::to_string_pretty(&resume.record)?.as_bytes(),
+        )?;
         return Ok(history);
     }
     let listed: Vec<String> = (resume.changes.iter())
@@ -455,6 +569,8 @@ struct Session<'a> {
     config: &'a RunConfig,
     data: &'a Splits,
     opts: &'a TrainOptions,
+    /// The run's `config.json` record, as each checkpoint keeps a copy of it.
+    record: Value,
     device: Device,
     eval_device: Device,
     bar: ProgressBar,
@@ -500,7 +616,9 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         "n_params_softmax": budget.softmax_params,
         "param_increase": budget.increase(),
         "split_sizes": data.sizes(),
+        "data_sha256": data.fingerprint(),
         "tokenizer": data.tokenizer.as_ref().map(|(path, _)| path),
+        "tokenizer_sha256": data.tokenizer.as_ref().map(|(_, json)| sha256_hex(json.as_bytes())),
         "config_changes": [],
     });
     let (_lock, resume) = match open_run_dir(config, opts, &record)? {
@@ -540,18 +658,21 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     let mut progress = Progress {
         model,
         optim: adamw(&config.training.optimizer).init(),
-        state: TrainState {
-            micro_batches: Some(0),
-            ..TrainState::default()
-        },
+        state: TrainState::default(),
         best_model: None,
         last_val_accuracy: None,
     };
     let mut config_changes = Vec::new();
+    let mut record = record;
     if let Some(mut resume) = resume {
-        progress = progress.restore(&resume, &opts.run_dir)?;
+        progress = progress.restore(&resume)?;
+        restore_metrics(
+            &opts.run_dir.join(METRICS),
+            resume.state.metrics_bytes,
+            &resume.state.metrics_sha256,
+        )?;
         config_changes = record_changes(&opts.run_dir, &mut resume, config)?;
-        truncate_metrics(&opts.run_dir.join(METRICS), resume.state.step)?;
+        record = resume.record;
         device.seed(step_seed(opts.seed, resume.state.step));
         eprintln!(
             "resuming {} from step {}",
@@ -578,6 +699,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
         config,
         data,
         opts,
+        record,
         device,
         eval_device: base_device,
         bar,
@@ -592,20 +714,21 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
 
 impl Progress {
     /// Loads the checkpoint's weights, optimiser state and best-validation weights.
-    fn restore(mut self, resume: &Resume, run_dir: &Path) -> Result<Self> {
+    fn restore(mut self, resume: &Resume) -> Result<Self> {
+        let checkpoint = &resume.checkpoint;
         self.state = resume.state.clone();
-        self.model = load_weights(self.model, &resume.dir.join(CHECKPOINT_MODEL))?;
+        self.model = checkpoint.load_weights(self.model, CHECKPOINT_MODEL)?;
         self.optim = self
             .optim
-            .load(resume.dir.join(CHECKPOINT_OPTIMIZER))
+            .load(checkpoint.file(CHECKPOINT_OPTIMIZER))
             .map_err(|e| {
                 anyhow::anyhow!(
                     "cannot load the optimiser state from {}: {e}",
-                    resume.dir.display()
+                    checkpoint.dir.display()
                 )
             })?;
         if self.state.best.is_some() {
-            self.best_model = Some(load_weights(self.model.valid(), &run_dir.join(MODEL_BEST))?);
+            self.best_model = Some(checkpoint.load_weights(self.model.valid(), CHECKPOINT_BEST)?);
         }
         Ok(self)
     }
@@ -633,7 +756,7 @@ impl Session<'_> {
             mut best_model,
             mut last_val_accuracy,
         } = progress;
-        let mut micro_batches = state.micro_batches.unwrap_or(0);
+        let mut micro_batches = state.micro_batches;
         let mut plan = BatchPlan::new(self.data.train.len(), cfg.batch_size, self.opts.seed);
         plan.skip(micro_batches);
         let first_step = state.step + 1;
@@ -642,7 +765,7 @@ impl Session<'_> {
                 scope,
                 &self.data.train,
                 plan,
-                (cfg.steps + 1 - first_step) * accumulation,
+                (cfg.steps + 1 - first_step).saturating_mul(accumulation),
             );
             for step in first_step..=cfg.steps {
                 let lr = cfg.schedule.lr(step, cfg.steps);
@@ -707,10 +830,18 @@ impl Session<'_> {
                         );
                     }
                     state.step = step;
-                    state.micro_batches = Some(micro_batches);
+                    state.micro_batches = micro_batches;
+                    (state.metrics_bytes, state.metrics_sha256) =
+                        metrics_fingerprint(&metrics_path)?;
                     let elapsed = state.elapsed_s;
                     state.elapsed_s += started.elapsed().as_secs_f64();
-                    write_checkpoint(run_dir, &model, &optim, &state)?;
+                    let contents = CheckpointContents {
+                        model: &model,
+                        optim: &optim,
+                        best: best_model.as_ref(),
+                        record: &self.record,
+                    };
+                    write_checkpoint(run_dir, &contents, &state)?;
                     state.elapsed_s = elapsed;
                     self.device.seed(step_seed(self.opts.seed, step));
                 }
@@ -782,10 +913,18 @@ impl Session<'_> {
         let cfg = &config.training;
         let run_dir = &opts.run_dir;
         let last = progress.model.valid();
-        save_weights(&last, &run_dir.join(MODEL_LAST))?;
         let (best_val_accuracy, best_val_step) =
             progress.state.best.expect("the last step validates");
         let best_model = progress.best_model.expect("the best weights are kept");
+        // Both weight files written from the weights measured below, and their checksums kept in
+        // the result (a `model-best.bpk` saved by a validation after the checkpoint this process
+        // resumed from is replaced by the checkpoint's own best weights).
+        let mut weights_sha256 = BTreeMap::new();
+        for (file, model) in [(MODEL_LAST, &last), (MODEL_BEST, &best_model)] {
+            let path = run_dir.join(file);
+            save_weights(model, &path)?;
+            weights_sha256.insert(file.to_string(), sha256_file(&path)?);
+        }
         let test = |model: &LraClassifier| {
             evaluate(model, &data.test, cfg.batch_size, &self.eval_device).0
         };
@@ -827,6 +966,7 @@ impl Session<'_> {
             train_seconds,
             warnings,
             config_changes,
+            weights_sha256,
         };
         write_atomic(
             &run_dir.join(RESULT),
@@ -834,7 +974,7 @@ impl Session<'_> {
         )?;
         // The run is complete: its last weights are model-last.bpk, the checkpoint is spent, and
         // the lock is no longer needed (result.json now refuses any other process).
-        let _ = std::fs::remove_dir_all(run_dir.join(CHECKPOINT));
+        crate::run_dir::remove_checkpoint_dir(&run_dir.join(CHECKPOINT))?;
         let _ = std::fs::remove_file(run_dir.join(LOCK));
         Ok(result)
     }

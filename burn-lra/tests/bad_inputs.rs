@@ -24,6 +24,44 @@ fn short_config() -> String {
     text
 }
 
+/// A PNG file whose header claims a grey image of `width x height` and whose data hold an empty
+/// stream (a reader must refuse its size from the header, before it allocates for the pixels).
+fn png_claiming(width: u32, height: u32) -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &byte in bytes {
+            crc ^= byte as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    let chunk = |kind: &[u8], data: &[u8]| {
+        let mut out = (data.len() as u32).to_be_bytes().to_vec();
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        out.extend_from_slice(&body);
+        out.extend(crc32(&body).to_be_bytes());
+        out
+    };
+    let mut header = width.to_be_bytes().to_vec();
+    header.extend(height.to_be_bytes());
+    header.extend([8, 0, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(chunk(b"IHDR", &header));
+    png.extend(chunk(
+        b"IDAT",
+        &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
+    ));
+    png.extend(chunk(b"IEND", &[]));
+    png
+}
+
 fn burn_lra(args: &[String]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_burn-lra"))
         .args(args)
@@ -175,15 +213,32 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     // Run directories to leave alone: a finished run, an unfinished one and one whose
     // checkpoint has flipped bytes.
     prepare_run(&b, "0", &[], false);
-    prepare_run(&b, "1", &["--stop-after", "10"], true);
-    prepare_run(&b, "2", &["--stop-after", "10"], true);
+    prepare_run(&b, "3", &[], false);
+    for seed in ["1", "2", "4", "5", "6", "7", "8", "9"] {
+        prepare_run(&b, seed, &["--stop-after", "10"], true);
+    }
     let runs = b.runs.clone();
     let seed_dir = move |seed: u32| runs.join(format!("listops/short/softmax/seed-{seed}"));
-    let weights = seed_dir(2).join("checkpoint/model.bpk");
-    let mut bytes = std::fs::read(&weights).unwrap();
-    let at = bytes.len() / 2;
-    bytes[at..at + 8].iter_mut().for_each(|x| *x ^= 0xff);
-    std::fs::write(&weights, bytes).unwrap();
+    let flip = |path: PathBuf| {
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at..at + 8].iter_mut().for_each(|x| *x ^= 0xff);
+        std::fs::write(&path, bytes).unwrap();
+    };
+    // Damaged run directories, each refused by what reads it, naming the file:
+    flip(seed_dir(2).join("checkpoint/model.bpk"));
+    flip(seed_dir(3).join("model-best.bpk"));
+    let state = seed_dir(4).join("checkpoint/state.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    assert!(text.contains("\"step\": 10"), "{text}");
+    std::fs::write(&state, text.replace("\"step\": 10", "\"step\": 5")).unwrap();
+    std::fs::remove_file(seed_dir(5).join("checkpoint/checksums.json")).unwrap();
+    std::fs::remove_file(seed_dir(6).join("checkpoint/state.json")).unwrap();
+    std::fs::remove_dir_all(seed_dir(7).join("checkpoint")).unwrap();
+    std::fs::write(seed_dir(7).join("checkpoint"), b"not a folder").unwrap();
+    let metrics = seed_dir(8).join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    std::fs::write(&metrics, text.replacen("\"step\":10", "\"step\":11", 1)).unwrap();
     let short = b.path("short.toml");
 
     // Configuration.
@@ -519,7 +574,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     std::fs::write(idx.join("t10k-labels-idx1-ubyte"), labels).unwrap();
     let mut good = vec![0u8, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2];
     good.extend([0u8; 8]);
-    std::fs::write(idx.join("t10k-images-idx3-ubyte"), good).unwrap();
+    std::fs::write(idx.join("t10k-images-idx3-ubyte"), &good).unwrap();
     let args = b.task_args("image", idx.to_str().unwrap());
     b.case(
         "idx-size",
@@ -559,6 +614,291 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         let args = b.task_args("pathfinder", b.root.join(name).to_str().unwrap());
         b.case(name, args, needle);
     }
+    // Sizes: every count taken from a configuration or a header is checked before anything is
+    // built or allocated.
+    b.config_case(
+        "d-model-huge",
+        "softmax",
+        "d_model = 64",
+        "d_model = 4000000000",
+        "is too large",
+    );
+    b.config_case(
+        "d-mlp-max",
+        "softmax",
+        "d_mlp = 128",
+        "d_mlp = 9223372036854775807",
+        "`model.d_mlp` must be at most 4294967295 (2^32 - 1), got 9223372036854775807",
+    );
+    b.config_case(
+        "layers-huge",
+        "softmax",
+        "n_layers = 2",
+        "n_layers = 1000000000000",
+        "`model.n_layers` must be at most 4294967295",
+    );
+    b.config_case(
+        "layers-memory",
+        "softmax",
+        "n_layers = 2",
+        "n_layers = 4000000000",
+        "`model.n_layers` = 4000000000 is too large",
+    );
+    let layers = short_config().replace("n_layers = 2", "n_layers = 4000000000");
+    std::fs::write(b.path("layers.toml"), layers).unwrap();
+    let layers = b.path("layers.toml");
+    b.case(
+        "params-layers",
+        ["params", "--task", "listops", "--config", &layers]
+            .map(String::from)
+            .to_vec(),
+        "`model.n_layers` = 4000000000 is too large",
+    );
+    b.config_case(
+        "generate-huge",
+        "softmax",
+        "n_train = 200",
+        "n_train = 9223372036854775807",
+        "`data.generate.n_train` must be at most 4294967295",
+    );
+    let idx_huge = b.root.join("idx-huge");
+    std::fs::create_dir_all(&idx_huge).unwrap();
+    let mut claim = vec![0u8, 0, 8, 3];
+    claim.extend([0xff; 12]);
+    claim.extend([0u8; 16]);
+    std::fs::write(idx_huge.join("train-images-idx3-ubyte"), claim).unwrap();
+    std::fs::write(idx_huge.join("t10k-images-idx3-ubyte"), &good).unwrap();
+    for file in ["train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"] {
+        std::fs::write(idx_huge.join(file), labels).unwrap();
+    }
+    let args = b.task_args("image", idx_huge.to_str().unwrap());
+    b.case(
+        "idx-dims-overflow",
+        args,
+        "train-images-idx3-ubyte: the header says 4294967295 x 4294967295 x 4294967295, more bytes than can be addressed",
+    );
+    let huge_png = b.root.join("png-huge").join("curv_baseline");
+    std::fs::create_dir_all(huge_png.join("imgs/0")).unwrap();
+    std::fs::create_dir_all(huge_png.join("metadata")).unwrap();
+    std::fs::write(
+        huge_png.join("imgs/0/sample_0.png"),
+        png_claiming(65_535, 65_535),
+    )
+    .unwrap();
+    std::fs::write(huge_png.join("metadata/0.npy"), "imgs/0 sample_0.png 0 1\n").unwrap();
+    let args = b.task_args("pathfinder", b.root.join("png-huge").to_str().unwrap());
+    b.case(
+        "png-huge",
+        args,
+        "sample_0.png: 65535 x 65535 pixels, expected 32 x 32",
+    );
+    // Checkpoints and results: every byte a resume or a result reads is verified.
+    let resume = |b: &Battery, seed: &str| {
+        b.train(
+            "softmax",
+            &[
+                "--config",
+                &short,
+                "--seed",
+                seed,
+                "--resume",
+                "--no-progress",
+            ],
+        )
+    };
+    b.case(
+        "state-edited",
+        resume(&b, "4"),
+        "checkpoint/state.json: corrupted",
+    );
+    b.case(
+        "checksums-deleted",
+        resume(&b, "5"),
+        "checkpoint/checksums.json is missing: the checkpoint's files cannot be verified (--restart starts the run over)",
+    );
+    b.case(
+        "state-deleted",
+        resume(&b, "6"),
+        "checkpoint/state.json is missing",
+    );
+    b.case(
+        "checkpoint-is-a-file",
+        resume(&b, "7"),
+        "seed-7/checkpoint is not a folder, but a checkpoint folder belongs at that path",
+    );
+    let continue_7 = b.train(
+        "softmax",
+        &[
+            "--config",
+            &short,
+            "--seed",
+            "7",
+            "--continue",
+            "--no-progress",
+        ],
+    );
+    b.case(
+        "checkpoint-is-a-file-continue",
+        continue_7,
+        "checkpoint is not a folder",
+    );
+    b.case(
+        "metrics-edited",
+        resume(&b, "8"),
+        "metrics.jsonl: its first",
+    );
+    b.case(
+        "best-weights-flipped",
+        vec!["compare".to_string(), dir(0), dir(3)],
+        "seed-3/model-best.bpk: corrupted",
+    );
+    let restart_finished = b.train("softmax", &["--config", &short, "--seed", "0", "--restart"]);
+    b.case(
+        "restart-finished",
+        restart_finished,
+        "already holds a finished run",
+    );
+    // The data a run trained on, by fingerprint: the generated cache copied with one label
+    // changed is other data.
+    let cache = std::fs::read_dir(b.runs.join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("listops-")
+        })
+        .unwrap();
+    let edited = b.root.join("edited-listops");
+    std::fs::create_dir_all(&edited).unwrap();
+    for file in ["basic_train.tsv", "basic_val.tsv", "basic_test.tsv"] {
+        let text = std::fs::read_to_string(cache.join(file)).unwrap();
+        let text = if file == "basic_test.tsv" {
+            let mut lines: Vec<String> = text.lines().map(String::from).collect();
+            let (expression, label) = lines[1].rsplit_once('\t').unwrap();
+            let other = (label.parse::<u32>().unwrap() + 1) % 10;
+            lines[1] = format!("{expression}\t{other}");
+            lines.join("\n")
+        } else {
+            text
+        };
+        std::fs::write(edited.join(file), text).unwrap();
+    }
+    let edited = edited.to_str().unwrap().to_string();
+    let other_data = b.train(
+        "softmax",
+        &[
+            "--config",
+            &short,
+            "--seed",
+            "9",
+            "--resume",
+            "--data-dir",
+            &edited,
+        ],
+    );
+    b.case("resume-other-data", other_data, "`data_sha256` differs");
+    // Folders the harness did not make.
+    let users = b.root.join("users-folder");
+    std::fs::create_dir_all(&users).unwrap();
+    std::fs::write(users.join("notes.txt"), b"mine").unwrap();
+    let users = users.to_str().unwrap().to_string();
+    b.case(
+        "run-dir-with-user-file",
+        b.train("softmax", &["--config", &short, "--run-dir", &users]),
+        "holds notes.txt, which no run writes",
+    );
+    let users_config = b.root.join("users-config");
+    std::fs::create_dir_all(&users_config).unwrap();
+    std::fs::write(users_config.join("config.json"), b"{\"mine\": 1}").unwrap();
+    let users_config = users_config.to_str().unwrap().to_string();
+    b.case(
+        "run-dir-with-user-config",
+        b.train(
+            "softmax",
+            &["--config", &short, "--run-dir", &users_config, "--resume"],
+        ),
+        "config.json is not a run's configuration record; it is left as it is",
+    );
+    // Generators: an existing target is refused, before anything is written.
+    let target = b.root.join("pathfinder-out");
+    std::fs::create_dir_all(target.join("curv_baseline")).unwrap();
+    std::fs::write(target.join("curv_baseline/mine.png"), b"mine").unwrap();
+    let target_arg = target.to_str().unwrap().to_string();
+    b.case(
+        "pathfinder-target-taken",
+        [
+            "generate-pathfinder",
+            "--out",
+            &target_arg,
+            "--difficulty",
+            "easy",
+            "--n",
+            "10",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "curv_baseline already exists and is not empty",
+    );
+    let sheet = b.path("short.toml");
+    b.case(
+        "pathfinder-sheet-taken",
+        [
+            "generate-pathfinder",
+            "--out",
+            &target_arg,
+            "--n",
+            "10",
+            "--sheet",
+            &sheet,
+        ]
+        .map(String::from)
+        .to_vec(),
+        "short.toml already exists",
+    );
+    let aan = b.root.join("aan-out");
+    std::fs::create_dir_all(&aan).unwrap();
+    std::fs::write(aan.join("new_aan_pairs.test.tsv"), b"mine").unwrap();
+    let aan_arg = aan.to_str().unwrap().to_string();
+    b.case(
+        "matching-target-taken",
+        ["generate-matching", "--out", &aan_arg]
+            .map(String::from)
+            .to_vec(),
+        "new_aan_pairs.test.tsv already exists",
+    );
+    b.case(
+        "matching-no-pairs",
+        ["generate-matching", "--out", &aan_arg, "--n-train", "0"]
+            .map(String::from)
+            .to_vec(),
+        "`--n-train` must be at least 2",
+    );
+    // Text as people save it: lines end in CR alone, the file starts with a byte-order mark;
+    // an invisible character in a field is shown escaped.
+    b.listops_case(
+        "cr-lines",
+        "basic_train.tsv",
+        "\u{feff}Source\tTarget\r( ( [MAX 2 ) 3 ] )\t3\r[FOO 2 ]\t2\r",
+        "basic_train.tsv:3: unknown token `[FOO`",
+    );
+    b.listops_case(
+        "invisible-label",
+        "basic_val.tsv",
+        "Source\tTarget\n[MAX 2 ]\t\u{200b}2\n",
+        "basic_val.tsv:2: label `\\u{200b}2` is not a class",
+    );
+    b.text_case(
+        "text-bom-label",
+        "\u{feff}1\tgood\r\nx\tbad\r\n",
+        "train.tsv:2: label `x` is not a number",
+    );
+    b.matching_case(
+        "aan-nbsp-label",
+        "1\ta\tb\tx\ty\n\u{a0}1\u{a0}x\ta\tb\tx\ty\n",
+        "new_aan_pairs.train.tsv:2: label `1\\u{a0}x` is not a number",
+    );
     // BPE where it does not apply, and without its vocabulary size.
     b.config_case(
         "bpe-listops",
@@ -576,8 +916,8 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     );
 
     let cases = std::mem::take(&mut b.cases);
-    assert!(cases.len() >= 30, "{} cases", cases.len());
-    let before = snapshot(&b.runs);
+    assert!(cases.len() >= 78, "{} cases", cases.len());
+    let before = snapshot(&b.root);
     for (name, args, needle) in &cases {
         let out = burn_lra(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -598,8 +938,8 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "{name}: {stderr}"
         );
         assert!(
-            snapshot(&b.runs) == before,
-            "{name} changed a run directory"
+            snapshot(&b.root) == before,
+            "{name} changed a run directory or a file of the user's"
         );
     }
     // One more, with the lock held: a second process is refused, with the status that tells a

@@ -184,9 +184,10 @@ fn text_and_matching_bad_inputs_are_named() {
         "--n-val",
         "4",
         "--n-test",
-        "0",
+        "1",
     ]);
     assert!(ok);
+    std::fs::write(aan.join("new_aan_pairs.test.tsv"), "").unwrap();
     let (_, stderr) = burn_lra(&[
         "train",
         "--task",
@@ -308,4 +309,118 @@ fn bench_train_prints_one_json_line() {
     assert_eq!(d["model"]["attention_dropout"].as_f64(), Some(0.0), "{d}");
     assert!(d["optimizer"]["beta2"].as_f64().is_some(), "{d}");
     assert!(d["params"].is_object(), "{d}");
+}
+
+/// `compare` compares runs, not spellings: two identical BPE runs (a model whose vocabulary is
+/// the tokenizer's, not the task's bytes), one started with relative paths from its folder and
+/// one with absolute paths, are the same run; a run compared with itself under two spellings
+/// is too. A generator run in the current folder (`--out .`) leaves the user's file there.
+#[test]
+fn compare_takes_each_runs_own_configuration_and_any_spelling_of_its_paths() {
+    let dir = temp_dir("compare-bpe");
+    let words = [
+        "good", "bad", "film", "plot", "actor", "great", "awful", "scene",
+    ];
+    let mut corpus = String::new();
+    for i in 0..80 {
+        let text: Vec<&str> = (0..12).map(|j| words[(i * 7 + j * 3) % 8]).collect();
+        corpus.push_str(&format!("{}\t{}\n", i % 2, text.join(" ")));
+    }
+    std::fs::create_dir_all(dir.join("imdb")).unwrap();
+    std::fs::write(dir.join("imdb/train.tsv"), &corpus).unwrap();
+    std::fs::write(dir.join("imdb/test.tsv"), &corpus[..corpus.len() / 2]).unwrap();
+    let config = include_str!("../../configs/text/tiny-bpe.toml")
+        .replace("bpe_vocab_size = 2000", "bpe_vocab_size = 300")
+        .replace("max_len = 256", "max_len = 32")
+        .replace(
+            "validation = { holdout = 1000 }",
+            "validation = { holdout = 10 }",
+        )
+        .replace("test_subset = 2000\n", "")
+        .replace("batch_size = 32", "batch_size = 8")
+        .replace("steps = 600", "steps = 6")
+        .replace("eval_every = 200", "eval_every = 3")
+        .replace("warmup = 60", "warmup = 2");
+    std::fs::write(dir.join("bpe.toml"), config).unwrap();
+    let run = |cwd: &std::path::Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let train = |cwd: &std::path::Path, data: &str, out: &str, run_dir: &str| {
+        let args = [
+            "train",
+            "--task",
+            "text",
+            "--attention",
+            "softmax",
+            "--config",
+            "bpe.toml",
+            "--data-dir",
+            data,
+            "--out",
+            out,
+            "--run-dir",
+            run_dir,
+            "--no-progress",
+        ];
+        run(cwd, &args);
+    };
+    let absolute = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    train(&dir, "imdb", "runs", "runs/a");
+    let config_path = absolute("bpe.toml");
+    let args = [
+        "train",
+        "--task",
+        "text",
+        "--attention",
+        "softmax",
+        "--config",
+        &config_path,
+        "--data-dir",
+        &absolute("./imdb/../imdb"),
+        "--out",
+        &absolute("runs"),
+        "--run-dir",
+        &absolute("runs/b"),
+        "--no-progress",
+    ];
+    run(&std::env::temp_dir(), &args);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("runs/a/config.json")).unwrap())
+            .unwrap();
+    assert!(record["run"]["data"]["bpe_vocab_size"] == 300, "{record}");
+    let same = run(&dir, &["compare", "runs/a", &absolute("runs/b")]);
+    assert!(same.contains("are the same run"), "{same}");
+    let same = run(&dir, &["compare", "runs/a", &absolute("runs/../runs/a")]);
+    assert!(same.contains("are the same run"), "{same}");
+    // `--out .` writes the generated folder beside the user's file, and nothing else.
+    let here = dir.join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    std::fs::write(here.join("notes.txt"), b"mine").unwrap();
+    run(
+        &here,
+        &[
+            "generate-pathfinder",
+            "--out",
+            ".",
+            "--n",
+            "10",
+            "--difficulty",
+            "easy",
+        ],
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&here)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["curv_baseline", "notes.txt"]);
+    assert_eq!(std::fs::read(here.join("notes.txt")).unwrap(), b"mine");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,10 +1,34 @@
-//! Atomic writes, and the lock that keeps one process per run directory.
+//! Atomic writes that never replace what they did not write, staging folders published only
+//! where nothing is, the removal of the harness's own files, and the lock that keeps one process
+//! per run directory.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
 use crate::layout::LOCK;
+
+/// `path` as the file system names it: absolute, with its existing part's links, `.` and `..`
+/// resolved (the part that does not exist yet is appended as spelt), so that two spellings of
+/// one path give one name.
+pub fn absolute(path: &Path) -> Result<std::path::PathBuf> {
+    let absolute = std::path::absolute(path)
+        .with_context(|| format!("cannot resolve the path {}", path.display()))?;
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(canonical) = std::fs::canonicalize(existing) {
+            return Ok(rest.iter().rev().fold(canonical, |p, part| p.join(part)));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return Ok(absolute),
+        }
+    }
+}
 
 /// Writes `contents` to `path` so that a reader sees the old file or the new one, never a part:
 /// a temporary file beside it (named after this process and thread), flushed to disk, then
@@ -30,6 +54,142 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     write().with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}
+
+/// Writes `contents` to `path`, which must not exist: a complete temporary file beside it, then
+/// linked into place (a link fails where anything already is, so nothing is ever replaced, not
+/// even by a racing process); an existing `path` is an error naming it.
+pub fn write_new(path: &Path, contents: &[u8]) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        anyhow::bail!(
+            "{} already exists; it is left as it is (choose another path, or remove it first)",
+            path.display()
+        );
+    }
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".new{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    write_atomic(&tmp, contents)?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
+            "{} already exists; it is left as it is (choose another path, or remove it first)",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot write {}", path.display())),
+    }
+}
+
+/// A new, empty staging folder beside `target` (`.<name>.partial-<pid>-<n>`), created here and
+/// so the caller's to fill and [`publish_dir`] into place, or to remove when it fails.
+pub fn staging_dir(target: &Path) -> Result<std::path::PathBuf> {
+    let parent = target
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create directory {}", parent.display()))?;
+    let name = target
+        .file_name()
+        .with_context(|| format!("{}: not a folder name", target.display()))?
+        .to_string_lossy()
+        .into_owned();
+    for n in 0..1000 {
+        let staging = parent.join(format!(".{name}.partial-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&staging) {
+            Ok(()) => return Ok(staging),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {}", staging.display()));
+            }
+        }
+    }
+    anyhow::bail!(
+        "cannot create a staging folder beside {}: 1000 names taken",
+        target.display()
+    )
+}
+
+/// Refuses a `target` that [`publish_dir`] could not fill: anything there but an empty folder is
+/// an error naming it. (Checked before the work that fills a staging folder, so that a refusal
+/// costs nothing; [`publish_dir`] checks again.)
+pub fn ensure_vacant(target: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(target) {
+        Err(_) => Ok(()),
+        Ok(meta) if !meta.is_dir() => anyhow::bail!(
+            "{} already exists and is not a folder; it is left as it is (choose another path, or \
+             remove it first)",
+            target.display()
+        ),
+        Ok(_) => {
+            let empty = std::fs::read_dir(target)
+                .with_context(|| format!("cannot read {}", target.display()))?
+                .next()
+                .is_none();
+            if empty {
+                Ok(())
+            } else {
+                anyhow::bail!(
+                    "{} already exists and is not empty; it is left as it is (choose another \
+                     path, or remove it first)",
+                    target.display()
+                )
+            }
+        }
+    }
+}
+
+/// Moves the complete folder `staging` to `target` where nothing is (or an empty folder is);
+/// anything else at `target` is an error naming it, and is left as it is. `staging` is removed
+/// when it cannot be published (it is the caller's: [`staging_dir`] made it).
+pub fn publish_dir(staging: &Path, target: &Path) -> Result<()> {
+    if let Err(err) = ensure_vacant(target) {
+        let _ = std::fs::remove_dir_all(staging);
+        return Err(err);
+    }
+    // rename(2) replaces an empty folder and fails on a non-empty one, so a folder filled
+    // meanwhile by another process is not replaced either.
+    match std::fs::rename(staging, target) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(staging);
+            Err(e).with_context(|| {
+                format!("cannot move {} to {}", staging.display(), target.display())
+            })
+        }
+    }
+}
+
+/// Removes the folder `dir` that the harness wrote, and only what it wrote: the files whose
+/// names `owned` accepts, then the folder itself. Anything else inside (a file of the user's, a
+/// subfolder) is an error naming it, and nothing is removed. A missing `dir` is not an error.
+pub fn remove_owned_dir(dir: &Path, owned: impl Fn(&str) -> bool) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !is_file || !owned(&name) {
+            anyhow::bail!(
+                "{} was not written by the harness; {} is left as it is (move it away, or \
+                 remove the folder yourself)",
+                entry.path().display(),
+                dir.display()
+            );
+        }
+        files.push(entry.path());
+    }
+    for file in files {
+        std::fs::remove_file(&file).with_context(|| format!("cannot remove {}", file.display()))?;
+    }
+    std::fs::remove_dir(dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 
 /// The error of a run directory another process holds: `burn-lra train` exits with

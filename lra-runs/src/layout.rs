@@ -5,12 +5,19 @@
 //! <out>/<task>/<preset>/<attention>/seed-<n>/
 //!   config.json        the resolved configuration (and the changes resumes made to it)
 //!   metrics.jsonl      one line per validation
-//!   checkpoint/        model.bpk, optimizer.bpk, checksums.json, state.json (until finished)
+//!   tokenizer.json     the BPE tokenizer its tokens come from (BPE runs only)
+//!   checkpoint/        model.bpk, optimizer.bpk, best.bpk, config.json, state.json and
+//!                      checksums.json, the SHA-256 of each, written last (until finished)
 //!   model-best.bpk     best-validation weights
 //!   model-last.bpk     last weights (finished runs)
-//!   result.json        written last: a directory holding it is finished
+//!   result.json        written last, with the SHA-256 of both weight files: a directory
+//!                      holding it is finished
 //!   .lock              held by the process training in it
 //! ```
+//!
+//! A run directory holds these names only (and the temporary files of their atomic writes):
+//! the harness refuses to train in a folder holding anything else, so that it never writes over
+//! a file of the user's, and removes nothing but them.
 
 use std::path::{Path, PathBuf};
 
@@ -42,10 +49,30 @@ pub const CHECKPOINT_OLD: &str = "checkpoint.old";
 pub const CHECKPOINT_MODEL: &str = "model.bpk";
 /// A checkpoint's optimiser state.
 pub const CHECKPOINT_OPTIMIZER: &str = "optimizer.bpk";
-/// The SHA-256 of a checkpoint's weights and optimiser state, checked on resume.
-pub const CHECKPOINT_CHECKSUMS: &str = "checksums.json";
-/// A checkpoint's state (step, data position, best validation); written last in it.
+/// A checkpoint's copy of the best-validation weights it records (absent before the first
+/// validation).
+pub const CHECKPOINT_BEST: &str = "best.bpk";
+/// A checkpoint's copy of the run's `config.json` record: what a resume checks itself against.
+pub const CHECKPOINT_CONFIG: &str = "config.json";
+/// A checkpoint's state (step, data position, best validation, the metrics so far).
 pub const CHECKPOINT_STATE: &str = "state.json";
+/// The SHA-256 of every other file of a checkpoint, written last; a resume checks them all.
+pub const CHECKPOINT_CHECKSUMS: &str = "checksums.json";
+/// Every file a checkpoint folder may hold.
+pub const CHECKPOINT_FILES: [&str; 6] = [
+    CHECKPOINT_MODEL,
+    CHECKPOINT_OPTIMIZER,
+    CHECKPOINT_BEST,
+    CHECKPOINT_CONFIG,
+    CHECKPOINT_STATE,
+    CHECKPOINT_CHECKSUMS,
+];
+/// The files a run directory may hold.
+pub const RUN_FILES: [&str; 7] = [
+    CONFIG, TOKENIZER, METRICS, RESULT, MODEL_BEST, MODEL_LAST, LOCK,
+];
+/// The folders a run directory may hold.
+pub const RUN_FOLDERS: [&str; 3] = [CHECKPOINT, CHECKPOINT_NEW, CHECKPOINT_OLD];
 /// The lock file (see [`crate::RunDirLock`]).
 pub const LOCK: &str = ".lock";
 /// A sweep's summary, as JSON.
@@ -74,12 +101,26 @@ pub fn run_dir(sweep_dir: &Path, attention: &str, seed: u64) -> PathBuf {
     sweep_dir.join(attention).join(format!("seed-{seed}"))
 }
 
-/// The newest complete checkpoint of `run_dir`, if any.
+/// Whether `name` is one of `names` or the temporary file of an atomic write of one
+/// (`<name>.tmp...`, `<name>.new...`, left behind by a process killed while writing it).
+pub fn is_owned_name(name: &str, names: &[&str]) -> bool {
+    names.iter().any(|known| {
+        name == *known
+            || name
+                .strip_prefix(known)
+                .is_some_and(|rest| rest.starts_with(".tmp") || rest.starts_with(".new"))
+    })
+}
+
+/// The checkpoint of `run_dir` a resume continues from: `checkpoint/`, or `checkpoint.old/`
+/// where a process was killed between the two renames that replace one checkpoint by the next.
+/// Whatever is at that path is returned, a damaged checkpoint included: the resume verifies it
+/// and refuses what it cannot verify, rather than starting over unasked.
 pub fn find_checkpoint(run_dir: &Path) -> Option<PathBuf> {
     [CHECKPOINT, CHECKPOINT_OLD]
         .iter()
         .map(|name| run_dir.join(name))
-        .find(|dir| dir.join(CHECKPOINT_STATE).is_file())
+        .find(|path| std::fs::symlink_metadata(path).is_ok())
 }
 
 /// Where a run stands.

@@ -16,7 +16,10 @@ pub mod layout;
 pub mod names;
 pub mod result;
 
-pub use files::{RunDirInUse, RunDirLock, write_atomic};
+pub use files::{
+    RunDirInUse, RunDirLock, absolute, publish_dir, remove_owned_dir, staging_dir, write_atomic,
+    write_new,
+};
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
 pub use names::{BackendKind, Task};
 pub use result::{ConfigChange, RunResult, Selection};

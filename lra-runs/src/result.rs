@@ -89,4 +89,9 @@ pub struct RunResult {
     /// Resumes that changed the configuration (from which step, which fields).
     #[serde(default)]
     pub config_changes: Vec<ConfigChange>,
+    /// The SHA-256 of the weight files the run left (`model-best.bpk`, `model-last.bpk`), by
+    /// file name: whatever reads them checks them first. Empty in results written before they
+    /// were kept, whose weights are then refused.
+    #[serde(default)]
+    pub weights_sha256: BTreeMap<String, String>,
 }

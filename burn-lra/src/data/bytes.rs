@@ -90,10 +90,11 @@ pub fn parse_label(field: &[u8], n_classes: usize) -> Result<usize, String> {
     let text = text.trim();
     let value: f64 = text
         .parse()
-        .map_err(|_| format!("label `{text}` is not a number"))?;
+        .map_err(|_| format!("label `{}` is not a number", super::shown(text)))?;
     if value.fract() != 0.0 || value < 0.0 || value >= n_classes as f64 {
         return Err(format!(
-            "label `{text}` is out of range (expected 0..{})",
+            "label `{}` is out of range (expected 0..{})",
+            super::shown(text),
             n_classes - 1
         ));
     }

@@ -175,65 +175,94 @@ pub struct Idx {
 }
 
 /// Reads an IDX file of unsigned bytes (`.gz` or not: read by its first bytes), checking that
-/// the header's dimensions account for exactly the bytes that follow.
+/// the header's dimensions account for exactly the bytes that follow. The size the header
+/// claims is computed with checked arithmetic and never allocated up front: the data are read
+/// as they come, one byte past the claim at most.
 pub fn read_idx(path: &Path) -> Result<Idx> {
-    let mut raw = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut raw))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .map_err(|e| anyhow::anyhow!("{}: unreadable gzip data ({e})", path.display()))?;
-        out
-    } else {
-        raw
-    };
     let at = |message: String| anyhow::anyhow!("{}: {message}", path.display());
-    let [0, 0, kind, n_dims] = bytes
-        .get(..4)
-        .and_then(|h| <[u8; 4]>::try_from(h).ok())
-        .ok_or_else(|| {
+    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut magic = [0u8; 2];
+    let gzip = file.read(&mut magic).is_ok_and(|n| n == 2) && magic == [0x1f, 0x8b];
+    drop(file);
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)))
+    } else {
+        Box::new(std::io::BufReader::new(file))
+    };
+    let unreadable = |e: std::io::Error| {
+        if gzip {
+            at(format!("unreadable gzip data ({e})"))
+        } else {
+            at(format!("cannot read ({e})"))
+        }
+    };
+    let mut header = Vec::new();
+    (&mut reader)
+        .take(4)
+        .read_to_end(&mut header)
+        .map_err(unreadable)?;
+    let [0, 0, kind, n_dims] = header[..] else {
+        return Err(if header.len() < 4 {
             at(format!(
                 "not an IDX file ({} bytes; the header alone has 4)",
-                bytes.len()
+                header.len()
             ))
-        })?
-    else {
-        return Err(at(
-            "not an IDX file (the first two bytes of its magic number must be 0)".into(),
-        ));
+        } else {
+            at("not an IDX file (the first two bytes of its magic number must be 0)".into())
+        });
     };
     if kind != 0x08 {
         return Err(at(format!(
             "IDX data type 0x{kind:02x}; only unsigned bytes (0x08) are images or labels"
         )));
     }
-    let header = 4 + 4 * n_dims as usize;
-    if bytes.len() < header {
+    let mut dim_bytes = Vec::new();
+    (&mut reader)
+        .take(4 * n_dims as u64)
+        .read_to_end(&mut dim_bytes)
+        .map_err(unreadable)?;
+    if dim_bytes.len() < 4 * n_dims as usize {
         return Err(at(format!(
             "the header announces {n_dims} dimensions but the file ends after {} bytes",
-            bytes.len()
+            4 + dim_bytes.len()
         )));
     }
-    let dims: Vec<usize> = bytes[4..header]
+    let dims: Vec<usize> = dim_bytes
         .chunks_exact(4)
         .map(|d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize)
         .collect();
-    let expected: usize = dims.iter().product();
-    let found = bytes.len() - header;
-    if expected != found {
-        let shape: Vec<String> = dims.iter().map(usize::to_string).collect();
+    let shape = dims
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(" x ");
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n < u64::MAX)
+        .ok_or_else(|| {
+            at(format!(
+                "the header says {shape}, more bytes than can be addressed"
+            ))
+        })?;
+    let mut data = Vec::new();
+    reader
+        .take(expected + 1)
+        .read_to_end(&mut data)
+        .map_err(unreadable)?;
+    if data.len() as u64 != expected {
+        let found = if data.len() as u64 > expected {
+            "more".to_string()
+        } else {
+            data.len().to_string()
+        };
         return Err(at(format!(
-            "the header says {} ({expected} bytes of data) but the file holds {found}",
-            shape.join(" x ")
+            "the header says {shape} ({expected} bytes of data) but the file holds {found}"
         )));
     }
-    Ok(Idx {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    Ok(Idx { dims, data })
 }
 
 /// Reads an IDX images file and its labels file into examples.
@@ -255,7 +284,14 @@ pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<Vec<Example>> {
             images.display()
         );
     }
-    let size = rows * cols;
+    let size = rows * cols; // checked by read_idx: the product of the header's dimensions
+    if size == 0 || n == 0 {
+        bail!(
+            "{}: the header says {n} images of {rows} x {cols} pixels; images need at least one \
+             pixel, and a split at least one image",
+            images.display()
+        );
+    }
     image_data
         .data
         .chunks_exact(size.max(1))
@@ -463,6 +499,31 @@ mod tests {
         std::fs::write(&labels, idx(&[3], &[1, 1, 1])).unwrap();
         let err = format!("{:#}", read_idx_pair(&path, &labels).unwrap_err());
         assert!(err.contains("3 labels for 2 images"), "{err}");
+        // Dimensions whose product overflows, claimed in a header of a few bytes: refused by
+        // checked arithmetic, with nothing allocated for them.
+        std::fs::write(&path, idx(&[u32::MAX, u32::MAX, u32::MAX], &[0; 4])).unwrap();
+        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        assert!(
+            err.ends_with("the header says 4294967295 x 4294967295 x 4294967295, more bytes than can be addressed"),
+            "{err}"
+        );
+        // A large claim, a short file: the claim is not allocated, the shortfall is named.
+        std::fs::write(&path, idx(&[u32::MAX, 65_535], &[0; 4])).unwrap();
+        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        assert!(err.ends_with("but the file holds 4"), "{err}");
+        // More bytes than the header accounts for.
+        std::fs::write(&path, idx(&[2, 1, 2], &[0; 9])).unwrap();
+        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        assert!(
+            err.ends_with("(4 bytes of data) but the file holds more"),
+            "{err}"
+        );
+        // Images of no pixels.
+        std::fs::write(&path, idx(&[2, 0, 5], &[])).unwrap();
+        std::fs::write(&labels, idx(&[2], &[1, 1])).unwrap();
+        let err = format!("{:#}", read_idx_pair(&path, &labels).unwrap_err());
+        assert!(err.contains("2 images of 0 x 5 pixels"), "{err}");
+        std::fs::write(&path, idx(&[2, 1, 2], &[0; 4])).unwrap();
         // No test files beside the training ones.
         std::fs::write(&labels, idx(&[2], &[1, 1])).unwrap();
         let err = format!("{:#}", read_splits(&dir, 8).unwrap_err());

@@ -9,7 +9,6 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -194,6 +193,22 @@ impl GeneratorConfig {
             ("n_train", self.n_train),
             ("n_val", self.n_val),
             ("n_test", self.n_test),
+            ("min_length", self.min_length),
+            ("max_length", self.max_length),
+            ("max_depth", self.max_depth),
+            ("max_args", self.max_args),
+        ] {
+            if n > crate::config::MAX_SIZE {
+                bail!(
+                    "`data.generate.{name}` must be at most {} (2^32 - 1), got {n}",
+                    crate::config::MAX_SIZE
+                );
+            }
+        }
+        for (name, n) in [
+            ("n_train", self.n_train),
+            ("n_val", self.n_val),
+            ("n_test", self.n_test),
         ] {
             if n == 0 {
                 bail!("data.generate.{name} must be at least 1");
@@ -239,10 +254,12 @@ fn random_tree(rng: &mut Rng, depth: usize, cfg: &GeneratorConfig) -> Tree {
 /// of `(expression, label)` in LRA's printed form.
 pub fn generate(cfg: &GeneratorConfig) -> Result<[Vec<(String, u8)>; 3]> {
     cfg.validate()?;
+    // Each count is at most 2^32 - 1 (validated), so their sum and the draw budget fit in 64
+    // bits; memory is reserved as the trees come, not for the count asked for.
     let total = cfg.n_train + cfg.n_val + cfg.n_test;
     let mut rng = Rng::new(cfg.seed);
-    let mut seen = HashSet::with_capacity(total);
-    let mut rows = Vec::with_capacity(total);
+    let mut seen = HashSet::with_capacity(total.min(1 << 20));
+    let mut rows = Vec::with_capacity(total.min(1 << 20));
     let max_draws = 10_000 + 2_000 * total as u64;
     let mut draws = 0u64;
     while rows.len() < total {
@@ -269,6 +286,21 @@ pub fn generate(cfg: &GeneratorConfig) -> Result<[Vec<(String, u8)>; 3]> {
     let test = rows.split_off(cfg.n_train + cfg.n_val);
     let val = rows.split_off(cfg.n_train);
     Ok([rows, val, test])
+}
+
+/// Generates the dataset `cfg` describes into the new folder `dir` (LRA's three files and their
+/// [`super::MANIFEST`]): written into a staging folder beside it and moved into place complete,
+/// only where nothing is (an existing `dir` that is not an empty folder is an error naming it).
+pub fn write_dataset(dir: &Path, cfg: &GeneratorConfig) -> Result<()> {
+    lra_runs::files::ensure_vacant(dir)?;
+    let splits = generate(cfg)?;
+    let staging = lra_runs::staging_dir(dir)?;
+    if let Err(err) = write_splits(&staging, &splits).and_then(|()| super::write_manifest(&staging))
+    {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(err);
+    }
+    lra_runs::publish_dir(&staging, dir)
 }
 
 /// Writes the generated splits as LRA's `basic_{train,val,test}.tsv` files in `dir`.
@@ -307,7 +339,7 @@ pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
             t if t.len() == 1 && t.as_bytes()[0].is_ascii_digit() => {
                 1 + (t.as_bytes()[0] - b'0') as u16
             }
-            t => return Err(format!("unknown token `{t}`")),
+            t => return Err(format!("unknown token `{}`", super::shown(t))),
         };
         open += usize::from((11..=14).contains(&id));
         out.push(id);
@@ -323,19 +355,14 @@ pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
 /// Reads one LRA ListOps file (`Source<TAB>Target` header, then `expression<TAB>label` rows),
 /// cutting each example to `max_len` tokens. Errors name the file and line.
 pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open ListOps file {}", path.display()))?;
     let mut examples = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let lineno = i + 1;
-        let line =
-            line.with_context(|| format!("{}:{lineno}: cannot read line", path.display()))?;
-        let line = line.trim_end_matches('\r');
+    super::for_each_row(path, |lineno, row| {
+        let line = String::from_utf8_lossy(row);
         if lineno == 1 && line.starts_with("Source") {
-            continue;
+            return Ok(());
         }
         if line.trim().is_empty() {
-            continue;
+            return Ok(());
         }
         let fields: Vec<&str> = line.split('\t').collect();
         if fields.len() != 2 {
@@ -354,7 +381,7 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
                 format!(
                     "{}:{lineno}: label `{}` is not a class 0-{}",
                     path.display(),
-                    fields[1],
+                    super::shown(fields[1]),
                     N_CLASSES - 1
                 )
             })?;
@@ -365,7 +392,8 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
         }
         tokens.truncate(max_len);
         examples.push(Example::new(tokens, label));
-    }
+        Ok(())
+    })?;
     Dataset::new(path.display().to_string(), examples, N_CLASSES)
 }
 
@@ -398,6 +426,47 @@ mod tests {
             seed: 3,
             ..GeneratorConfig::default()
         }
+    }
+
+    /// The cache is written complete with its manifest, refused where a folder of that name
+    /// holds anything, and checked at every use: a changed, added or missing file, or a missing
+    /// manifest, is an error naming it.
+    #[test]
+    fn generated_cache_is_published_whole_and_verified() {
+        use crate::data::{MANIFEST, scratch_dir, verify_manifest};
+        let root = scratch_dir("listops-cache");
+        let dir = root.join("cache");
+        write_dataset(&dir, &small()).unwrap();
+        verify_manifest(&dir).unwrap();
+        let err = format!("{:#}", write_dataset(&dir, &small()).unwrap_err());
+        assert!(
+            err.contains("cache already exists and is not empty"),
+            "{err}"
+        );
+        let test = dir.join("basic_test.tsv");
+        let original = std::fs::read_to_string(&test).unwrap();
+        std::fs::write(&test, original.replacen('\t', "\t\t", 1)).unwrap();
+        let err = format!("{:#}", verify_manifest(&dir).unwrap_err());
+        assert!(
+            err.contains("basic_test.tsv: changed since it was generated")
+                && err.ends_with("to generate it again"),
+            "{err}"
+        );
+        std::fs::write(&test, &original).unwrap();
+        std::fs::write(dir.join("extra.tsv"), b"x").unwrap();
+        let err = format!("{:#}", verify_manifest(&dir).unwrap_err());
+        assert!(err.contains("extra.tsv: not in checksums.json"), "{err}");
+        std::fs::remove_file(dir.join("extra.tsv")).unwrap();
+        std::fs::remove_file(&test).unwrap();
+        let err = format!("{:#}", verify_manifest(&dir).unwrap_err());
+        assert!(err.contains("basic_test.tsv is missing"), "{err}");
+        std::fs::remove_file(dir.join(MANIFEST)).unwrap();
+        let err = format!("{:#}", verify_manifest(&dir).unwrap_err());
+        assert!(err.contains("checksums.json is missing"), "{err}");
+        // Nothing but the cache was written beside it (its staging folder is gone).
+        let names: Vec<_> = std::fs::read_dir(&root).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

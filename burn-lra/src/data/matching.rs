@@ -14,7 +14,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::bytes::{byte_tokens, parse_label};
-use super::{Dataset, Example, for_each_row, write_atomic};
+use super::{Dataset, Example, for_each_row};
 use crate::rng::Rng;
 
 /// The three files, by split.
@@ -83,7 +83,42 @@ const TOPICS: usize = 8;
 /// own 6-letter alphabet); a pair is labelled 1 when both documents share a topic, 0 otherwise
 /// (half each). Learnable from byte statistics, so a small model beats chance quickly: a
 /// harness check, not a benchmark.
+///
+/// The three files are written only where nothing is: an existing one is an error naming it,
+/// raised before anything is written, and nothing else in `dir` is touched.
 pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
+    for (flag, n, least) in [
+        ("--n-train", cfg.n_train, 2),
+        ("--n-val", cfg.n_val, 1),
+        ("--n-test", cfg.n_test, 1),
+    ] {
+        if n < least {
+            anyhow::bail!(
+                "`{flag}` must be at least {least}{}, got {n}",
+                if least == 2 {
+                    " (pairs alternate between the two labels, and training needs both)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!(
+            "{} is a file; expected a folder to write into",
+            dir.display()
+        );
+    }
+    for (_, file) in SPLIT_FILES {
+        let path = dir.join(file);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            anyhow::bail!(
+                "{} already exists; it is left as it is (choose another --out, or remove it \
+                 first)",
+                path.display()
+            );
+        }
+    }
     let mut rng = Rng::new(cfg.seed);
     let letters: Vec<u8> = (b'a'..=b'z').collect();
     let alphabets: Vec<Vec<u8>> = (0..TOPICS)
@@ -127,7 +162,7 @@ pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
             let (id2, text2) = document(&mut rng, topic_2);
             out.push_str(&format!("{label}.0\t{id1}\t{id2}\t{text1}\t{text2}\n"));
         }
-        write_atomic(&dir.join(file), out.as_bytes())?;
+        lra_runs::write_new(&dir.join(file), out.as_bytes())?;
     }
     Ok(())
 }
@@ -198,6 +233,23 @@ mod tests {
         assert_eq!([train.len(), val.len(), test.len()], [40, 10, 20]);
         assert_eq!(train.label_counts(), vec![20, 20]);
         assert!(train.examples.iter().all(|e| e.pair.is_some()));
+        // Generating again into the same folder is refused before anything is written; a
+        // user's file in it and the files already there are untouched.
+        std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+        let before = std::fs::read(dir.join("new_aan_pairs.eval.tsv")).unwrap();
+        let other = PairGeneratorConfig { seed: 4, ..cfg };
+        let err = format!("{:#}", generate(&dir, &other).unwrap_err());
+        assert!(
+            err.ends_with("new_aan_pairs.train.tsv already exists; it is left as it is (choose another --out, or remove it first)"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read(dir.join("new_aan_pairs.eval.tsv")).unwrap(),
+            before
+        );
+        assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"mine");
+        let err = generate(&dir.join("new"), &PairGeneratorConfig { n_train: 1, ..cfg });
+        assert!(format!("{:#}", err.unwrap_err()).contains("`--n-train` must be at least 2"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

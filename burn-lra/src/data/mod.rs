@@ -200,8 +200,6 @@ impl Batch {
     }
 }
 
-/// Calls `row(line_number, line)` for every non-empty line of `path`, the line without its
-/// `\n` or `\r\n` (lines are bytes: text fields are tokenized as bytes, not decoded).
 /// A fresh, empty folder for a test, `<temp dir>/burn-lra-<name>-<process id>`.
 #[cfg(test)]
 pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
@@ -211,31 +209,200 @@ pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// The UTF-8 byte-order mark some editors put at the start of a text file.
+const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
+
+/// Calls `row(line_number, line)` for every non-empty line of `path`, as people save text: lines
+/// end in LF, CRLF or a lone CR (old Mac editors), all three alike, and a UTF-8 byte-order mark
+/// at the start of the file is not part of the first line. Lines are bytes (text fields are
+/// tokenized as bytes, not decoded); line numbers count every line, empty ones included.
 pub(crate) fn for_each_row(
     path: &Path,
     mut row: impl FnMut(usize, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    use std::io::BufRead;
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut reader = std::io::BufReader::new(file);
     let mut line = Vec::new();
+    let mut after_cr = false;
     let mut number = 0;
     loop {
         line.clear();
-        let read = reader
-            .read_until(b'\n', &mut line)
+        let more = read_line(&mut reader, &mut line, &mut after_cr)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        if read == 0 {
+        if !more {
             return Ok(());
         }
         number += 1;
-        let text = line.strip_suffix(b"\n").unwrap_or(&line);
-        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let text = match number {
+            1 => line.strip_prefix(BYTE_ORDER_MARK).unwrap_or(&line),
+            _ => &line,
+        };
         if !text.is_empty() {
             row(number, text)?;
         }
     }
+}
+
+/// Reads the next line, ended by LF, CR or CRLF, into `line` without its ending; `false` at the
+/// end of the file. `after_cr` carries, from one call to the next, that the last line ended in
+/// CR, so that an LF right after it (a CRLF split across reads) ends nothing.
+fn read_line(
+    reader: &mut impl std::io::BufRead,
+    line: &mut Vec<u8>,
+    after_cr: &mut bool,
+) -> std::io::Result<bool> {
+    let mut read_any = false;
+    loop {
+        let buffer = reader.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok(read_any);
+        }
+        if std::mem::take(after_cr) && buffer[0] == b'\n' {
+            reader.consume(1);
+            continue;
+        }
+        match buffer.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(end) => {
+                line.extend_from_slice(&buffer[..end]);
+                *after_cr = buffer[end] == b'\r';
+                reader.consume(end + 1);
+                return Ok(true);
+            }
+            None => {
+                let n = buffer.len();
+                line.extend_from_slice(buffer);
+                reader.consume(n);
+                read_any = true;
+            }
+        }
+    }
+}
+
+/// `text` as an error message shows a field: control characters, and the invisible ones
+/// (byte-order marks, zero-width and directional marks, non-breaking and other unusual spaces,
+/// soft hyphens), escaped as `\u{feff}`, `\t` and the like, so that what made a field wrong can
+/// be seen.
+pub fn shown(text: &str) -> String {
+    let invisible = |c: char| {
+        c.is_control()
+            || (c.is_whitespace() && c != ' ')
+            || matches!(
+                c,
+                '\u{00ad}'
+                    | '\u{034f}'
+                    | '\u{061c}'
+                    | '\u{180e}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{202a}'..='\u{202e}'
+                    | '\u{2060}'..='\u{2064}'
+                    | '\u{2066}'..='\u{206f}'
+                    | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}'
+            )
+    };
+    text.chars()
+        .map(|c| {
+            if invisible(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// The manifest of a generated dataset: the SHA-256 of each of its files, by path relative to
+/// its folder, written last into the staging folder.
+pub const MANIFEST: &str = "checksums.json";
+
+/// Every file under `dir` (the manifest aside), by path relative to it with `/` separators,
+/// sorted.
+fn files_under(dir: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(folder) = stack.pop() {
+        for entry in std::fs::read_dir(&folder)
+            .with_context(|| format!("cannot read {}", folder.display()))?
+        {
+            let path = entry
+                .with_context(|| format!("cannot read {}", folder.display()))?
+                .path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let relative = path.strip_prefix(dir).expect("under dir");
+                let name: Vec<String> = relative
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect();
+                if name != [MANIFEST] {
+                    files.push(name.join("/"));
+                }
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Writes the [`MANIFEST`] of the generated dataset in `dir`.
+pub fn write_manifest(dir: &Path) -> Result<()> {
+    let mut sums = std::collections::BTreeMap::new();
+    for name in files_under(dir)? {
+        sums.insert(name.clone(), crate::run_dir::sha256_file(&dir.join(&name))?);
+    }
+    write_atomic(
+        &dir.join(MANIFEST),
+        serde_json::to_string_pretty(&sums)?.as_bytes(),
+    )
+}
+
+/// Checks the generated dataset in `dir` against its [`MANIFEST`]: a missing manifest, a
+/// missing, extra or changed file is an error naming it (the cache is the harness's, but it is
+/// not removed unasked: the message says to remove it to generate it again).
+pub fn verify_manifest(dir: &Path) -> Result<()> {
+    let again = || format!("remove {} to generate it again", dir.display());
+    let path = dir.join(MANIFEST);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: the generated data cannot be verified; {}",
+            path.display(),
+            again()
+        );
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let sums: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("{}: not a checksum list ({e}); {}", path.display(), again())
+        })?;
+    let files = files_under(dir)?;
+    if let Some(extra) = files.iter().find(|f| !sums.contains_key(*f)) {
+        bail!(
+            "{}: not in {MANIFEST}, so not generated here; {}",
+            dir.join(extra).display(),
+            again()
+        );
+    }
+    for (name, sum) in &sums {
+        let file = dir.join(name);
+        if !file.is_file() {
+            bail!(
+                "{} is missing from the generated data; {}",
+                file.display(),
+                again()
+            );
+        }
+        if crate::run_dir::sha256_file(&file)? != *sum {
+            bail!(
+                "{}: changed since it was generated (its SHA-256 differs from {MANIFEST}'s); {}",
+                file.display(),
+                again()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `dir` is a folder; the error says what was found (nothing, or a file) and what
@@ -251,3 +418,56 @@ pub fn expect_folder(dir: &Path, expected: &str) -> Result<()> {
 }
 
 pub use lra_runs::write_atomic;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every line ending people save with, mixed in one file and split across the reader's
+    /// buffer (a CRLF whose two bytes land in different reads), and a byte-order mark: the
+    /// same rows, numbered as an editor numbers them.
+    #[test]
+    fn rows_end_in_lf_crlf_or_cr_after_an_optional_byte_order_mark() {
+        let dir = scratch_dir("rows");
+        let path = dir.join("rows.tsv");
+        // 12 bytes before it, so the CR after it is the last byte of an 8 KiB read.
+        let long = "x".repeat(8179);
+        let text = format!("\u{feff}a\r\nb\rc\n\r\n{long}\r\ne\rf");
+        std::fs::write(&path, &text).unwrap();
+        let mut rows = Vec::new();
+        for_each_row(&path, |number, row| {
+            rows.push((number, String::from_utf8(row.to_vec()).unwrap()));
+            Ok(())
+        })
+        .unwrap();
+        let expected: Vec<(usize, String)> = [
+            (1, "a"),
+            (2, "b"),
+            (3, "c"),
+            (5, long.as_str()),
+            (6, "e"),
+            (7, "f"),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n, s.to_string()))
+        .collect();
+        assert_eq!(rows, expected);
+        // A mark anywhere but at the start of the file is data.
+        std::fs::write(&path, "a\n\u{feff}b\n").unwrap();
+        let mut second = Vec::new();
+        for_each_row(&path, |_, row| {
+            second.push(row.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(second[1], "\u{feff}b".as_bytes());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn invisible_characters_are_shown_escaped() {
+        assert_eq!(shown("\u{feff}0"), "\\u{feff}0");
+        assert_eq!(shown("a\tb\u{200b}c\u{a0}d"), "a\\tb\\u{200b}c\\u{a0}d");
+        assert_eq!(shown("naïve 1.0"), "naïve 1.0");
+    }
+}

@@ -85,6 +85,13 @@ impl PathfinderConfig {
                 self.size
             );
         }
+        if self.n_images > crate::config::MAX_SIZE {
+            bail!(
+                "`data.pathfinder.n_images` must be at most {} (2^32 - 1), got {}",
+                crate::config::MAX_SIZE,
+                self.n_images
+            );
+        }
         if self.n_images < 10 {
             bail!(
                 "`data.pathfinder.n_images` must be at least 10 (split 80/10/10), got {}",
@@ -106,15 +113,30 @@ impl PathfinderConfig {
     }
 }
 
-/// Generates `config.n_images` images into `root/<difficulty folder>/` in the released layout.
-/// Written into a temporary folder renamed into place at the end, so an interrupted run leaves
-/// no partial dataset behind.
-pub fn write_dataset(root: &Path, config: &PathfinderConfig) -> Result<()> {
+/// Generates `config.n_images` images into `root/<difficulty folder>/` in the released layout
+/// (with a [`super::MANIFEST`] of their SHA-256) and returns that folder. The images are written into a new staging folder beside it and
+/// moved into place at the end, only where nothing is: an existing folder of that name that is
+/// not empty is an error naming it (checked before anything is generated), and nothing else in
+/// `root` is touched, so the other difficulties' folders can sit beside it as in LRA's release.
+/// An interrupted or failed generation leaves no partial dataset behind.
+pub fn write_dataset(root: &Path, config: &PathfinderConfig) -> Result<PathBuf> {
     config.validate()?;
     let params = SnakeParams::lra(config.size).expect("validated");
-    let staging = root.with_extension(format!("partial-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&staging);
-    let folder = staging.join(config.difficulty.folder());
+    let target = root.join(config.difficulty.folder());
+    lra_runs::files::ensure_vacant(&target)?;
+    let folder = lra_runs::staging_dir(&target)?;
+    let generated =
+        generate_into(&folder, &params, config).and_then(|()| super::write_manifest(&folder));
+    if let Err(err) = generated {
+        let _ = std::fs::remove_dir_all(&folder);
+        return Err(err);
+    }
+    lra_runs::publish_dir(&folder, &target)?;
+    Ok(target)
+}
+
+/// Writes the images and metadata files of a generated dataset into `folder`.
+fn generate_into(folder: &Path, params: &SnakeParams, config: &PathfinderConfig) -> Result<()> {
     let batches: Vec<usize> = (0..config.n_images.div_ceil(BATCH)).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let work: Vec<&[usize]> = batches.chunks(batches.len().div_ceil(threads)).collect();
@@ -122,7 +144,7 @@ pub fn write_dataset(root: &Path, config: &PathfinderConfig) -> Result<()> {
         let handles: Vec<_> = work
             .into_iter()
             .map(|mine| {
-                let (params, folder) = (&params, &folder);
+                let (params, folder) = (params, folder);
                 scope.spawn(move || -> Result<()> {
                     for &batch in mine {
                         let images = batch * BATCH..((batch + 1) * BATCH).min(config.n_images);
@@ -135,13 +157,7 @@ pub fn write_dataset(root: &Path, config: &PathfinderConfig) -> Result<()> {
         handles
             .into_iter()
             .try_for_each(|h| h.join().expect("generator thread panicked"))
-    })?;
-    if root.exists() {
-        std::fs::remove_dir_all(root)
-            .with_context(|| format!("cannot replace {}", root.display()))?;
-    }
-    std::fs::rename(&staging, root)
-        .with_context(|| format!("cannot move {} to {}", staging.display(), root.display()))
+    })
 }
 
 /// The image with index `i` of a generated dataset: its label alternates (balanced classes) and
@@ -170,7 +186,10 @@ fn write_batch(
     for i in images {
         let image = generate_image(params, config, i)?;
         let name = format!("sample_{i}.png");
-        write_png(&folder.join(&sub).join(&name), &image.pixels, config.size)?;
+        write_atomic(
+            &folder.join(&sub).join(&name),
+            &png_bytes(&image.pixels, config.size, config.size)?,
+        )?;
         // The script's fields: path, file, index, label, continuity, contour length, distractor
         // length, paddle length, thickness, margin, contrast count.
         metadata.push_str(&format!(
@@ -189,36 +208,41 @@ fn write_batch(
     )
 }
 
-/// Writes an 8-bit grey PNG of `side x side` pixels.
-pub fn write_png(path: &Path, pixels: &[u8], side: usize) -> Result<()> {
-    write_png_rect(path, pixels, side, side)
-}
-
-/// Writes an 8-bit grey PNG of `width x height` pixels.
-pub fn write_png_rect(path: &Path, pixels: &[u8], width: usize, height: usize) -> Result<()> {
+/// An 8-bit grey PNG of `width x height` pixels, encoded.
+pub fn png_bytes(pixels: &[u8], width: usize, height: usize) -> Result<Vec<u8>> {
+    let side = |n: usize| {
+        u32::try_from(n).with_context(|| format!("a PNG side of {n} pixels is beyond the format"))
+    };
     let mut bytes = Vec::new();
     {
-        let mut encoder = png::Encoder::new(&mut bytes, width as u32, height as u32);
+        let mut encoder = png::Encoder::new(&mut bytes, side(width)?, side(height)?);
         encoder.set_color(png::ColorType::Grayscale);
         encoder.set_depth(png::BitDepth::Eight);
         let mut writer = encoder.write_header()?;
         writer.write_image_data(pixels)?;
     }
-    write_atomic(path, &bytes)
+    Ok(bytes)
 }
 
-/// Reads a PNG as 8-bit grey values (colour converted as the Image task converts it): width,
-/// height, pixels.
-pub fn read_png(path: &Path) -> Result<(usize, usize, Vec<u8>)> {
+/// Reads a PNG of `side x side` pixels as 8-bit grey values (colour converted as the Image task
+/// converts it). Another size is an error naming the file and both sizes, found from the header
+/// before any pixel is decoded.
+pub fn read_png(path: &Path, side: usize) -> Result<Vec<u8>> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let bad = |e: png::DecodingError| anyhow::anyhow!("{}: unreadable PNG ({e})", path.display());
     let mut reader = decoder.read_info().map_err(bad)?;
+    let (w, h) = (reader.info().width, reader.info().height);
+    if (w as usize, h as usize) != (side, side) {
+        bail!(
+            "{}: {w} x {h} pixels, expected {side} x {side} (`data.pathfinder.size`)",
+            path.display()
+        );
+    }
     let mut buffer = vec![0; reader.output_buffer_size().unwrap_or(0)];
     let info = reader.next_frame(&mut buffer).map_err(bad)?;
-    let (w, h) = (info.width as usize, info.height as usize);
     let data = &buffer[..info.buffer_size()];
     let samples = info.color_type.samples();
     let pixels = match info.color_type {
@@ -230,7 +254,7 @@ pub fn read_png(path: &Path) -> Result<(usize, usize, Vec<u8>)> {
             .map(|p| super::image::grey(p[0], p[1], p[2]))
             .collect(),
     };
-    Ok((w, h, pixels))
+    Ok(pixels)
 }
 
 /// The folder holding `metadata/`: `dir` itself, or its subfolder for `difficulty`.
@@ -277,6 +301,7 @@ pub fn read_splits(dir: &Path, config: &PathfinderConfig, max_len: usize) -> Res
         .collect();
     files.sort();
     let mut examples = Vec::new();
+    let mut listed = std::collections::HashMap::new();
     for (_, file) in &files {
         super::for_each_row(file, |number, row| {
             let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", file.display());
@@ -291,14 +316,16 @@ pub fn read_splits(dir: &Path, config: &PathfinderConfig, max_len: usize) -> Res
             }
             let label = super::bytes::parse_label(fields[3].as_bytes(), N_CLASSES).map_err(at)?;
             let path = folder.join(fields[0]).join(fields[1]);
-            let (w, h, grey) = read_png(&path)?;
-            if (w, h) != (config.size, config.size) {
-                bail!(
-                    "{}: {w} x {h} pixels, expected {1} x {1} (`data.pathfinder.size`)",
-                    path.display(),
-                    config.size
-                );
+            // An image listed twice would be trained on twice, or land in two splits.
+            if let Some(first) = listed.insert(path.clone(), format!("{}:{number}", file.display()))
+            {
+                return Err(at(format!(
+                    "{} {} is listed again (first at {first})",
+                    super::shown(fields[0]),
+                    super::shown(fields[1])
+                )));
             }
+            let grey = read_png(&path, config.size)?;
             examples.push(Example::new(pixel_tokens(&grey), label));
             Ok(())
         })?;
@@ -375,7 +402,7 @@ mod tests {
             assert_eq!([train.len(), val.len(), test.len()], [16, 2, 2]);
             assert_eq!(train.label_counts(), vec![8, 8]);
             assert_eq!(test.label_counts(), vec![1, 1]);
-            let (_, _, png) = read_png(&root.join("curv_baseline/imgs/0/sample_17.png")).unwrap();
+            let png = read_png(&root.join("curv_baseline/imgs/0/sample_17.png"), 32).unwrap();
             assert_eq!(val.examples[1].tokens, pixel_tokens(&png));
         }
         // The same seed writes the same images.
@@ -393,6 +420,52 @@ mod tests {
         );
         std::fs::remove_dir_all(root.parent().unwrap()).unwrap();
         std::fs::remove_dir_all(again.parent().unwrap()).unwrap();
+    }
+
+    /// The generator writes only into a folder of its own: a non-empty target is refused before
+    /// anything is drawn, a user's files beside it are untouched, and `--out .` writes the
+    /// difficulty's folder and nothing else.
+    #[test]
+    fn generating_never_touches_what_is_there() {
+        let root = scratch_dir("pf-owned");
+        let cfg = config(10);
+        std::fs::write(root.join("notes.txt"), b"mine").unwrap();
+        let target = root.join("curv_baseline");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("keep.png"), b"mine too").unwrap();
+        let err = format!("{:#}", write_dataset(&root, &cfg).unwrap_err());
+        assert!(
+            err.ends_with("curv_baseline already exists and is not empty; it is left as it is (choose another path, or remove it first)"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(target.join("keep.png")).unwrap(), b"mine too");
+        std::fs::remove_dir_all(&target).unwrap();
+        // Beside the user's file, and beside another difficulty's folder.
+        let other = config(10);
+        let hard = PathfinderConfig {
+            difficulty: Difficulty::Hard,
+            ..other
+        };
+        assert_eq!(write_dataset(&root, &cfg).unwrap(), target);
+        write_dataset(&root, &hard).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["curv_baseline", "curv_contour_length_14", "notes.txt"]
+        );
+        assert_eq!(std::fs::read(root.join("notes.txt")).unwrap(), b"mine");
+        // A second generation over a complete folder is refused; the folder stays whole.
+        let before = std::fs::read(target.join("metadata/0.npy")).unwrap();
+        write_dataset(&root, &cfg).unwrap_err();
+        assert_eq!(
+            std::fs::read(target.join("metadata/0.npy")).unwrap(),
+            before
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -419,7 +492,11 @@ mod tests {
         assert!(err.contains("0.npy:1: expected at least 4"), "{err}");
         // A PNG of the wrong size.
         std::fs::write(&meta, &original).unwrap();
-        write_png(&folder.join("imgs/0/sample_4.png"), &[0; 28 * 28], 28).unwrap();
+        std::fs::write(
+            folder.join("imgs/0/sample_4.png"),
+            png_bytes(&[0; 28 * 28], 28, 28).unwrap(),
+        )
+        .unwrap();
         let err = format!("{:#}", read_splits(&folder, &cfg, 1024).unwrap_err());
         assert!(
             err.ends_with(
@@ -449,9 +526,23 @@ mod tests {
             writer.write_image_data(&[255, 0, 0, 0, 0, 255]).unwrap();
         }
         std::fs::write(&path, bytes).unwrap();
-        let (w, h, pixels) = read_png(&path).unwrap();
-        assert_eq!((w, h), (2, 1));
-        assert_eq!(pixels, vec![76, 29]);
+        let err = format!("{:#}", read_png(&path, 2).unwrap_err());
+        assert!(
+            err.ends_with("rgb.png: 2 x 1 pixels, expected 2 x 2 (`data.pathfinder.size`)"),
+            "{err}"
+        );
+        let mut bytes = Vec::new();
+        {
+            let mut encoder = png::Encoder::new(&mut bytes, 2, 2);
+            encoder.set_color(png::ColorType::Rgb);
+            encoder.set_depth(png::BitDepth::Eight);
+            let mut writer = encoder.write_header().unwrap();
+            writer
+                .write_image_data(&[255, 0, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255])
+                .unwrap();
+        }
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(read_png(&path, 2).unwrap(), vec![76, 29, 0, 255]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
