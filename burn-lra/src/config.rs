@@ -565,6 +565,16 @@ impl RunConfig {
             }
             _ => {}
         }
+        // Settings of one task given to another: refused where they differ from the default
+        // (a default cannot be told from an absent key).
+        if self.task != Task::Matching {
+            if self.model.pair_features != PairFeatures::default() {
+                bail!("`model.pair_features` is for the matching task only");
+            }
+            if self.data.doc_max_bytes != default_doc_bytes() {
+                bail!("`data.doc_max_bytes` is for the matching task only");
+            }
+        }
         if self.data.test_subset == Some(0) {
             bail!("`data.test_subset` must be at least 1");
         }

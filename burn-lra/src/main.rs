@@ -439,6 +439,9 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
             args.seed,
         )
     });
+    // A folder that is not a run directory is refused before any data is loaded (`train` checks
+    // again under the lock).
+    burn_lra::run_dir::check_run_dir(&run_dir)?;
     // A finished run is told before its data is loaded; `train` still returns the result of one
     // finished by another process meanwhile.
     if args.continue_

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::backend::{BackendDevice, BackendKind};
-use crate::config::{OptimizerConfig, RunConfig, Selection};
+use crate::config::{OptimizerConfig, RunConfig, Selection, Task};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget, check_memory};
@@ -111,6 +111,18 @@ pub fn suspicious_settings(
             "`training.batch_size` ({batch}) is larger than the training split ({} examples): \
              every batch is the whole split",
             data.train.len()
+        ));
+    }
+    if config.data.validation == crate::config::Validation::Test
+        && matches!(
+            config.task,
+            Task::Listops | Task::Matching | Task::Pathfinder | Task::Pathx
+        )
+    {
+        warnings.push(format!(
+            "`data.validation = \"test\"`: model selection sees the test split, although {} has \
+             a validation split of its own",
+            config.task
         ));
     }
     if let Some(n) = config.data.test_subset

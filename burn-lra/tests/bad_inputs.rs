@@ -899,6 +899,21 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "1\ta\tb\tx\ty\n\u{a0}1\u{a0}x\ta\tb\tx\ty\n",
         "new_aan_pairs.train.tsv:2: label `1\\u{a0}x` is not a number",
     );
+    // A setting of another task.
+    b.config_case(
+        "pair-features-listops",
+        "softmax",
+        "pooling = ",
+        "pair_features = \"concat\"\npooling = ",
+        "`model.pair_features` is for the matching task only",
+    );
+    b.config_case(
+        "doc-bytes-listops",
+        "softmax",
+        "max_len = 64",
+        "max_len = 64\ndoc_max_bytes = 500",
+        "`data.doc_max_bytes` is for the matching task only",
+    );
     // BPE where it does not apply, and without its vocabulary size.
     b.config_case(
         "bpe-listops",
@@ -916,7 +931,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     );
 
     let cases = std::mem::take(&mut b.cases);
-    assert!(cases.len() >= 78, "{} cases", cases.len());
+    assert!(cases.len() >= 80, "{} cases", cases.len());
     let before = snapshot(&b.root);
     for (name, args, needle) in &cases {
         let out = burn_lra(args);

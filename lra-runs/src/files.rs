@@ -89,6 +89,13 @@ pub fn staging_dir(target: &Path) -> Result<std::path::PathBuf> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    if let Some(file) = parent.ancestors().find(|p| p.is_file()) {
+        anyhow::bail!(
+            "{} is a file, not a folder to write {} into",
+            file.display(),
+            target.display()
+        );
+    }
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create directory {}", parent.display()))?;
     let name = target

@@ -249,18 +249,28 @@ fn suspicious_settings_are_recorded_as_warnings() {
         warmup: 1,
     };
     config.training.batch_size = 500;
+    config.data.test_subset = Some(100);
+    config.data.validation = burn_lra::config::Validation::Test;
     config.attention.insert(
         "linformer".into(),
         serde_json::from_str(r#"{"k": 100}"#).unwrap(),
     );
     let splits = load_splits(&config, None, &dir.join("data")).unwrap();
     let result = train(&config, &splits, &options(dir.join("run"), "linformer")).unwrap();
-    assert_eq!(result.warnings.len(), 2, "{:?}", result.warnings);
-    assert!(result.warnings[0].contains("`k` (100) is not below `n_max` (64)"));
-    assert!(
-        result.warnings[1].contains(
-            "`training.batch_size` (500) is larger than the training split (200 examples)"
-        )
+    let expected = [
+        "`k` (100) is not below `n_max` (64)",
+        "`training.batch_size` (500) is larger than the training split (200 examples)",
+        "`data.validation = \"test\"`: model selection sees the test split, although listops has a validation split of its own",
+        "`data.test_subset` (100) is larger than the test split (40 examples)",
+    ];
+    assert_eq!(
+        result.warnings.len(),
+        expected.len(),
+        "{:?}",
+        result.warnings
     );
+    for (warning, expected) in result.warnings.iter().zip(expected) {
+        assert!(warning.contains(expected), "{warning}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
