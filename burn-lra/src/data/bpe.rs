@@ -64,6 +64,9 @@ pub fn load_or_train(
         "bpe-{task}-v{vocab_size}-{}.json",
         fingerprint(train)
     ));
+    // The tokenizer's own SHA-256 beside it, written first: a cached tokenizer is used only
+    // when it is the one trained here, byte for byte.
+    let sum_path = path.with_extension("json.sha256");
     if !path.is_file() {
         eprintln!(
             "training a {vocab_size}-token BPE on {} training documents into {}",
@@ -75,10 +78,23 @@ pub fn load_or_train(
             path.display()
         );
         let json = train_bpe(train, vocab_size)?;
+        write_atomic(
+            &sum_path,
+            crate::run_dir::sha256_hex(json.as_bytes()).as_bytes(),
+        )?;
         write_atomic(&path, json.as_bytes())?;
     }
     let json = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
+    let recorded = std::fs::read_to_string(&sum_path).unwrap_or_default();
+    if recorded.trim() != crate::run_dir::sha256_hex(json.as_bytes()) {
+        anyhow::bail!(
+            "{}: changed since it was trained (its SHA-256 differs from {}, or that file is \
+             missing); remove both to train it again",
+            path.display(),
+            sum_path.display()
+        );
+    }
     let tokenizer = Tokenizer::from_file(&path)
         .map_err(|e| anyhow!("{}: not a tokenizer ({e})", path.display()))?;
     Ok(Bpe {
@@ -208,6 +224,15 @@ mod tests {
             (again.path.clone(), again.json.clone()),
             (bpe.path.clone(), bpe.json.clone())
         );
+        // A cached tokenizer changed by hand is refused, naming it.
+        std::fs::write(&bpe.path, bpe.json.replacen("\"merges\"", "\"merges\" ", 1)).unwrap();
+        let err = format!(
+            "{:#}",
+            load_or_train(&dir, "text", &train, 300).err().unwrap()
+        );
+        assert!(err.contains("changed since it was trained"), "{err}");
+        std::fs::write(&bpe.path, &bpe.json).unwrap();
+        load_or_train(&dir, "text", &train, 300).unwrap();
         // Other training text: another file.
         let mut other = train.clone();
         other.examples.pop();
