@@ -412,6 +412,7 @@ impl RunConfig {
     /// Checks every value; the error names the key.
     pub fn validate(&self) -> Result<()> {
         let m = &self.model;
+        // Every size and count: at least 1, at most MAX_SIZE (an absent optional one passes).
         for (key, value) in [
             ("model.n_layers", m.n_layers),
             ("model.d_model", m.d_model),
@@ -437,36 +438,11 @@ impl RunConfig {
                 self.training.redraw_every.unwrap_or(1),
             ),
         ] {
-            if value > MAX_SIZE {
-                bail!("`{key}` must be at most {MAX_SIZE} (2^32 - 1), got {value}");
-            }
-        }
-        for (key, value) in [
-            ("model.n_layers", m.n_layers),
-            ("model.d_model", m.d_model),
-            ("model.n_heads", m.n_heads),
-            ("model.d_ff", m.d_ff),
-            ("model.d_mlp", m.d_mlp),
-            ("data.max_len", self.data.max_len),
-            ("training.batch_size", self.training.batch_size),
-            ("training.steps", self.training.steps),
-            ("training.eval_every", self.training.eval_every),
-            (
-                "training.grad_accumulation",
-                self.training.grad_accumulation,
-            ),
-            (
-                "training.checkpoint_every",
-                self.training.checkpoint_every.unwrap_or(1),
-            ),
-            ("data.doc_max_bytes", self.data.doc_max_bytes),
-            (
-                "training.redraw_every",
-                self.training.redraw_every.unwrap_or(1),
-            ),
-        ] {
             if value == 0 {
                 bail!("`{key}` must be at least 1");
+            }
+            if value > MAX_SIZE {
+                bail!("`{key}` must be at most {MAX_SIZE} (2^32 - 1), got {value}");
             }
         }
         if !m.d_model.is_multiple_of(m.n_heads) {
@@ -574,9 +550,6 @@ impl RunConfig {
             if self.data.doc_max_bytes != default_doc_bytes() {
                 bail!("`data.doc_max_bytes` is for the matching task only");
             }
-        }
-        if self.data.test_subset == Some(0) {
-            bail!("`data.test_subset` must be at least 1");
         }
         if self.data.validation == Validation::Holdout(0) {
             bail!("`data.validation.holdout` must be at least 1");

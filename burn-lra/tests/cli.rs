@@ -352,7 +352,7 @@ fn compare_takes_each_runs_own_configuration_and_any_spelling_of_its_paths() {
         assert!(out.status.success(), "{args:?}: {stderr}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let train = |cwd: &std::path::Path, data: &str, out: &str, run_dir: &str| {
+    let train = |cwd: &std::path::Path, [config, data, out, run_dir]: [&str; 4]| {
         let args = [
             "train",
             "--task",
@@ -360,7 +360,7 @@ fn compare_takes_each_runs_own_configuration_and_any_spelling_of_its_paths() {
             "--attention",
             "softmax",
             "--config",
-            "bpe.toml",
+            config,
             "--data-dir",
             data,
             "--out",
@@ -372,25 +372,16 @@ fn compare_takes_each_runs_own_configuration_and_any_spelling_of_its_paths() {
         run(cwd, &args);
     };
     let absolute = |p: &str| dir.join(p).to_str().unwrap().to_string();
-    train(&dir, "imdb", "runs", "runs/a");
-    let config_path = absolute("bpe.toml");
-    let args = [
-        "train",
-        "--task",
-        "text",
-        "--attention",
-        "softmax",
-        "--config",
-        &config_path,
-        "--data-dir",
-        &absolute("./imdb/../imdb"),
-        "--out",
-        &absolute("runs"),
-        "--run-dir",
-        &absolute("runs/b"),
-        "--no-progress",
-    ];
-    run(&std::env::temp_dir(), &args);
+    train(&dir, ["bpe.toml", "imdb", "runs", "runs/a"]);
+    train(
+        &std::env::temp_dir(),
+        [
+            &absolute("bpe.toml"),
+            &absolute("./imdb/../imdb"),
+            &absolute("runs"),
+            &absolute("runs/b"),
+        ],
+    );
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("runs/a/config.json")).unwrap())
             .unwrap();
