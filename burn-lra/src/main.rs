@@ -168,7 +168,7 @@ struct TrainArgs {
 
 fn main() -> ExitCode {
     burn_lra::memory::keep_freed_memory();
-    match run(Cli::parse()) {
+    match run(lra_runs::cli::parse_or_exit::<Cli>()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");

@@ -415,3 +415,28 @@ fn compare_takes_each_runs_own_configuration_and_any_spelling_of_its_paths() {
     assert_eq!(std::fs::read(here.join("notes.txt")).unwrap(), b"mine");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A usage mistake (a bad value, a missing flag, an unknown subcommand) is one error line too,
+/// with clap's exit status 2; `--help` still prints the help.
+#[test]
+fn usage_mistakes_are_one_error_line() {
+    for (args, needle) in [
+        (
+            &["train", "--task", "foo", "--attention", "softmax"][..],
+            "invalid value 'foo' for '--task <TASK>' [possible values: listops",
+        ),
+        (&["train", "--attention", "softmax"][..], "--task <TASK>"),
+        (&["bogus"][..], "unrecognized subcommand 'bogus'"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert_one_line_error(&stderr, needle);
+    }
+    let (ok, _) = burn_lra(&["train", "--help"]);
+    assert!(ok);
+}

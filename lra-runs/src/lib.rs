@@ -10,7 +10,9 @@
 //! - [`result`]: [`RunResult`], the contents of `result.json`.
 //! - [`files`]: atomic writes and the lock that keeps one process per run directory.
 //! - [`names`]: the tasks and the backends by name, and each backend's cargo feature.
+//! - [`cli`]: usage mistakes on the command line as one error line.
 
+pub mod cli;
 pub mod files;
 pub mod layout;
 pub mod names;

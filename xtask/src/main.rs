@@ -37,7 +37,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let result = match lra_runs::cli::parse_or_exit::<Cli>().command {
         Command::Lra(args) => sweep::lra(args),
         Command::Bench(command) => bench::bench(command),
     };
