@@ -93,6 +93,27 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 /// Runs the measurement.
 pub fn run(args: &BenchArgs) -> Result<BenchResult> {
+    check_sizes(&[
+        ("--n", args.n),
+        ("--batch", args.batch),
+        ("--heads", args.heads),
+        ("--d-model", args.d_model),
+        ("--reps", args.reps),
+    ])?;
+    // The input, its gradient and the output: refused before anything is allocated where they
+    // alone cannot fit.
+    let input_bytes = [args.batch, args.n, args.d_model, 3 * 4]
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    if input_bytes.is_none_or(|b| b > crate::model::available_memory().unwrap_or(u64::MAX)) {
+        anyhow::bail!(
+            "`--batch` x `--n` x `--d-model` ({} x {} x {}) is too large: the input, its gradient \
+             and the output alone exceed the memory available",
+            args.batch,
+            args.n,
+            args.d_model
+        );
+    }
     let params: Map<String, Value> = serde_json::from_str(&args.params)
         .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
     let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
@@ -192,8 +213,32 @@ pub struct TrainBenchResult {
 /// preset, trained on full-length random byte sequences (the time of a step does not depend on
 /// the bytes), attention dropout off as on the PyTorch side.
 pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
+    check_sizes(&[("--steps", args.steps)])?;
     let config = train_bench_config(args)?;
+    let task = crate::config::Task::Text;
+    crate::model::check_memory(
+        &config,
+        &args.attention,
+        config.vocab_size(),
+        crate::config::TaskShape::n_classes(task),
+    )?;
     measure_training(args, &config)
+}
+
+/// Refuses a size of 0 or above [`crate::config::MAX_SIZE`], naming its flag.
+fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
+    for &(flag, n) in sizes {
+        if n == 0 {
+            anyhow::bail!("`{flag}` must be at least 1");
+        }
+        if n > crate::config::MAX_SIZE {
+            anyhow::bail!(
+                "`{flag}` must be at most {} (2^32 - 1), got {n}",
+                crate::config::MAX_SIZE
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The run configuration a [`TrainBenchArgs`] case trains.

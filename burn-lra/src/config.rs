@@ -387,6 +387,12 @@ impl RunConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
+        // As people save text: a byte-order mark, and CRLF or lone-CR line endings.
+        let text = text
+            .strip_prefix('\u{feff}')
+            .unwrap_or(&text)
+            .replace("\r\n", "\n")
+            .replace('\r', "\n");
         let origin = path.display().to_string();
         if path.extension().is_some_and(|e| e == "json") {
             let config: Self =
@@ -687,6 +693,30 @@ mod tests {
             format!("{err:#}").contains("unknown attention `nope`"),
             "{err:#}"
         );
+    }
+
+    /// A configuration saved with a byte-order mark and CRLF or lone-CR line endings reads as
+    /// the same configuration, TOML and JSON alike.
+    #[test]
+    fn config_files_read_as_people_save_them() {
+        let dir = std::env::temp_dir().join(format!("burn-lra-config-eol-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = PRESETS[0].2;
+        let expected = RunConfig::parse_toml(base, "x").unwrap();
+        let json = serde_json::to_string_pretty(&expected).unwrap();
+        for (name, text) in [
+            (
+                "crlf.toml",
+                format!("\u{feff}{}", base.replace('\n', "\r\n")),
+            ),
+            ("cr.toml", base.replace('\n', "\r")),
+            ("cr.json", format!("\u{feff}{}", json.replace('\n', "\r"))),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(RunConfig::from_file(&path).unwrap(), expected, "{name}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

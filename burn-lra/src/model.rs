@@ -315,7 +315,7 @@ pub fn check_memory(
 }
 
 /// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
-fn available_memory() -> Option<u64> {
+pub fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

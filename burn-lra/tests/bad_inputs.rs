@@ -899,6 +899,44 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "1\ta\tb\tx\ty\n\u{a0}1\u{a0}x\ta\tb\tx\ty\n",
         "new_aan_pairs.train.tsv:2: label `1\\u{a0}x` is not a number",
     );
+    // Benchmark sizes.
+    b.case(
+        "bench-n-zero",
+        ["bench-attention", "--attention", "softmax", "--n", "0"]
+            .map(String::from)
+            .to_vec(),
+        "`--n` must be at least 1",
+    );
+    b.case(
+        "bench-input-huge",
+        [
+            "bench-attention",
+            "--attention",
+            "softmax",
+            "--n",
+            "4000000000",
+            "--d-model",
+            "4000000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "the input, its gradient and the output alone exceed the memory available",
+    );
+    b.case(
+        "bench-train-no-steps",
+        [
+            "bench-train",
+            "--attention",
+            "softmax",
+            "--n",
+            "64",
+            "--steps",
+            "0",
+        ]
+        .map(String::from)
+        .to_vec(),
+        "`--steps` must be at least 1",
+    );
     // A setting of another task.
     b.config_case(
         "pair-features-listops",
@@ -931,7 +969,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     );
 
     let cases = std::mem::take(&mut b.cases);
-    assert!(cases.len() >= 80, "{} cases", cases.len());
+    assert!(cases.len() >= 83, "{} cases", cases.len());
     let before = snapshot(&b.root);
     for (name, args, needle) in &cases {
         let out = burn_lra(args);

@@ -88,12 +88,29 @@ pub struct BenchFlags {
     /// Where results are written.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
+    /// Write over an existing report of the same benchmark and backend in `--out` (without it,
+    /// an existing report is an error, raised before anything is measured).
+    #[arg(long)]
+    replace: bool,
 }
 
 impl BenchFlags {
-    /// The settings, with `defaults`' lengths and batch where the flags leave them out.
-    fn resolve(self, defaults: Args) -> Args {
-        Args {
+    /// The settings, with `defaults`' lengths and batch where the flags leave them out; a size
+    /// of 0 is an error naming its flag.
+    fn resolve(self, defaults: Args) -> Result<Args> {
+        let sizes = [
+            (
+                "--lengths",
+                self.lengths.iter().flatten().copied().min().unwrap_or(1),
+            ),
+            ("--batch", self.batch.unwrap_or(1)),
+            ("--heads", self.heads),
+            ("--d-model", self.d_model),
+        ];
+        if let Some((flag, _)) = sizes.iter().find(|(_, n)| *n == 0) {
+            anyhow::bail!("`{flag}` must be at least 1");
+        }
+        Ok(Args {
             backend: self.backend,
             attentions: self.attention,
             lengths: self.lengths.unwrap_or(defaults.lengths),
@@ -107,9 +124,10 @@ impl BenchFlags {
             max_quadratic_gib: self.max_quadratic_gib,
             timeout: self.timeout,
             out: self.out,
+            replace: self.replace,
             preset: self.preset,
             causal: self.causal,
-        }
+        })
     }
 }
 
@@ -184,6 +202,8 @@ fn params(attention: &str) -> Value {
 }
 
 struct Args {
+    /// Write over an existing report.
+    replace: bool,
     backend: BackendKind,
     /// Registry names; empty: all.
     attentions: Vec<String>,
@@ -222,6 +242,7 @@ impl Args {
             max_quadratic_gib: 6.0,
             timeout: 600,
             out: PathBuf::from("bench/results"),
+            replace: false,
             preset: "lra".into(),
             causal: false,
         }
@@ -241,8 +262,8 @@ impl Args {
 pub fn bench(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Setup => setup(),
-        BenchCommand::Attention(flags) => attention(&flags.resolve(Args::attention())),
-        BenchCommand::Lra(flags) => lra(&flags.resolve(Args::lra())),
+        BenchCommand::Attention(flags) => attention(&flags.resolve(Args::attention())?),
+        BenchCommand::Lra(flags) => lra(&flags.resolve(Args::lra())?),
         BenchCommand::Report { path } => {
             render_files(&path)?;
             println!("re-rendered {} as .md and .svg", path.display());
@@ -369,6 +390,7 @@ impl Session {
 }
 
 fn attention(args: &Args) -> Result<()> {
+    report_stem(args, "attention")?;
     let Session {
         harness,
         names,
@@ -398,8 +420,9 @@ fn attention(args: &Args) -> Result<()> {
                 &params(name).to_string(),
             ]);
             // Forward + backward keeps about three n × n tensors per head.
-            let scores_gib =
-                3.0 * (args.batch * args.heads * n * n * 4) as f64 / (1u64 << 30) as f64;
+            // In floating point: the product of sizes may pass 2^64.
+            let scores_gib = 3.0 * args.batch as f64 * args.heads as f64 * (n as f64).powi(2) * 4.0
+                / (1u64 << 30) as f64;
             let ours = match quadratic_skip(name, args, scores_gib) {
                 Some(reason) => Err(reason),
                 None => Ok(Invocation::new(
@@ -475,6 +498,7 @@ const LRA_TABLE2: &[(&str, [f64; 4], [f64; 4])] = &[
 ];
 
 fn lra(args: &Args) -> Result<()> {
+    report_stem(args, "lra")?;
     let Session {
         harness,
         names,
@@ -510,8 +534,8 @@ fn lra(args: &Args) -> Result<()> {
                 model["n_heads"].as_u64().unwrap_or(1) as f64,
             );
             // Training keeps about three n × n tensors per head and layer for the backward.
-            let scores_gib =
-                3.0 * layers * heads * (args.batch * n * n * 4) as f64 / (1u64 << 30) as f64;
+            let scores_gib = 3.0 * layers * heads * args.batch as f64 * (n as f64).powi(2) * 4.0
+                / (1u64 << 30) as f64;
             let ours = match quadratic_skip(name, args, scores_gib) {
                 Some(reason) => Err(reason),
                 None => Ok(Invocation::new(
@@ -568,9 +592,38 @@ fn lra(args: &Args) -> Result<()> {
     finish(args, "lra", setup, cases)
 }
 
+/// The report files `<out>/<benchmark>-<backend>.{json,md,svg}`; an existing one is an error
+/// naming it unless `--replace` (checked before anything is measured).
+fn report_stem(args: &Args, benchmark: &str) -> Result<PathBuf> {
+    let stem = args.out.join(format!("{benchmark}-{}", args.backend));
+    if !args.replace {
+        for extension in ["json", "md", "svg"] {
+            let path = stem.with_extension(extension);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                anyhow::bail!(
+                    "{} already exists; pass --replace to write over it, or choose another --out",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(stem)
+}
+
 /// Writes `<out>/<benchmark>-<backend>.json` with the machine and setup, renders its markdown
 /// and SVG beside it, and prints the markdown.
 fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Result<()> {
+    // A report of failures would replace a real one with nothing: refused.
+    let measured = |c: &Value| {
+        ["ours", "torch"]
+            .iter()
+            .any(|side| c[side]["error"].is_null() && c[side].is_object())
+    };
+    if !cases.iter().any(measured) {
+        anyhow::bail!(
+            "no case was measured (each failed or was skipped, above); no report written"
+        );
+    }
     let torch_version = cases
         .iter()
         .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
@@ -585,7 +638,7 @@ fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Resu
     });
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let stem = args.out.join(format!("{benchmark}-{}", args.backend));
+    let stem = report_stem(args, benchmark)?;
     write(
         &stem.with_extension("json"),
         &serde_json::to_string_pretty(&report)?,
