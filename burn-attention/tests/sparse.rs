@@ -103,7 +103,8 @@ fn local_blocks_match_dense_masked_reference() {
 
 #[test]
 fn local_window_matches_dense_masked_reference() {
-    for window in [1, 2, 5] {
+    // A window far wider than any sequence (the module gathers at most the sequence, exactly).
+    for window in [1, 2, 5, 1 << 40] {
         let config = AttentionConfig::Local(
             LocalAttentionConfig::new(HEADS * D, HEADS)
                 .with_form(LocalForm::SlidingWindow)
@@ -144,7 +145,7 @@ fn sparse_fixed_matches_dense_masked_reference() {
 
 #[test]
 fn sparse_strided_matches_dense_masked_reference() {
-    for l in [1, 3, 4] {
+    for l in [1, 3, 4, 1 << 40] {
         let config = AttentionConfig::Sparse(
             SparseAttentionConfig::new(HEADS * D, HEADS)
                 .with_pattern(SparsePattern::Strided)
@@ -168,7 +169,13 @@ fn sparse_strided_matches_dense_masked_reference() {
 /// global query.
 #[test]
 fn longformer_matches_dense_masked_reference() {
-    for (window, globals) in [(4, vec![0]), (5, vec![0, 7]), (1, vec![]), (2, vec![3, 11])] {
+    for (window, globals) in [
+        (4, vec![0]),
+        (5, vec![0, 7]),
+        (1, vec![]),
+        (2, vec![3, 11]),
+        (1 << 40, vec![2]),
+    ] {
         let config = AttentionConfig::Longformer(
             LongformerConfig::new(HEADS * D, HEADS)
                 .with_window(window)
@@ -195,7 +202,8 @@ fn longformer_matches_dense_masked_reference() {
 fn bigbird_matches_dense_masked_reference() {
     let device = Device::flex();
     let n_max = 24;
-    for (b, r) in [(2, 1), (3, 2), (4, 0), (1, 3)] {
+    // The last two: blocks longer than any sequence, and more random blocks than there are.
+    for (b, r) in [(2, 1), (3, 2), (4, 0), (1, 3), (1 << 40, 3), (2, 1 << 40)] {
         let config = BigBirdConfig::new(HEADS * D, HEADS, n_max)
             .with_block_size(b)
             .with_random_blocks(r)

@@ -937,6 +937,21 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         .to_vec(),
         "`--steps` must be at least 1",
     );
+    // Attention parameters whose cost no parameter count shows.
+    b.config_case(
+        "nystrom-landmarks",
+        "nystrom",
+        "n_landmarks = 16",
+        "n_landmarks = 4000000000",
+        "`n_landmarks` is 4000000000, more landmarks than the 64 positions of the sequence",
+    );
+    b.config_case(
+        "sinkhorn-iterations",
+        "sinkhorn",
+        "[attention.nystrom]",
+        "[attention.sinkhorn]\niterations = 4000000000\n[attention.nystrom]",
+        "`iterations` must be at most 1000",
+    );
     // A setting of another task.
     b.config_case(
         "pair-features-listops",
@@ -969,7 +984,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     );
 
     let cases = std::mem::take(&mut b.cases);
-    assert!(cases.len() >= 83, "{} cases", cases.len());
+    assert!(cases.len() >= 85, "{} cases", cases.len());
     let before = snapshot(&b.root);
     for (name, args, needle) in &cases {
         let out = burn_lra(args);

@@ -131,3 +131,30 @@ pub fn check_within_max_len(
     }
     check_capabilities(info, n_q, n_k, causal)
 }
+
+/// The most iterations a variant's inner loop may be given (Sinkhorn's balancing, Nyström's
+/// iterative pseudo-inverse): each is a step of the forward pass that training keeps for the
+/// backward, so their memory grows with the count, and the papers use 6 to 20.
+pub const MAX_ITERATIONS: usize = 1000;
+
+/// Refuses an iteration count of 0 or above [`MAX_ITERATIONS`], naming `variant`'s `field`.
+pub fn check_iterations(
+    variant: &'static str,
+    field: &'static str,
+    value: usize,
+) -> Result<(), AttentionError> {
+    if value == 0 {
+        return Err(AttentionError::field(variant, field, "must be at least 1"));
+    }
+    if value > MAX_ITERATIONS {
+        return Err(AttentionError::field(
+            variant,
+            field,
+            format!(
+                "must be at most {MAX_ITERATIONS} (each iteration is kept for the backward pass), \
+                 got {value}"
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -224,7 +224,8 @@ impl AttentionModule for BigBirdAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
-        let b = self.block_size;
+        // A block at least as long as the sequence is the whole sequence, whatever its size.
+        let b = self.block_size.min(n.max(1));
         let padding = padding_flags(&masks.key_pad, batch, n);
         let lengths = real_lengths(&padding);
         let priorities: Vec<f32> = self
@@ -236,7 +237,9 @@ impl AttentionModule for BigBirdAttention {
             .expect("f32 priorities");
         let width = self.table_width();
         let n_blocks = n.div_ceil(b);
-        let per_block = (5 + self.random_blocks) * b;
+        // A query block attends to at most 5 + r blocks, and never to more than there are (a
+        // configuration may ask for more random blocks than a sequence has).
+        let per_block = 5usize.saturating_add(self.random_blocks).min(n_blocks) * b;
         let mut slots = KeySlots::masked([batch, heads], n_blocks, b, per_block);
         let mut global_rows = Vec::with_capacity(batch);
         for (e, pad) in padding.iter().enumerate() {

@@ -281,6 +281,8 @@ fn block_slots(n: usize, b: usize, causal: bool, padding: &[Vec<bool>]) -> KeySl
 /// Each query sees the keys within `w` of it (causal: the `w` before it), in blocks of ⌈w/2⌉
 /// queries.
 fn window_slots(n: usize, w: usize, causal: bool, padding: &[Vec<bool>]) -> KeySlots {
+    // A window wider than the sequence holds every key: the same slots as one of width n.
+    let w = w.min(n);
     let after = if causal { 0 } else { w };
     KeySlots::band(n, w.div_ceil(2), [w, after], &[], padding)
 }

@@ -161,8 +161,10 @@ impl LongformerAttention {
             .copied()
             .filter(|&g| g < n)
             .collect();
-        let (before, after) = (self.window.div_ceil(2) - 1, self.window / 2);
-        let block = self.window.div_ceil(4).max(1);
+        // A window wider than the sequence holds every key: the same slots as one of width 2n.
+        let window = self.window.min(2 * n);
+        let (before, after) = (window.div_ceil(2) - 1, window / 2);
+        let block = window.div_ceil(4).max(1);
         let slots = KeySlots::band(n, block, [before, after], &globals, padding);
         gathered_attention(q, k, v, slots, 1.0 / (d as f32).sqrt(), Some(&self.dropout)).out
     }

@@ -45,7 +45,9 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, check_iterations,
+};
 
 const NAME: &str = "nystrom";
 
@@ -97,13 +99,7 @@ impl NystromConfig {
                 "must be at least 1",
             ));
         }
-        if self.pinv_iterations == 0 {
-            return Err(AttentionError::field(
-                NAME,
-                "pinv_iterations",
-                "must be at least 1",
-            ));
-        }
+        check_iterations(NAME, "pinv_iterations", self.pinv_iterations)?;
         if let Some(kernel) = self.conv_kernel
             && kernel % 2 == 0
         {
@@ -157,7 +153,22 @@ impl VariantConfig for NystromConfig {
     fn check(&self) -> Result<(), AttentionError> {
         self.validate()
     }
+    /// [`check_input`], and more landmarks than the longest sequence has positions refused: a
+    /// configuration checked against its longest input (as the LRA harness checks it) cannot
+    /// ask for segment means of nothing, sized by the count asked for. (The forward pass still
+    /// takes a batch shorter than `n_landmarks`.)
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        let longest = n_q.max(n_k);
+        if self.n_landmarks > longest {
+            return Err(AttentionError::field(
+                NAME,
+                "n_landmarks",
+                format!(
+                    "is {}, more landmarks than the {longest} positions of the sequence",
+                    self.n_landmarks
+                ),
+            ));
+        }
         check_input(n_q, n_k, causal, self.conv_kernel.is_some())
     }
     fn build(&self, device: &Device) -> NystromAttention {

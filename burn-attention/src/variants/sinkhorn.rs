@@ -35,7 +35,9 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_iterations, check_within_max_len,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -82,11 +84,8 @@ impl SinkhornConfig {
     /// Checks the configuration; the error names the offending field.
     pub fn validate(&self) -> Result<(), AttentionError> {
         check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
-        for (field, value) in [
-            ("block_size", self.block_size),
-            ("n_max", self.n_max),
-            ("iterations", self.iterations),
-        ] {
+        check_iterations(INFO.name, "iterations", self.iterations)?;
+        for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
             if value == 0 {
                 return Err(AttentionError::field(
                     INFO.name,

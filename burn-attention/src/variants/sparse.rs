@@ -232,8 +232,10 @@ impl AttentionModule for SparseAttention {
                 gathered_attention(q, k, v, slots, scale, dropout).out
             }
             SparsePattern::Strided => {
-                let after = if causal { 0 } else { l - 1 };
-                let band = KeySlots::band(n, l, [l - 1, after], &[], &padding);
+                // A band of l >= n keys holds every key: the same slots as one of n.
+                let band_l = l.min(n.max(1));
+                let after = if causal { 0 } else { band_l - 1 };
+                let band = KeySlots::band(n, band_l, [band_l - 1, after], &[], &padding);
                 let stride = stride_slots(n, l, causal, &padding);
                 merge_by_log_sum_exp(vec![
                     gathered_attention(q.clone(), k.clone(), v.clone(), band, scale, dropout),
