@@ -225,20 +225,11 @@ pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     measure_training(args, &config)
 }
 
-/// Refuses a size of 0 or above [`crate::config::MAX_SIZE`], naming its flag.
+/// Refuses a size of 0 or above [`crate::limits::MAX_SIZE`], naming its flag.
 fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
-    for &(flag, n) in sizes {
-        if n == 0 {
-            anyhow::bail!("`{flag}` must be at least 1");
-        }
-        if n > crate::config::MAX_SIZE {
-            anyhow::bail!(
-                "`{flag}` must be at most {} (2^32 - 1), got {n}",
-                crate::config::MAX_SIZE
-            );
-        }
-    }
-    Ok(())
+    sizes
+        .iter()
+        .try_for_each(|&(flag, n)| crate::limits::check_size(flag, n, true))
 }
 
 /// The run configuration a [`TrainBenchArgs`] case trains.

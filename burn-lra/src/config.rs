@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::data::listops::GeneratorConfig;
 use crate::data::pathfinder::PathfinderConfig;
+use crate::limits::check_size;
 
 pub use lra_runs::{Selection, Task};
 
@@ -444,12 +445,7 @@ impl RunConfig {
                 self.training.redraw_every.unwrap_or(1),
             ),
         ] {
-            if value == 0 {
-                bail!("`{key}` must be at least 1");
-            }
-            if value > MAX_SIZE {
-                bail!("`{key}` must be at most {MAX_SIZE} (2^32 - 1), got {value}");
-            }
+            check_size(key, value, true)?;
         }
         if !m.d_model.is_multiple_of(m.n_heads) {
             bail!(
@@ -603,11 +599,6 @@ impl RunConfig {
         Ok(EncoderConfig::new(block, m.n_layers))
     }
 }
-
-/// The largest size or count a configuration may give (2^32 - 1): far above any trainable
-/// model's, and small enough that every sum and single product of sizes the harness forms fits
-/// in 64 bits (parameter counts, which multiply several, are computed with checked arithmetic).
-pub const MAX_SIZE: usize = u32::MAX as usize;
 
 /// Refuses a value that is not a finite number above 0 (NaN and infinity included), naming `key`.
 fn positive_finite(key: &str, value: f64) -> Result<()> {

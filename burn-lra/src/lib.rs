@@ -10,11 +10,14 @@
 //! - [`train`]: the training loop.
 //! - [`run_dir`]: a run directory's files: checkpoints, resumes, the lock, comparisons.
 //! - [`backend`]: backends as cargo features, picked at run time.
+//! - [`limits`], [`checksum`]: the bound on sizes, and the SHA-256 files are checked by.
 
 pub mod backend;
 pub mod bench;
+pub mod checksum;
 pub mod config;
 pub mod data;
+pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod rng;

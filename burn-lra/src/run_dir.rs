@@ -24,6 +24,7 @@ use lra_runs::layout::{
 };
 pub use lra_runs::{ConfigChange, RunDirLock};
 
+pub use crate::checksum::{sha256_file, sha256_hex};
 use crate::config::RunConfig;
 use crate::data::write_atomic;
 use crate::model::LraClassifier;
@@ -48,21 +49,6 @@ pub fn load_weights(model: LraClassifier, path: &Path, sha256: &str) -> Result<L
     model
         .try_load_file(path)
         .map_err(|e| anyhow::anyhow!("cannot load weights from {}: {e}", path.display()))
-}
-
-/// The SHA-256 of `bytes`, in hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The SHA-256 of `path`'s bytes, in hex.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(sha256_hex(&bytes))
 }
 
 /// Checks that `path` exists and its SHA-256 is `expected`; the error names the file and where

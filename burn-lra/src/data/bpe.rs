@@ -80,14 +80,14 @@ pub fn load_or_train(
         let json = train_bpe(train, vocab_size)?;
         write_atomic(
             &sum_path,
-            crate::run_dir::sha256_hex(json.as_bytes()).as_bytes(),
+            crate::checksum::sha256_hex(json.as_bytes()).as_bytes(),
         )?;
         write_atomic(&path, json.as_bytes())?;
     }
     let json = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
     let recorded = std::fs::read_to_string(&sum_path).unwrap_or_default();
-    if recorded.trim() != crate::run_dir::sha256_hex(json.as_bytes()) {
+    if recorded.trim() != crate::checksum::sha256_hex(json.as_bytes()) {
         anyhow::bail!(
             "{}: changed since it was trained (its SHA-256 differs from {}, or that file is \
              missing); remove both to train it again",

@@ -198,12 +198,7 @@ impl GeneratorConfig {
             ("max_depth", self.max_depth),
             ("max_args", self.max_args),
         ] {
-            if n > crate::config::MAX_SIZE {
-                bail!(
-                    "`data.generate.{name}` must be at most {} (2^32 - 1), got {n}",
-                    crate::config::MAX_SIZE
-                );
-            }
+            crate::limits::check_size(&format!("data.generate.{name}"), n, false)?;
         }
         for (name, n) in [
             ("n_train", self.n_train),

@@ -350,7 +350,10 @@ fn files_under(dir: &Path) -> Result<Vec<String>> {
 pub fn write_manifest(dir: &Path) -> Result<()> {
     let mut sums = std::collections::BTreeMap::new();
     for name in files_under(dir)? {
-        sums.insert(name.clone(), crate::run_dir::sha256_file(&dir.join(&name))?);
+        sums.insert(
+            name.clone(),
+            crate::checksum::sha256_file(&dir.join(&name))?,
+        );
     }
     write_atomic(
         &dir.join(MANIFEST),
@@ -394,7 +397,7 @@ pub fn verify_manifest(dir: &Path) -> Result<()> {
                 again()
             );
         }
-        if crate::run_dir::sha256_file(&file)? != *sum {
+        if crate::checksum::sha256_file(&file)? != *sum {
             bail!(
                 "{}: changed since it was generated (its SHA-256 differs from {MANIFEST}'s); {}",
                 file.display(),

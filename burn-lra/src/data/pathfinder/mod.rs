@@ -85,13 +85,7 @@ impl PathfinderConfig {
                 self.size
             );
         }
-        if self.n_images > crate::config::MAX_SIZE {
-            bail!(
-                "`data.pathfinder.n_images` must be at most {} (2^32 - 1), got {}",
-                crate::config::MAX_SIZE,
-                self.n_images
-            );
-        }
+        crate::limits::check_size("data.pathfinder.n_images", self.n_images, false)?;
         if self.n_images < 10 {
             bail!(
                 "`data.pathfinder.n_images` must be at least 10 (split 80/10/10), got {}",
