@@ -150,7 +150,9 @@ pub fn load_splits(
     if let Some(n) = config.data.test_subset
         && n < test.len()
     {
+        let warnings = std::mem::take(&mut test.warnings);
         test = test.split_off_holdout(n, &format!("sample of {n}"))?;
+        test.warnings = warnings;
     }
     Ok(Splits {
         train,

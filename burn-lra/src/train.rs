@@ -105,6 +105,12 @@ pub fn suspicious_settings(
     data: &Splits,
 ) -> Result<Vec<String>> {
     let mut warnings = config.attention_config(attention)?.warnings();
+    for split in [Some(&data.train), data.val.as_ref(), Some(&data.test)]
+        .into_iter()
+        .flatten()
+    {
+        warnings.extend(split.warnings.iter().cloned());
+    }
     let batch = config.training.batch_size;
     if batch > data.train.len() {
         warnings.push(format!(

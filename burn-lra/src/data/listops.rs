@@ -42,6 +42,7 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every operator, in token-id order (11-14, see [`tokenize`]).
     const ALL: [Op; 4] = [Op::Min, Op::Max, Op::Med, Op::Sm];
 
     fn token(self) -> &'static str {
@@ -347,10 +348,45 @@ pub fn tokenize(expr: &str) -> Result<Vec<u16>, String> {
     Ok(out)
 }
 
+/// The value of a tokenized expression (ids as [`tokenize`] gives them, balanced): an error for
+/// an operator with no arguments, or for several values at the top level, which have none.
+pub fn value_of(tokens: &[u16]) -> Result<u8, String> {
+    // One frame per open operator, the outermost (no operator) first.
+    let mut frames: Vec<(Option<Op>, Vec<u8>)> = vec![(None, Vec::new())];
+    for &id in tokens {
+        match id {
+            1..=10 => frames.last_mut().expect("a frame").1.push((id - 1) as u8),
+            11..=14 => frames.push((Some(Op::ALL[(id - 11) as usize]), Vec::new())),
+            _ => {
+                let (op, values) = frames.pop().expect("balanced");
+                let op = op.ok_or("unbalanced expression: a `]` closes no operator")?;
+                if values.is_empty() {
+                    return Err(format!("`{}` has no arguments, so no value", op.token()));
+                }
+                frames
+                    .last_mut()
+                    .ok_or("unbalanced expression")?
+                    .1
+                    .push(op.apply(&values));
+            }
+        }
+    }
+    match frames.as_slice() {
+        [(None, values)] if values.len() == 1 => Ok(values[0]),
+        [(None, values)] => Err(format!(
+            "{} values at the top level; an expression has one",
+            values.len()
+        )),
+        _ => Err("unbalanced expression".into()),
+    }
+}
+
 /// Reads one LRA ListOps file (`Source<TAB>Target` header, then `expression<TAB>label` rows),
 /// cutting each example to `max_len` tokens. Errors name the file and line.
 pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
     let mut examples = Vec::new();
+    // Rows whose label is not their expression's value (with the first), and rows cut.
+    let (mut mislabelled, mut first_mislabelled, mut cut) = (0usize, None, 0usize);
     super::for_each_row(path, |lineno, row| {
         let line = String::from_utf8_lossy(row);
         if lineno == 1 && line.starts_with("Source") {
@@ -385,11 +421,34 @@ pub fn read_tsv(path: &Path, max_len: usize) -> Result<Dataset> {
         if tokens.is_empty() {
             bail!("{}:{lineno}: empty expression", path.display());
         }
+        let value =
+            value_of(&tokens).map_err(|e| anyhow::anyhow!("{}:{lineno}: {e}", path.display()))?;
+        if value as usize != label {
+            mislabelled += 1;
+            first_mislabelled.get_or_insert((lineno, label, value));
+        }
+        cut += usize::from(tokens.len() > max_len);
         tokens.truncate(max_len);
         examples.push(Example::new(tokens, label));
         Ok(())
     })?;
-    Dataset::new(path.display().to_string(), examples, N_CLASSES)
+    let n = examples.len();
+    let mut data = Dataset::new(path.display().to_string(), examples, N_CLASSES)?;
+    if let Some((line, label, value)) = first_mislabelled {
+        data.warnings.push(format!(
+            "{}: {mislabelled} of {n} labels are not their expression's value (the first at line \
+             {line}: label {label}, value {value})",
+            path.display()
+        ));
+    }
+    if cut > 0 {
+        data.warnings.push(format!(
+            "{}: {cut} of {n} expressions are longer than `data.max_len` ({max_len}) and were cut; \
+             a cut expression's label is not the value of what the model reads",
+            path.display()
+        ));
+    }
+    Ok(data)
 }
 
 /// Reads the three splits from `dir` (`basic_{train,val,test}.tsv`).
@@ -462,6 +521,67 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(&root).unwrap().collect();
         assert_eq!(names.len(), 1);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The value of a tokenized expression is its tree's value (for every generated tree), and
+    /// what has no value is named.
+    #[test]
+    fn tokenized_expressions_evaluate_as_their_trees() {
+        let [train, ..] = generate(&small()).unwrap();
+        for (expression, label) in &train {
+            assert_eq!(
+                value_of(&tokenize(expression).unwrap()),
+                Ok(*label),
+                "{expression}"
+            );
+        }
+        let value = |text: &str| value_of(&tokenize(text).unwrap());
+        assert_eq!(value("[MED 1 2 7 9 ]"), Ok(4));
+        assert_eq!(value("[SM 9 9 [MAX 1 5 ] ]"), Ok(3));
+        assert_eq!(
+            value("[MAX 2 [MIN ] ]"),
+            Err("`[MIN` has no arguments, so no value".into())
+        );
+        assert_eq!(
+            value("2 [MAX 3 ]"),
+            Err("2 values at the top level; an expression has one".into())
+        );
+    }
+
+    /// A label that is not its expression's value, and an expression cut by `max_len`, are
+    /// warnings of the split, naming the file (and the first line); an operator with no
+    /// arguments is an error naming the line.
+    #[test]
+    fn mislabelled_and_cut_rows_are_warned() {
+        let dir = crate::data::scratch_dir("listops-warn");
+        let path = dir.join("basic_train.tsv");
+        std::fs::write(
+            &path,
+            "Source\tTarget\n[MAX 2 9 ]\t9\n[MIN 2 9 ]\t9\n[SM 1 2 3 4 5 6 ]\t1\n",
+        )
+        .unwrap();
+        let data = read_tsv(&path, 6).unwrap();
+        assert_eq!(data.warnings.len(), 2, "{:?}", data.warnings);
+        assert!(
+            data.warnings[0].ends_with(
+                "basic_train.tsv: 1 of 3 labels are not their expression's value (the first at line 3: label 9, value 2)"
+            ),
+            "{}",
+            data.warnings[0]
+        );
+        assert!(
+            data.warnings[1].contains("1 of 3 expressions are longer than `data.max_len` (6)"),
+            "{}",
+            data.warnings[1]
+        );
+        assert!(read_tsv(&path, 100).unwrap().warnings.len() == 1);
+        std::fs::write(&path, "Source\tTarget\n[MAX 2 [MIN ] ]\t2\n").unwrap();
+        let err = format!("{:#}", read_tsv(&path, 100).unwrap_err());
+        assert!(
+            err.ends_with("basic_train.tsv:2: `[MIN` has no arguments, so no value"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Dataset {
     pub examples: Vec<Example>,
     /// Number of classes of the task.
     pub n_classes: usize,
+    /// What the reader found likely wrong but not fatal in the file (one sentence each; a run
+    /// prints them and records them in `result.json`).
+    pub warnings: Vec<String>,
 }
 
 impl Dataset {
@@ -56,6 +59,7 @@ impl Dataset {
             source,
             examples,
             n_classes,
+            warnings: Vec::new(),
         })
     }
 
