@@ -22,7 +22,7 @@ pub fn num_trainable_params<M: Module>(module: &M) -> usize {
 }
 
 /// Number of scalars in `module`'s float parameters, frozen ones included, counted from their
-/// shapes without initialising any (Burn's initialisers and [`lazy_param`] build parameters
+/// shapes without initialising any (Burn's initialisers and this crate's variants build parameters
 /// lazily, so nothing is allocated), with checked arithmetic: `None` when the count does not
 /// fit in a `usize`. Burn's `Module::num_params` sums unchecked and overflows on absurd sizes;
 /// this is the count to check a configuration's size with before anything is built for real.

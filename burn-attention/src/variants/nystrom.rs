@@ -153,7 +153,7 @@ impl VariantConfig for NystromConfig {
     fn check(&self) -> Result<(), AttentionError> {
         self.validate()
     }
-    /// [`check_input`], and more landmarks than the longest sequence has positions refused: a
+    /// The variant's input check, and more landmarks than the longest sequence has positions refused: a
     /// configuration checked against its longest input (as the LRA harness checks it) cannot
     /// ask for segment means of nothing, sized by the count asked for. (The forward pass still
     /// takes a batch shorter than `n_landmarks`.)
