@@ -322,11 +322,11 @@ pub fn metrics_fingerprint(path: &Path) -> Result<(u64, String)> {
     Ok((bytes.len() as u64, sha256_hex(&bytes)))
 }
 
-/// Cuts `metrics.jsonl` back to what it held when the checkpoint was written (`len` bytes whose
-/// SHA-256 is `sha256`; a resumed run rewrites the later lines), after checking those bytes: a
-/// shorter or changed file is an error naming it.
-pub fn restore_metrics(path: &Path, len: u64, sha256: &str) -> Result<()> {
+/// The bytes of `metrics.jsonl` the checkpoint recorded (its first `len`, whose SHA-256 is
+/// `sha256`) and the file's whole length; a shorter or changed file is an error naming it.
+pub fn verify_metrics(path: &Path, len: u64, sha256: &str) -> Result<(Vec<u8>, usize)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let whole = bytes.len();
     let kept = usize::try_from(len)
         .ok()
         .and_then(|len| bytes.get(..len))
@@ -338,10 +338,17 @@ pub fn restore_metrics(path: &Path, len: u64, sha256: &str) -> Result<()> {
             path.display()
         );
     };
-    if kept.len() == bytes.len() {
+    Ok((kept.to_vec(), whole))
+}
+
+/// Cuts `metrics.jsonl` back to what it held when the checkpoint was written (a resumed run
+/// rewrites the later lines), after checking those bytes ([`verify_metrics`]).
+pub fn restore_metrics(path: &Path, len: u64, sha256: &str) -> Result<()> {
+    let (kept, whole) = verify_metrics(path, len, sha256)?;
+    if kept.len() == whole {
         return Ok(());
     }
-    write_atomic(path, kept)
+    write_atomic(path, &kept)
 }
 
 /// The configuration fields a resume may change (a field matches when it is one of these or
@@ -508,6 +515,12 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
     let (Some(result_a), Some(result_b)) = (&result_a, &result_b) else {
         return Ok(differences);
     };
+    // Every weight file checked before any is loaded.
+    for (dir, result) in [(a, result_a), (b, result_b)] {
+        for file in [MODEL_BEST, MODEL_LAST] {
+            verify_weights(dir, result, file)?;
+        }
+    }
     for file in [MODEL_BEST, MODEL_LAST] {
         match (
             weight_values(a, &config_a, result_a, file)?,
@@ -527,6 +540,28 @@ pub fn read_json(path: &Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
+}
+
+/// Checks the weight file `file` of the finished run in `dir` against the SHA-256 its `result`
+/// recorded and returns that sum; `None` where the run left no such file.
+fn verify_weights<'r>(
+    dir: &Path,
+    result: &'r lra_runs::RunResult,
+    file: &str,
+) -> Result<Option<&'r String>> {
+    let path = dir.join(file);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let sha256 = result.weights_sha256.get(file).with_context(|| {
+        format!(
+            "{}: no SHA-256 recorded for {file} (written before weights were checksummed); \
+             its weights cannot be verified",
+            dir.join(RESULT).display()
+        )
+    })?;
+    verify_file(&path, sha256, "recorded in result.json")?;
+    Ok(Some(sha256))
 }
 
 /// Every float parameter of the weight file `file` of the finished run in `dir`, in module order,
@@ -553,18 +588,11 @@ fn weight_values(
             );
         }
     }
-    let path = dir.join(file);
-    if !path.exists() {
+    let Some(sha256) = verify_weights(dir, result, file)? else {
         return Ok(None);
-    }
+    };
+    let path = dir.join(file);
     let config_path = dir.join(CONFIG);
-    let sha256 = result.weights_sha256.get(file).with_context(|| {
-        format!(
-            "{}: no SHA-256 recorded for {file} (written before weights were checksummed); \
-             its weights cannot be verified",
-            dir.join(RESULT).display()
-        )
-    })?;
     let run: RunConfig = serde_json::from_value(config["run"].clone())
         .with_context(|| format!("{}: `run` is not a configuration", config_path.display()))?;
     let attention = config["attention_name"]

@@ -503,6 +503,12 @@ fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) 
             state_path.display()
         )
     })?;
+    // The metrics the checkpoint vouches for, checked before anything is loaded.
+    crate::run_dir::verify_metrics(
+        &run_dir.join(METRICS),
+        state.metrics_bytes,
+        &state.metrics_sha256,
+    )?;
     if state.best.is_some() != checkpoint.has_best {
         bail!(
             "{}: {} best-validation weights but the checkpoint {} {CHECKPOINT_BEST}; --restart \
