@@ -211,7 +211,11 @@ impl EncoderConfig {
             Some(projection) => num_params_checked(&projection),
             None => Some(0),
         };
-        let norm = self.block.attention.d_model().checked_mul(2);
+        let norm = num_params_checked(&final_norm(
+            self.block.attention.d_model(),
+            self.block.norm_eps,
+            device,
+        ));
         Ok(block
             .and_then(|b| b.checked_mul(self.n_layers))
             .zip(shared.zip(norm))
@@ -233,6 +237,13 @@ impl EncoderConfig {
         encoder.shared_projection = self.block.attention.init_shared_projection(device);
         encoder
     }
+}
+
+/// The LayerNorm after an encoder's last block.
+fn final_norm(d_model: usize, norm_eps: f64, device: &Device) -> LayerNorm {
+    LayerNormConfig::new(d_model)
+        .with_epsilon(norm_eps)
+        .init(device)
 }
 
 /// A stack of [`EncoderBlock`]s with a final LayerNorm; holds any projection its layers share.
@@ -263,9 +274,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
         Self {
             blocks,
             shared_projection: None,
-            norm: LayerNormConfig::new(d_model)
-                .with_epsilon(norm_eps)
-                .init(device),
+            norm: final_norm(d_model, norm_eps, device),
         }
     }
 

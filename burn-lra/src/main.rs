@@ -272,13 +272,7 @@ fn run(cli: Cli) -> Result<()> {
                 if sheet_count == 0 {
                     anyhow::bail!("`--sheet-count` must be at least 1");
                 }
-                if std::fs::symlink_metadata(sheet).is_ok() {
-                    anyhow::bail!(
-                        "{} already exists; it is left as it is (choose another --sheet path, or \
-                         remove it first)",
-                        sheet.display()
-                    );
-                }
+                lra_runs::refuse_existing(sheet, "--sheet path")?;
             }
             let folder = pathfinder::write_dataset(&out, &config)?;
             println!("wrote {n} images to {}", folder.display());

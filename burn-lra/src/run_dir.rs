@@ -30,7 +30,7 @@ use crate::data::write_atomic;
 use crate::model::LraClassifier;
 
 /// What a resume or a restart says to do about a checkpoint it cannot use.
-const RESTART_ADVICE: &str = "--restart starts the run over";
+pub const RESTART_ADVICE: &str = "--restart starts the run over";
 
 /// Saves `model`'s weights to `path` atomically.
 pub fn save_weights(model: &LraClassifier, path: &Path) -> Result<()> {
@@ -95,7 +95,7 @@ pub fn check_run_dir(run_dir: &Path) -> Result<()> {
                     path.display()
                 );
             }
-        } else if is_owned_name(&name, &RUN_FILES) || name.ends_with(".bpk.tmp") {
+        } else if is_owned_name(&name, &RUN_FILES) {
             if !kind.is_file() {
                 bail!(
                     "{} is not a file, but the run writes a file at that path; it is left as it \
@@ -182,17 +182,7 @@ pub fn write_checkpoint(
         &new.join(CHECKPOINT_STATE),
         serde_json::to_string_pretty(state)?.as_bytes(),
     )?;
-    let mut sums = serde_json::Map::new();
-    for name in CHECKPOINT_FILES {
-        let path = new.join(name);
-        if name != CHECKPOINT_CHECKSUMS && path.is_file() {
-            sums.insert(name.into(), sha256_file(&path)?.into());
-        }
-    }
-    write_atomic(
-        &new.join(CHECKPOINT_CHECKSUMS),
-        serde_json::to_string_pretty(&sums)?.as_bytes(),
-    )?;
+    crate::checksum::write_list(&new, CHECKPOINT_CHECKSUMS)?;
     if current.exists() {
         remove_checkpoint_dir(&old)?;
         std::fs::rename(&current, &old)
@@ -246,21 +236,14 @@ pub fn verify_checkpoint(dir: &Path) -> Result<VerifiedCheckpoint> {
             dir.display()
         );
     }
+    let wording = crate::checksum::Wording {
+        files: "the checkpoint's files",
+        changed: "corrupted",
+        advice: RESTART_ADVICE,
+    };
+    let sums = crate::checksum::verify_list(dir, CHECKPOINT_CHECKSUMS, &wording)?;
+    // Beyond matching: the files every checkpoint has, and none a checkpoint never holds.
     let sums_path = dir.join(CHECKPOINT_CHECKSUMS);
-    if !sums_path.is_file() {
-        bail!(
-            "{} is missing: the checkpoint's files cannot be verified ({RESTART_ADVICE})",
-            sums_path.display()
-        );
-    }
-    let text = std::fs::read_to_string(&sums_path)
-        .with_context(|| format!("cannot read {}", sums_path.display()))?;
-    let sums: BTreeMap<String, String> = serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not a checksum list ({e}; {RESTART_ADVICE})",
-            sums_path.display()
-        )
-    })?;
     for required in [
         CHECKPOINT_MODEL,
         CHECKPOINT_OPTIMIZER,
@@ -274,43 +257,19 @@ pub fn verify_checkpoint(dir: &Path) -> Result<VerifiedCheckpoint> {
             );
         }
     }
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let name = entry
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        if name != CHECKPOINT_CHECKSUMS && !sums.contains_key(&name) {
-            bail!(
-                "{}: not listed in {CHECKPOINT_CHECKSUMS}; the checkpoint cannot be verified \
-                 ({RESTART_ADVICE})",
-                dir.join(&name).display()
-            );
-        }
+    if let Some(name) = sums
+        .keys()
+        .find(|n| !CHECKPOINT_FILES.contains(&n.as_str()))
+    {
+        bail!(
+            "{}: lists {name}, which no checkpoint holds ({RESTART_ADVICE})",
+            sums_path.display()
+        );
     }
-    for (name, sum) in &sums {
-        if !CHECKPOINT_FILES.contains(&name.as_str()) || name == CHECKPOINT_CHECKSUMS {
-            bail!(
-                "{}: lists {name}, which no checkpoint holds ({RESTART_ADVICE})",
-                sums_path.display()
-            );
-        }
-        verify_file(
-            &dir.join(name),
-            sum,
-            &format!(
-                "recorded in {CHECKPOINT_CHECKSUMS} when the checkpoint was written; {RESTART_ADVICE}"
-            ),
-        )?;
-    }
-    let read = |name: &str| -> Result<Value> {
-        let path = dir.join(name);
-        read_json(&path)
-    };
     Ok(VerifiedCheckpoint {
         dir: dir.to_path_buf(),
-        state: read(CHECKPOINT_STATE)?,
-        record: read(CHECKPOINT_CONFIG)?,
+        state: read_json(&dir.join(CHECKPOINT_STATE))?,
+        record: read_json(&dir.join(CHECKPOINT_CONFIG))?,
         has_best: sums.contains_key(CHECKPOINT_BEST),
         sums,
     })
@@ -322,33 +281,30 @@ pub fn metrics_fingerprint(path: &Path) -> Result<(u64, String)> {
     Ok((bytes.len() as u64, sha256_hex(&bytes)))
 }
 
-/// The bytes of `metrics.jsonl` the checkpoint recorded (its first `len`, whose SHA-256 is
-/// `sha256`) and the file's whole length; a shorter or changed file is an error naming it.
-pub fn verify_metrics(path: &Path, len: u64, sha256: &str) -> Result<(Vec<u8>, usize)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let whole = bytes.len();
-    let kept = usize::try_from(len)
-        .ok()
-        .and_then(|len| bytes.get(..len))
-        .filter(|kept| sha256_hex(kept) == sha256);
-    let Some(kept) = kept else {
+/// Checks `metrics.jsonl` against what the checkpoint recorded (its first `len` bytes, whose
+/// SHA-256 is `sha256`; a shorter or changed file is an error naming it) and returns what a
+/// resume writes back: those bytes where the file holds more (the lines of steps after the
+/// checkpoint, which the resumed run writes again), `None` where it holds exactly them.
+pub fn verify_metrics(path: &Path, len: u64, sha256: &str) -> Result<Option<Vec<u8>>> {
+    let mut bytes =
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let recorded = usize::try_from(len).ok().filter(|&len| {
+        bytes
+            .get(..len)
+            .is_some_and(|kept| sha256_hex(kept) == sha256)
+    });
+    let Some(len) = recorded else {
         bail!(
             "{}: its first {len} bytes differ from those the checkpoint recorded (the metrics of \
              the steps it holds); {RESTART_ADVICE}",
             path.display()
         );
     };
-    Ok((kept.to_vec(), whole))
-}
-
-/// Cuts `metrics.jsonl` back to what it held when the checkpoint was written (a resumed run
-/// rewrites the later lines), after checking those bytes ([`verify_metrics`]).
-pub fn restore_metrics(path: &Path, len: u64, sha256: &str) -> Result<()> {
-    let (kept, whole) = verify_metrics(path, len, sha256)?;
-    if kept.len() == whole {
-        return Ok(());
+    if len == bytes.len() {
+        return Ok(None);
     }
-    write_atomic(path, &kept)
+    bytes.truncate(len);
+    Ok(Some(bytes))
 }
 
 /// The configuration fields a resume may change (a field matches when it is one of these or
@@ -516,16 +472,18 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
         return Ok(differences);
     };
     // Every weight file checked before any is loaded.
+    let mut sums = BTreeMap::new();
     for (dir, result) in [(a, result_a), (b, result_b)] {
         for file in [MODEL_BEST, MODEL_LAST] {
-            verify_weights(dir, result, file)?;
+            sums.insert((dir, file), verify_weights(dir, result, file)?);
         }
     }
     for file in [MODEL_BEST, MODEL_LAST] {
-        match (
-            weight_values(a, &config_a, result_a, file)?,
-            weight_values(b, &config_b, result_b, file)?,
-        ) {
+        let values = |dir: &Path, config: &Value| match sums[&(dir, file)] {
+            Some(sum) => weight_values(dir, config, file, sum).map(Some),
+            None => Ok(None),
+        };
+        match (values(a, &config_a)?, values(b, &config_b)?) {
             (None, None) => {}
             (Some(x), Some(y)) if x == y => {}
             (Some(_), Some(_)) => differences.push(file.to_string()),
@@ -566,14 +524,8 @@ fn verify_weights<'r>(
 
 /// Every float parameter of the weight file `file` of the finished run in `dir`, in module order,
 /// as bits (so that NaN equals NaN), loaded into the model its own configuration record
-/// (`config`) builds, after checking the file against the SHA-256 its `result` recorded; `None`
-/// where the run left no such file.
-fn weight_values(
-    dir: &Path,
-    config: &Value,
-    result: &lra_runs::RunResult,
-    file: &str,
-) -> Result<Option<Vec<Vec<u32>>>> {
+/// (`config`) builds, the file checked against `sha256` as it is loaded.
+fn weight_values(dir: &Path, config: &Value, file: &str, sha256: &str) -> Result<Vec<Vec<u32>>> {
     struct Collect(Vec<Vec<u32>>);
     impl ModuleVisitor for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -588,9 +540,6 @@ fn weight_values(
             );
         }
     }
-    let Some(sha256) = verify_weights(dir, result, file)? else {
-        return Ok(None);
-    };
     let path = dir.join(file);
     let config_path = dir.join(CONFIG);
     let run: RunConfig = serde_json::from_value(config["run"].clone())
@@ -610,5 +559,5 @@ fn weight_values(
     let model = load_weights(model, &path, sha256)?;
     let mut collect = Collect(Vec::new());
     model.visit(&mut collect);
-    Ok(Some(collect.0))
+    Ok(collect.0)
 }

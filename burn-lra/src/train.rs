@@ -29,9 +29,9 @@ use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
 use crate::data::{Dataset, write_atomic};
 use crate::model::{LraClassifier, ParamBudget, check_memory};
 use crate::run_dir::{
-    CHECKPOINT, CheckpointContents, ConfigChange, RESUMABLE_FIELDS, RunDirLock, VerifiedCheckpoint,
-    check_run_dir, clear_unfinished_run, config_changes, find_checkpoint, metrics_fingerprint,
-    read_json, restore_metrics, save_weights, sha256_file, sha256_hex, verify_checkpoint,
+    CHECKPOINT, CheckpointContents, ConfigChange, RESTART_ADVICE, RESUMABLE_FIELDS, RunDirLock,
+    VerifiedCheckpoint, check_run_dir, clear_unfinished_run, config_changes, find_checkpoint,
+    metrics_fingerprint, read_json, save_weights, sha256_file, sha256_hex, verify_checkpoint,
     write_checkpoint,
 };
 use lra_runs::layout::{
@@ -92,7 +92,7 @@ impl Splits {
                 hash.update(&bytes);
             }
         }
-        hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        crate::checksum::to_hex(&hash.finalize())
     }
 }
 
@@ -362,6 +362,8 @@ pub fn objective(
 struct Resume {
     checkpoint: VerifiedCheckpoint,
     state: TrainState,
+    /// The metrics the checkpoint recorded, where `metrics.jsonl` holds lines after them.
+    metrics_cut: Option<Vec<u8>>,
     record: Value,
     changes: BTreeMap<String, [Value; 2]>,
 }
@@ -426,19 +428,17 @@ fn open_run_dir(config: &RunConfig, opts: &TrainOptions, record: &Value) -> Resu
             run_dir.display()
         ),
         (mode, _) => {
+            // Restarted, or killed before its first checkpoint (nothing of value is lost), or
+            // never started (nothing to clear).
             if mode == ResumeMode::Restart {
-                clear_unfinished_run(run_dir)?;
                 eprintln!("{}: starting the run over (--restart)", run_dir.display());
-            } else if config_path.is_file() {
-                // Killed before its first checkpoint: nothing of value is lost.
-                if mode != ResumeMode::Start {
-                    eprintln!(
-                        "{}: killed before its first checkpoint; starting it over from step 0",
-                        run_dir.display()
-                    );
-                }
-                clear_unfinished_run(run_dir)?;
+            } else if mode != ResumeMode::Start && config_path.is_file() {
+                eprintln!(
+                    "{}: killed before its first checkpoint; starting it over from step 0",
+                    run_dir.display()
+                );
             }
+            clear_unfinished_run(run_dir)?;
             write_atomic(
                 &config_path,
                 serde_json::to_string_pretty(record)?.as_bytes(),
@@ -485,7 +485,7 @@ fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) 
         if saved[key] != record[key] {
             bail!(
                 "cannot resume {}: its `{key}` differs from this command's (was {}, now {}); \
-                 --restart starts the run over",
+                 {RESTART_ADVICE}",
                 run_dir.display(),
                 saved[key],
                 record[key]
@@ -499,31 +499,24 @@ fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) 
     let state_path = checkpoint.file(lra_runs::layout::CHECKPOINT_STATE);
     let state: TrainState = serde_json::from_value(checkpoint.state.clone()).map_err(|e| {
         anyhow::anyhow!(
-            "{}: not a checkpoint state ({e}); --restart starts the run over",
+            "{}: not a checkpoint state ({e}); {RESTART_ADVICE}",
             state_path.display()
         )
     })?;
     // The metrics the checkpoint vouches for, checked before anything is loaded.
-    crate::run_dir::verify_metrics(
+    let metrics_cut = crate::run_dir::verify_metrics(
         &run_dir.join(METRICS),
         state.metrics_bytes,
         &state.metrics_sha256,
     )?;
     if state.best.is_some() != checkpoint.has_best {
+        let mismatch = match state.best {
+            Some(_) => "records best-validation weights but the checkpoint lacks",
+            None => "records no best-validation weights but the checkpoint holds",
+        };
         bail!(
-            "{}: {} best-validation weights but the checkpoint {} {CHECKPOINT_BEST}; --restart \
-             starts the run over",
-            state_path.display(),
-            if state.best.is_some() {
-                "records"
-            } else {
-                "records no"
-            },
-            if checkpoint.has_best {
-                "holds"
-            } else {
-                "lacks"
-            }
+            "{}: {mismatch} {CHECKPOINT_BEST}; {RESTART_ADVICE}",
+            state_path.display()
         );
     }
     if config.training.steps < state.step {
@@ -537,6 +530,7 @@ fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) 
     Ok(Resume {
         checkpoint,
         state,
+        metrics_cut,
         record: saved,
         changes,
     })
@@ -690,11 +684,9 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     let mut record = record;
     if let Some(mut resume) = resume {
         progress = progress.restore(&resume)?;
-        restore_metrics(
-            &opts.run_dir.join(METRICS),
-            resume.state.metrics_bytes,
-            &resume.state.metrics_sha256,
-        )?;
+        if let Some(metrics) = &resume.metrics_cut {
+            write_atomic(&opts.run_dir.join(METRICS), metrics)?;
+        }
         config_changes = record_changes(&opts.run_dir, &mut resume, config)?;
         record = resume.record;
         device.seed(step_seed(opts.seed, resume.state.step));

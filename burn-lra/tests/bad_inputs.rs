@@ -62,6 +62,11 @@ fn png_claiming(width: u32, height: u32) -> Vec<u8> {
     png
 }
 
+/// Owned command-line arguments.
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
 fn burn_lra(args: &[String]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_burn-lra"))
         .args(args)
@@ -649,9 +654,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     let layers = b.path("layers.toml");
     b.case(
         "params-layers",
-        ["params", "--task", "listops", "--config", &layers]
-            .map(String::from)
-            .to_vec(),
+        strings(&["params", "--task", "listops", "--config", &layers]),
         "`model.n_layers` = 4000000000 is too large",
     );
     b.config_case(
@@ -828,7 +831,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     let target_arg = target.to_str().unwrap().to_string();
     b.case(
         "pathfinder-target-taken",
-        [
+        strings(&[
             "generate-pathfinder",
             "--out",
             &target_arg,
@@ -836,15 +839,13 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "easy",
             "--n",
             "10",
-        ]
-        .map(String::from)
-        .to_vec(),
+        ]),
         "curv_baseline already exists and is not empty",
     );
     let sheet = b.path("short.toml");
     b.case(
         "pathfinder-sheet-taken",
-        [
+        strings(&[
             "generate-pathfinder",
             "--out",
             &target_arg,
@@ -852,9 +853,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "10",
             "--sheet",
             &sheet,
-        ]
-        .map(String::from)
-        .to_vec(),
+        ]),
         "short.toml already exists",
     );
     let aan = b.root.join("aan-out");
@@ -863,16 +862,12 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     let aan_arg = aan.to_str().unwrap().to_string();
     b.case(
         "matching-target-taken",
-        ["generate-matching", "--out", &aan_arg]
-            .map(String::from)
-            .to_vec(),
+        strings(&["generate-matching", "--out", &aan_arg]),
         "new_aan_pairs.test.tsv already exists",
     );
     b.case(
         "matching-no-pairs",
-        ["generate-matching", "--out", &aan_arg, "--n-train", "0"]
-            .map(String::from)
-            .to_vec(),
+        strings(&["generate-matching", "--out", &aan_arg, "--n-train", "0"]),
         "`--n-train` must be at least 2",
     );
     // Text as people save it: lines end in CR alone, the file starts with a byte-order mark;
@@ -902,14 +897,12 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
     // Benchmark sizes.
     b.case(
         "bench-n-zero",
-        ["bench-attention", "--attention", "softmax", "--n", "0"]
-            .map(String::from)
-            .to_vec(),
+        strings(&["bench-attention", "--attention", "softmax", "--n", "0"]),
         "`--n` must be at least 1",
     );
     b.case(
         "bench-input-huge",
-        [
+        strings(&[
             "bench-attention",
             "--attention",
             "softmax",
@@ -917,14 +910,12 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "4000000000",
             "--d-model",
             "4000000",
-        ]
-        .map(String::from)
-        .to_vec(),
+        ]),
         "the input, its gradient and the output alone exceed the memory available",
     );
     b.case(
         "bench-train-no-steps",
-        [
+        strings(&[
             "bench-train",
             "--attention",
             "softmax",
@@ -932,9 +923,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
             "64",
             "--steps",
             "0",
-        ]
-        .map(String::from)
-        .to_vec(),
+        ]),
         "`--steps` must be at least 1",
     );
     // Attention parameters whose cost no parameter count shows.

@@ -60,12 +60,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
 /// linked into place (a link fails where anything already is, so nothing is ever replaced, not
 /// even by a racing process); an existing `path` is an error naming it.
 pub fn write_new(path: &Path, contents: &[u8]) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_ok() {
-        anyhow::bail!(
-            "{} already exists; it is left as it is (choose another path, or remove it first)",
-            path.display()
-        );
-    }
+    refuse_existing(path, "path")?;
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".new{}", std::process::id()));
     let tmp = path.with_file_name(name);
@@ -74,10 +69,8 @@ pub fn write_new(path: &Path, contents: &[u8]) -> Result<()> {
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
-            "{} already exists; it is left as it is (choose another path, or remove it first)",
-            path.display()
-        ),
+        // Written meanwhile by another process: left to it.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => refuse_existing(path, "path"),
         Err(e) => Err(e).with_context(|| format!("cannot write {}", path.display())),
     }
 }
@@ -167,6 +160,31 @@ pub fn publish_dir(staging: &Path, target: &Path) -> Result<()> {
             })
         }
     }
+}
+
+/// Creates the folder `target` complete or not at all: refuses a `target` that is there (and not
+/// an empty folder) before any work, lets `fill` write into a new staging folder beside it, then
+/// publishes it ([`publish_dir`]); the staging folder is removed when `fill` fails.
+pub fn create_dir_whole(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    ensure_vacant(target)?;
+    let staging = staging_dir(target)?;
+    if let Err(err) = fill(&staging) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(err);
+    }
+    publish_dir(&staging, target)
+}
+
+/// Refuses a `path` where anything already is, naming it; `choose` says what to choose instead
+/// (`"--out"`, `"path"`).
+pub fn refuse_existing(path: &Path, choose: &str) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        anyhow::bail!(
+            "{} already exists; it is left as it is (choose another {choose}, or remove it first)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Removes the folder `dir` that the harness wrote, and only what it wrote: the files whose

@@ -19,8 +19,8 @@ pub mod names;
 pub mod result;
 
 pub use files::{
-    RunDirInUse, RunDirLock, absolute, publish_dir, remove_owned_dir, staging_dir, write_atomic,
-    write_new,
+    RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, refuse_existing,
+    remove_owned_dir, staging_dir, write_atomic, write_new,
 };
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
 pub use names::{BackendKind, Task};

@@ -153,10 +153,10 @@ impl VariantConfig for NystromConfig {
     fn check(&self) -> Result<(), AttentionError> {
         self.validate()
     }
-    /// The variant's input check, and more landmarks than the longest sequence has positions refused: a
-    /// configuration checked against its longest input (as the LRA harness checks it) cannot
-    /// ask for segment means of nothing, sized by the count asked for. (The forward pass still
-    /// takes a batch shorter than `n_landmarks`.)
+    /// The variant's input check, and more landmarks than the longest sequence has positions
+    /// refused: a configuration checked against its longest input (as the LRA harness checks
+    /// it) cannot ask for segment means of nothing, sized by the count asked for. (The forward
+    /// pass still takes a batch shorter than `n_landmarks`.)
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         let longest = n_q.max(n_k);
         if self.n_landmarks > longest {

@@ -46,10 +46,7 @@ fn fingerprint(train: &Dataset) -> String {
         hash.update((doc.len() as u64).to_le_bytes());
         hash.update(doc.as_bytes());
     }
-    hash.finalize()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::checksum::to_hex(&hash.finalize()[..6])
 }
 
 /// The tokenizer for `train` (byte-tokenized, uncut) with `vocab_size` tokens: read from

@@ -288,15 +288,10 @@ pub fn generate(cfg: &GeneratorConfig) -> Result<[Vec<(String, u8)>; 3]> {
 /// [`super::MANIFEST`]): written into a staging folder beside it and moved into place complete,
 /// only where nothing is (an existing `dir` that is not an empty folder is an error naming it).
 pub fn write_dataset(dir: &Path, cfg: &GeneratorConfig) -> Result<()> {
-    lra_runs::files::ensure_vacant(dir)?;
-    let splits = generate(cfg)?;
-    let staging = lra_runs::staging_dir(dir)?;
-    if let Err(err) = write_splits(&staging, &splits).and_then(|()| super::write_manifest(&staging))
-    {
-        let _ = std::fs::remove_dir_all(&staging);
-        return Err(err);
-    }
-    lra_runs::publish_dir(&staging, dir)
+    lra_runs::create_dir_whole(dir, |staging| {
+        write_splits(staging, &generate(cfg)?)?;
+        super::write_manifest(staging)
+    })
 }
 
 /// Writes the generated splits as LRA's `basic_{train,val,test}.tsv` files in `dir`.

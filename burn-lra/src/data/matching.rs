@@ -110,14 +110,7 @@ pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
         );
     }
     for (_, file) in SPLIT_FILES {
-        let path = dir.join(file);
-        if std::fs::symlink_metadata(&path).is_ok() {
-            anyhow::bail!(
-                "{} already exists; it is left as it is (choose another --out, or remove it \
-                 first)",
-                path.display()
-            );
-        }
+        lra_runs::refuse_existing(&dir.join(file), "--out")?;
     }
     let mut rng = Rng::new(cfg.seed);
     let letters: Vec<u8> = (b'a'..=b'z').collect();

@@ -320,96 +320,22 @@ pub fn shown(text: &str) -> String {
 /// its folder, written last into the staging folder.
 pub const MANIFEST: &str = "checksums.json";
 
-/// Every file under `dir` (the manifest aside), by path relative to it with `/` separators,
-/// sorted.
-fn files_under(dir: &Path) -> Result<Vec<String>> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(folder) = stack.pop() {
-        for entry in std::fs::read_dir(&folder)
-            .with_context(|| format!("cannot read {}", folder.display()))?
-        {
-            let path = entry
-                .with_context(|| format!("cannot read {}", folder.display()))?
-                .path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let relative = path.strip_prefix(dir).expect("under dir");
-                let name: Vec<String> = relative
-                    .iter()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .collect();
-                if name != [MANIFEST] {
-                    files.push(name.join("/"));
-                }
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// Writes the [`MANIFEST`] of the generated dataset in `dir`.
 pub fn write_manifest(dir: &Path) -> Result<()> {
-    let mut sums = std::collections::BTreeMap::new();
-    for name in files_under(dir)? {
-        sums.insert(
-            name.clone(),
-            crate::checksum::sha256_file(&dir.join(&name))?,
-        );
-    }
-    write_atomic(
-        &dir.join(MANIFEST),
-        serde_json::to_string_pretty(&sums)?.as_bytes(),
-    )
+    crate::checksum::write_list(dir, MANIFEST)
 }
 
 /// Checks the generated dataset in `dir` against its [`MANIFEST`]: a missing manifest, a
 /// missing, extra or changed file is an error naming it (the cache is the harness's, but it is
 /// not removed unasked: the message says to remove it to generate it again).
 pub fn verify_manifest(dir: &Path) -> Result<()> {
-    let again = || format!("remove {} to generate it again", dir.display());
-    let path = dir.join(MANIFEST);
-    if !path.is_file() {
-        bail!(
-            "{} is missing: the generated data cannot be verified; {}",
-            path.display(),
-            again()
-        );
-    }
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let sums: std::collections::BTreeMap<String, String> =
-        serde_json::from_str(&text).map_err(|e| {
-            anyhow::anyhow!("{}: not a checksum list ({e}); {}", path.display(), again())
-        })?;
-    let files = files_under(dir)?;
-    if let Some(extra) = files.iter().find(|f| !sums.contains_key(*f)) {
-        bail!(
-            "{}: not in {MANIFEST}, so not generated here; {}",
-            dir.join(extra).display(),
-            again()
-        );
-    }
-    for (name, sum) in &sums {
-        let file = dir.join(name);
-        if !file.is_file() {
-            bail!(
-                "{} is missing from the generated data; {}",
-                file.display(),
-                again()
-            );
-        }
-        if crate::checksum::sha256_file(&file)? != *sum {
-            bail!(
-                "{}: changed since it was generated (its SHA-256 differs from {MANIFEST}'s); {}",
-                file.display(),
-                again()
-            );
-        }
-    }
-    Ok(())
+    let advice = format!("remove {} to generate it again", dir.display());
+    let wording = crate::checksum::Wording {
+        files: "the generated data",
+        changed: "changed since it was generated",
+        advice: &advice,
+    };
+    crate::checksum::verify_list(dir, MANIFEST, &wording).map(|_| ())
 }
 
 /// Checks that `dir` is a folder; the error says what was found (nothing, or a file) and what

@@ -117,15 +117,10 @@ pub fn write_dataset(root: &Path, config: &PathfinderConfig) -> Result<PathBuf> 
     config.validate()?;
     let params = SnakeParams::lra(config.size).expect("validated");
     let target = root.join(config.difficulty.folder());
-    lra_runs::files::ensure_vacant(&target)?;
-    let folder = lra_runs::staging_dir(&target)?;
-    let generated =
-        generate_into(&folder, &params, config).and_then(|()| super::write_manifest(&folder));
-    if let Err(err) = generated {
-        let _ = std::fs::remove_dir_all(&folder);
-        return Err(err);
-    }
-    lra_runs::publish_dir(&folder, &target)?;
+    lra_runs::create_dir_whole(&target, |folder| {
+        generate_into(folder, &params, config)?;
+        super::write_manifest(folder)
+    })?;
     Ok(target)
 }
 
