@@ -14,6 +14,7 @@ use burn::nn::{
 use burn::prelude::*;
 
 use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::dropout::dropout;
 use crate::core::error::AttentionError;
 use crate::core::input::AttentionInput;
 use crate::core::params::num_params_checked;
@@ -151,7 +152,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let x = input.query().clone();
         let normed = self.norm_attn.forward(x.clone());
         let attended = self.attention.try_forward(input.with_query(normed))?;
-        Ok(self.feed_forward(x + self.dropout.forward(attended)))
+        Ok(self.feed_forward(x + dropout(&self.dropout, attended)))
     }
 
     /// One token through the block, its attention decoding from `state` (see
@@ -164,7 +165,10 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let (attended, state) = self
             .attention
             .decode(self.norm_attn.forward(x.clone()), state)?;
-        Ok((self.feed_forward(x + self.dropout.forward(attended)), state))
+        Ok((
+            self.feed_forward(x + dropout(&self.dropout, attended)),
+            state,
+        ))
     }
 
     /// The block's second half: `x + FF(LN(x))`.
@@ -172,8 +176,8 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let h = self
             .activation
             .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
-        let h = self.ff_out.forward(self.dropout.forward(h));
-        x + self.dropout.forward(h)
+        let h = self.ff_out.forward(dropout(&self.dropout, h));
+        x + dropout(&self.dropout, h)
     }
 }
 

@@ -211,7 +211,7 @@ pub struct TrainBenchResult {
 
 /// Runs LRA's efficiency protocol for one attention at one length: the Text task's model of the
 /// preset, trained on full-length random byte sequences (the time of a step does not depend on
-/// the bytes), attention dropout off as on the PyTorch side.
+/// the bytes), with the preset's dropout, attention dropout included, as on the PyTorch side.
 pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
     let config = train_bench_config(args)?;
@@ -237,7 +237,6 @@ pub fn train_bench_config(args: &TrainBenchArgs) -> Result<crate::config::RunCon
     use crate::config::{RunConfig, Task};
     let mut config = RunConfig::preset(Task::Text, &args.preset)?;
     config.data.max_len = args.n;
-    config.model.attention_dropout = 0.0;
     config.training.batch_size = args.batch;
     config.validate()?;
     Ok(config)

@@ -10,6 +10,7 @@ use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
 use burn::prelude::*;
+use burn_attention_zoo::core::dropout::dropout;
 use burn_attention_zoo::{AttentionInput, Encoder, num_trainable_params};
 use serde::Serialize;
 
@@ -134,7 +135,7 @@ impl LraClassifier {
             }
             None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
         };
-        let x = self.dropout.forward(x);
+        let x = dropout(&self.dropout, x);
         let h = self
             .encoder
             .forward(AttentionInput::new(x).mask_pad(mask.clone()));

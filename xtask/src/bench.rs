@@ -377,7 +377,7 @@ struct Session {
 
 impl Session {
     fn start(args: &Args, script: &str) -> Result<Self> {
-        let harness = build_harness(args.backend, true)?;
+        let harness = build_harness(args.backend)?;
         let names = resolve_attentions(&args.attentions, &harness)?;
         Ok(Session {
             harness,

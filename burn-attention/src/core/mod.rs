@@ -4,6 +4,7 @@
 //! itself. Nothing here imports a variant, the registry or the encoder.
 
 pub mod contract;
+pub mod dropout;
 pub mod error;
 pub mod features;
 pub(crate) mod flash;

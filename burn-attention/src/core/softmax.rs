@@ -8,16 +8,20 @@ use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
+use super::dropout::WeightDropout;
 use super::flash;
 use super::input::{MASK_FILL, causal_mask};
 
 /// Softmax attention with optional dropout on the weights. The softmax runs over the keys (the
 /// last axis of the scores); padded keys and, with `causal`, keys `j > i` get [`MASK_FILL`].
 ///
-/// On `flex`, and `tch` on a CPU (f32, no active weight dropout), it runs the fused operation of
-/// the `flash` module, whose backward recomputes the weights tile by tile; elsewhere, without
-/// autodiff and without a padding mask, Burn's fused attention operation; otherwise the composed
-/// steps, whose backward Burn derives.
+/// On `flex` (f32), and `tch` on a CPU (f32, no active weight dropout), it runs the fused
+/// operation of the `flash` module, whose backward recomputes the weights tile by tile; on
+/// `flex` the fused kernel applies the weight dropout itself, from a counter-based mask it
+/// regenerates in the backward pass ([`dropout`](super::dropout)), so training with dropout
+/// keeps `O(n)` memory per head. Elsewhere, without autodiff and without a padding mask, Burn's
+/// fused attention operation; otherwise the composed steps, whose backward Burn derives and
+/// which store the `n × n` weights (on `tch` with active weight dropout, for one).
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
@@ -32,15 +36,31 @@ pub fn exact_softmax_attention(
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
-    let [batch, _, n_q, _] = q.dims();
-    let n_k = k.dims()[2];
-    if !flash::has_weight_dropout(&q, dropout)
-        && let Some(out) = flash::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale)
+    let dropout = WeightDropout::new(&q, dropout);
+    if !matches!(dropout, WeightDropout::Layer(_))
+        && let Some(out) =
+            flash::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale, dropout.mask())
     {
         return out;
     }
-    if !q.is_autodiff() && key_pad.is_none() {
-        // Dropout is the identity without autodiff, so the fused operation computes the same.
+    composed_softmax_attention(q, k, v, key_pad, causal, scale, dropout)
+}
+
+/// [`exact_softmax_attention`] without the fused kernels: Burn's fused operation where it
+/// computes the same, otherwise the composed steps.
+fn composed_softmax_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+    scale: f32,
+    dropout: WeightDropout<'_>,
+) -> Tensor<4> {
+    let [batch, _, n_q, _] = q.dims();
+    let n_k = k.dims()[2];
+    if !dropout.is_on() && key_pad.is_none() {
+        // Without dropout the fused operation computes the same.
         // Padding masks take the composed path: Burn's masks mean `true` = masked, and
         // burn-tch 0.22.1 hands them unchanged to libtorch's scaled_dot_product_attention,
         // where `true` means attend (caught by the backend-agreement test).
@@ -61,9 +81,122 @@ pub fn exact_softmax_attention(
             .reshape([1, 1, n_q, n_k]);
         scores = scores.mask_fill(mask, MASK_FILL);
     }
-    let mut weights = softmax(scores, 3);
-    if let Some(dropout) = dropout {
-        weights = dropout.forward(weights);
-    }
+    let weights = dropout.apply(softmax(scores, 3));
     weights.matmul(v)
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+
+    use super::{WeightDropout, composed_softmax_attention, flash};
+    use crate::core::dropout::DropMask;
+
+    fn max_rel_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
+        (a - b).abs().max().into_scalar::<f32>() / scale
+    }
+
+    /// The tiled kernel against Burn's composed steps and derived backward, given the same
+    /// dropout mask: output and the gradients of q, k and v, with padding, causal or neither,
+    /// over several query and key tiles (300 > 128 rows, 300 > 256 keys).
+    #[test]
+    fn fused_dropout_matches_composed_with_gradients() {
+        let device = Device::flex().autodiff();
+        let (batch, heads, n, d) = (2, 3, 300, 16);
+        let normal = Distribution::Normal(0.0, 1.0);
+        let q = Tensor::<4>::random([batch, heads, n, d], normal, &device);
+        let k = Tensor::<4>::random([batch, n, heads, d], normal, &device).swap_dims(1, 2);
+        let v = Tensor::<4>::random([batch, heads, n, d], normal, &device);
+        let g = Tensor::<4>::random([batch, heads, n, d], normal, &device);
+        let lengths = [n, 211];
+        let pad = Tensor::<2, Bool>::from_data(
+            TensorData::new(
+                (0..batch * n)
+                    .map(|i| i % n >= lengths[i / n])
+                    .collect::<Vec<_>>(),
+                [batch, n],
+            ),
+            &device,
+        );
+        let mask = DropMask::new(0.2, 5);
+        for (padded, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+            let pad = padded.then(|| pad.clone());
+            let run = |fused: bool| {
+                let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
+                let scale = 0.25;
+                let out = if fused {
+                    flash::try_attention(&q, &k, &v, pad.as_ref(), causal, scale, Some(mask))
+                        .expect("flex has the fused kernel")
+                } else {
+                    composed_softmax_attention(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        pad.clone(),
+                        causal,
+                        scale,
+                        WeightDropout::Mask(mask),
+                    )
+                };
+                let grads = (out.clone() * g.clone()).sum().backward();
+                let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+                [out.inner(), grad(&q), grad(&k), grad(&v)]
+            };
+            let fused = run(true);
+            let composed = run(false);
+            for (name, (a, b)) in ["out", "dq", "dk", "dv"]
+                .iter()
+                .zip(fused.into_iter().zip(composed))
+            {
+                let diff = max_rel_diff(a, b);
+                assert!(
+                    diff < 2e-5,
+                    "{name}: {diff} (padding {padded}, causal {causal})"
+                );
+            }
+        }
+    }
+
+    /// Dropout keeps the weights' expectation: the fused output averaged over 400 seeds comes
+    /// within a few standard errors of the output without dropout, and about 1 − p of the
+    /// weights survive (the output of one-hot values is the kept weight itself).
+    #[test]
+    fn fused_dropout_is_unbiased() {
+        let device = Device::flex();
+        let (n, prob, seeds) = (64, 0.25, 400);
+        let normal = Distribution::Normal(0.0, 1.0);
+        let q = Tensor::<4>::random([1, 1, n, 8], normal, &device);
+        let k = Tensor::<4>::random([1, 1, n, 8], normal, &device);
+        // One-hot values: output column j is the (dropped) weight of key j.
+        let v = Tensor::<2>::eye(n, &device).reshape([1, 1, n, n]);
+        let attend = |mask: Option<DropMask>| {
+            flash::try_attention(&q, &k, &v, None, false, 0.35, mask)
+                .expect("flex has the fused kernel")
+        };
+        let plain: Vec<f32> = attend(None).into_data().iter::<f32>().collect();
+        let mut mean = vec![0.0f64; n * n];
+        let mut zeros = 0usize;
+        for seed in 0..seeds {
+            let out: Vec<f32> = attend(Some(DropMask::new(prob, seed)))
+                .into_data()
+                .iter::<f32>()
+                .collect();
+            for (m, (&x, &w)) in mean.iter_mut().zip(out.iter().zip(&plain)) {
+                *m += x as f64 / seeds as f64;
+                if x == 0.0 && w != 0.0 {
+                    zeros += 1;
+                }
+            }
+        }
+        let dropped = zeros as f64 / (seeds as usize * n * n) as f64;
+        assert!((dropped - prob).abs() < 0.005, "dropped fraction {dropped}");
+        // A kept weight w is w / (1 − p): variance w² p / (1 − p) per draw.
+        for (&m, &w) in mean.iter().zip(&plain) {
+            let w = w as f64;
+            let se = (w * w * prob / (1.0 - prob) / seeds as f64).sqrt();
+            assert!((m - w).abs() <= 5.0 * se + 1e-6, "mean {m} against {w}");
+        }
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use burn::nn::Dropout;
 use burn::prelude::*;
 
+use super::dropout::WeightDropout;
 use super::flash;
 use super::input::MASK_FILL;
 use super::key_slots::KeySlots;
@@ -38,10 +39,11 @@ pub struct GatheredOutput {
 /// A query whose slots are all masked gets the mean of its slots' values, finite (as a fully
 /// masked row of [`exact_softmax_attention`](super::softmax::exact_softmax_attention)).
 ///
-/// On `flex` (f32, no active weight dropout) it runs a fused kernel whose backward recomputes
-/// the weights block by block from the log-sum-exp, so training keeps `O(n d)` per head beyond
-/// the inputs; elsewhere the composed steps below, whose backward Burn derives and which store
-/// the gathered keys, values and weights (`n · slots` per head).
+/// On `flex` (f32) it runs a fused kernel whose backward recomputes the weights block by block
+/// from the log-sum-exp, weight dropout included (a counter-based mask regenerated in the
+/// backward pass), so training keeps `O(n d)` per head beyond the inputs; elsewhere the composed
+/// steps below, whose backward Burn derives and which store the gathered keys, values and
+/// weights (`n · slots` per head).
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, n_q, d]`; `k`: `[batch, heads, n_k, d]`; `v`: `[batch, heads, n_k, d_v]`
@@ -55,8 +57,10 @@ pub fn gathered_attention(
     dropout: Option<&Dropout>,
 ) -> GatheredOutput {
     let slots = Arc::new(slots);
-    if !flash::has_weight_dropout(&q, dropout)
-        && let Some((out, lse)) = flash::try_gathered_attention(&q, &k, &v, &slots, scale)
+    let dropout = WeightDropout::new(&q, dropout);
+    if !matches!(dropout, WeightDropout::Layer(_))
+        && let Some((out, lse)) =
+            flash::try_gathered_attention(&q, &k, &v, &slots, scale, dropout.mask())
     {
         return GatheredOutput { out, lse };
     }
@@ -70,7 +74,7 @@ fn composed_gathered_attention(
     v: Tensor<4>,
     slots: KeySlots,
     scale: f32,
-    dropout: Option<&Dropout>,
+    dropout: WeightDropout<'_>,
 ) -> GatheredOutput {
     let [batch, heads, n_q, d] = q.dims();
     let [_, _, n_k, d_v] = v.dims();
@@ -158,10 +162,7 @@ fn composed_gathered_attention(
     let max = scores.clone().max_dim(4).detach();
     let exp = (scores - max.clone()).exp();
     let sum = exp.clone().sum_dim(4);
-    let mut weights = exp / sum.clone();
-    if let Some(dropout) = dropout {
-        weights = dropout.forward(weights);
-    }
+    let weights = dropout.apply(exp / sum.clone());
     let mut lse = (max + sum.log()).reshape([batch, heads, rows, 1]);
     let mut out = weights.matmul(values).reshape([batch, heads, rows, d_v]);
     if let Some((_, inverse)) = &order {
@@ -294,7 +295,8 @@ mod tests {
 
     use burn::prelude::*;
 
-    use super::{KeySlots, composed_gathered_attention, flash};
+    use super::{KeySlots, WeightDropout, composed_gathered_attention, flash};
+    use crate::core::dropout::DropMask;
 
     /// A small deterministic generator (SplitMix64) for patterns and inputs.
     struct Draws(u64);
@@ -376,9 +378,16 @@ mod tests {
     }
 
     /// The fused kernel against the composed steps (Burn's own gather, softmax and derived
-    /// backward): outputs, log-sum-exps, and the gradients of a loss that reads both.
+    /// backward): outputs, log-sum-exps, and the gradients of a loss that reads both; without
+    /// dropout and with the same dropout mask on both sides.
     #[test]
     fn fused_matches_composed_with_gradients() {
+        for dropout in [None, Some(DropMask::new(0.3, 11))] {
+            fused_matches_composed_case(dropout);
+        }
+    }
+
+    fn fused_matches_composed_case(dropout: Option<DropMask>) {
         let device = Device::flex().autodiff();
         let mut draws = Draws(7);
         let cases = [
@@ -405,7 +414,8 @@ mod tests {
             let run = |fused: bool| {
                 let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
                 let (out, lse) = if fused {
-                    flash::try_gathered_attention(&q, &k, &v, &Arc::new(slots.clone()), 0.5)
+                    let slots = Arc::new(slots.clone());
+                    flash::try_gathered_attention(&q, &k, &v, &slots, 0.5, dropout)
                         .expect("flex has the fused kernel")
                 } else {
                     let o = composed_gathered_attention(
@@ -414,7 +424,7 @@ mod tests {
                         v.clone(),
                         slots.clone(),
                         0.5,
-                        None,
+                        dropout.map_or(WeightDropout::Off, WeightDropout::Mask),
                     );
                     (o.out, o.lse)
                 };
@@ -433,7 +443,8 @@ mod tests {
                 let diff = max_rel_diff(a, b);
                 assert!(
                     diff < 2e-5,
-                    "{name}: relative difference {diff} (groups {groups:?}, n_q {n_q})"
+                    "{name}: relative difference {diff} (groups {groups:?}, n_q {n_q}, \
+                     dropout {dropout:?})"
                 );
             }
         }

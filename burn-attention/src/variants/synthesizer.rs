@@ -34,6 +34,7 @@ use burn::tensor::activation::{relu, softmax};
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, causal_mask};
@@ -369,7 +370,7 @@ impl AttentionModule for SynthesizerAttention {
             let mask = causal_mask(n, &scores.device()).reshape([1, 1, n, n]);
             scores = scores.mask_fill(mask, MASK_FILL);
         }
-        let weights = self.dropout.forward(softmax(scores, 3));
+        let weights = dropout(&self.dropout, softmax(scores, 3));
         Ok(weights.matmul(v))
     }
 

@@ -3,6 +3,12 @@
 //! cores (pinned, with the thread pools sized to it). With one job the run's output is the
 //! sweep's; with several, each run writes `<sweep>/logs/<attention>-seed-<n>.log`.
 //!
+//! Without `--jobs`, a CPU backend runs one job per usable core (at most one per run): the
+//! harness's models keep one core busy far better than they split a step over several. Measured
+//! on a 2-core AMD EPYC, release build, the `tiny` and `small` models at 500 tokens, batch 32:
+//! one run on both cores trains 2.7 steps/s, two runs pinned to a core each 3.9 steps/s
+//! together (1.4x).
+//!
 //! A run whose directory another process holds (a concurrent sweep over the same `--out`) is
 //! left to it; when everything else is done the sweep waits for that process, then trains what
 //! it left unfinished.
@@ -38,7 +44,7 @@ enum Outcome {
 
 /// Trains `runs` on this host; the runs that did not finish.
 pub(super) fn run(args: &LraArgs, harness: &Harness, runs: Vec<Run>) -> Result<Vec<Failure>> {
-    let slots = slots(args)?;
+    let slots = slots(args, runs.len())?;
     let mut queue: VecDeque<Run> = runs.into();
     let mut failures = Vec::new();
     while !queue.is_empty() {
@@ -60,10 +66,14 @@ pub(super) fn run(args: &LraArgs, harness: &Harness, runs: Vec<Run>) -> Result<V
     Ok(failures)
 }
 
-/// The slots of `--jobs` / `--devices`.
-fn slots(args: &LraArgs) -> Result<Vec<Slot>> {
+/// The slots of `--jobs` / `--devices` for `n_runs` runs; without either, one per usable core
+/// on a CPU backend (at most `n_runs`), else one.
+fn slots(args: &LraArgs, n_runs: usize) -> Result<Vec<Slot>> {
     let jobs = match args.jobs {
         Some(jobs) => jobs as usize,
+        None if args.devices.is_empty() && args.backend.runs_on_cpu() => {
+            usable_cores().len().min(n_runs).max(1)
+        }
         None => args.devices.len().max(1),
     };
     if !args.devices.is_empty() {

@@ -27,7 +27,7 @@ pub fn lra(args: LraArgs) -> Result<()> {
     if args.summarize {
         return summary::write(&args, &sweep_dir);
     }
-    let harness = harness(args.harness.as_deref(), args.backend, false)?;
+    let harness = harness(args.harness.as_deref(), args.backend)?;
     if args.list {
         if !Command::new(&harness).arg("list").status()?.success() {
             bail!("burn-lra list failed");

@@ -53,7 +53,8 @@ pub struct LraArgs {
     #[arg(long, value_enum, default_value_t = Executor::Local)]
     pub(super) executor: Executor,
     /// Runs at once on this host (local executor): each on its own device from --devices, or, on
-    /// a CPU backend, each on its share of the cores [default: 1, or one per --devices entry].
+    /// a CPU backend, each on its share of the cores [default: one per --devices entry; on a
+    /// CPU backend one per core, at most one per run; else 1].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) jobs: Option<u64>,
     /// Device numbers for the runs at once (local executor, GPU backends), e.g. 0,1,2,3.

@@ -16,6 +16,7 @@
 use rayon::prelude::*;
 
 use super::kernel::{Dims, matmul, simd};
+use crate::core::dropout::DropMask;
 use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
 
@@ -194,8 +195,21 @@ pub struct Forward {
     pub sum: Vec<f32>,
 }
 
-/// Forward pass over every batch · head.
-pub fn forward(inputs: Inputs<'_>, dims: Dims, slots: &KeySlots, scale: f32) -> Forward {
+/// The dropout mask's row of block row `r` of block `beta` of head `h` (of batch × heads): rows
+/// count the `n_blocks · block` block rows of each head in block order, columns the slots, as
+/// the composed form's `[batch, heads, n_blocks, block, slots]` weights do.
+fn mask_row(slots: &KeySlots, h: usize, beta: usize, r: usize) -> u64 {
+    ((h * slots.n_blocks + beta) * slots.block + r) as u64
+}
+
+/// Forward pass over every batch · head; `dropout` drops weights after normalisation.
+pub fn forward(
+    inputs: Inputs<'_>,
+    dims: Dims,
+    slots: &KeySlots,
+    scale: f32,
+    dropout: Option<DropMask>,
+) -> Forward {
     let Dims { n_q, d_v, .. } = dims;
     let bh = dims.batch * dims.heads;
     check(slots, dims);
@@ -219,6 +233,9 @@ pub fn forward(inputs: Inputs<'_>, dims: Dims, slots: &KeySlots, scale: f32) -> 
                             let l = simd::exp_shift_sum(row, m);
                             let inv = 1.0 / l;
                             row.iter_mut().for_each(|p| *p *= inv);
+                            if let Some(mask) = &dropout {
+                                mask.apply_row(mask_row(slots, h, beta, r), 0, row);
+                            }
                             if let Some(pos) = buf.rows[r] {
                                 (max[pos], sum[pos]) = (m, l);
                             }
@@ -264,14 +281,16 @@ pub struct Upstream<'a> {
 
 /// Gradients with respect to `q`, `k` and `v`.
 ///
-/// With `P` the weights and `dP = dO Vᵀ`, a score's gradient is `P (dP − δ)` with
-/// `δ_i = dO_i · O_i − d lse_i` (the log-sum-exp's gradient with respect to a score is its
-/// weight); keys met by several slots collect every slot's share.
+/// With `P` the weights, `Z` the dropout mask (ones without dropout) and `dP = (dO Vᵀ) ∘ Z`,
+/// a score's gradient is `P (dP − δ)` with `δ_i = dO_i · O_i − d lse_i` (the log-sum-exp's
+/// gradient with respect to a score is its weight); keys met by several slots collect every
+/// slot's share.
 pub fn backward(
     inputs: Inputs<'_>,
     dims: Dims,
     slots: &KeySlots,
     scale: f32,
+    dropout: Option<DropMask>,
     up: Upstream<'_>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let Dims {
@@ -303,9 +322,11 @@ pub fn backward(
                     vec![0.0f32; block * width],
                     vec![0.0f32; block * d],
                     vec![0.0f32; width * d.max(d_v)],
+                    // The dropped weights, with dropout.
+                    vec![0.0f32; if dropout.is_some() { block * width } else { 0 }],
                 )
             },
-            |(buf, delta, d_o, dp, dq_block, d_gathered), (h, ((dq, dk), dv))| {
+            |(buf, delta, d_o, dp, dq_block, d_gathered, dropped), (h, ((dq, dk), dv))| {
                 let out = &up.forward.out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let d_out = &up.d_out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let max = &up.forward.max[h * n_q..(h + 1) * n_q];
@@ -337,7 +358,18 @@ pub fn backward(
                             }
                         }
                     }
-                    // dV_slots = Pᵀ dO, added to the slots' value rows.
+                    // The weights the output was made of: P, or P ∘ Z with dropout.
+                    let used: &[f32] = match &dropout {
+                        Some(mask) => {
+                            dropped.copy_from_slice(&buf.s);
+                            for (r, row) in dropped.chunks_mut(width).enumerate() {
+                                mask.apply_row(mask_row(slots, h, beta, r), 0, row);
+                            }
+                            dropped
+                        }
+                        None => &buf.s,
+                    };
+                    // dV_slots = (P ∘ Z)ᵀ dO, added to the slots' value rows.
                     let dv_slots = &mut d_gathered[..width * d_v];
                     matmul(
                         width,
@@ -346,14 +378,14 @@ pub fn backward(
                         dv_slots,
                         d_v,
                         false,
-                        &buf.s,
+                        used,
                         (1, width),
                         d_o,
                         (d_v, 1),
                         1.0,
                     );
                     scatter_add(dv, dv_slots, index(beta), d_v);
-                    // dP = dO V_slotsᵀ;  dS = scale · P ∘ (dP − δ), zero where masked.
+                    // dP = (dO V_slotsᵀ) ∘ Z;  dS = scale · P ∘ (dP − δ), zero where masked.
                     matmul(
                         block,
                         width,
@@ -369,6 +401,9 @@ pub fn backward(
                     );
                     for (r, &delta) in delta.iter().enumerate() {
                         let at = r * width..(r + 1) * width;
+                        if let Some(mask) = &dropout {
+                            mask.apply_row(mask_row(slots, h, beta, r), 0, &mut dp[at.clone()]);
+                        }
                         simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta, scale);
                     }
                     let pairs = slots.block_pairs(g, beta);

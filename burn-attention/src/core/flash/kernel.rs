@@ -18,6 +18,7 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use crate::core::dropout::DropMask;
 use crate::core::input::MASK_FILL;
 
 /// Query rows per tile.
@@ -77,6 +78,10 @@ pub struct Scoring<'a> {
     pub causal: bool,
     /// Key-padding flags `[batch, n_k]`, `true` = padding.
     pub key_padding: Option<&'a [bool]>,
+    /// Dropout on the weights: the mask of weight (`h · n_q + i`, `j`) for head `h` of
+    /// batch × heads, query `i` and key `j`, applied in the forward pass and regenerated in the
+    /// backward pass.
+    pub dropout: Option<DropMask>,
 }
 
 impl Scoring<'_> {
@@ -213,17 +218,18 @@ pub fn forward(
             },
             |(s, m, l), (h, t, (out, lse))| {
                 let rows = t * BLOCK_Q..(t * BLOCK_Q + BLOCK_Q).min(n_q);
-                let b = h / dims.heads;
                 let q = &q[(h * n_q + rows.start) * d..(h * n_q + rows.end) * d];
                 let k = &k[h * n_k * d..(h + 1) * n_k * d];
                 let v = &v[h * n_k * d_v..(h + 1) * n_k * d_v];
-                forward_tile(q, k, v, out, lse, s, m, l, &rows, b, dims, &scoring);
+                forward_tile(q, k, v, out, lse, s, m, l, &rows, h, dims, &scoring);
             },
         );
     (out, lse)
 }
 
-/// One query tile of the forward pass: online softmax over the key tiles.
+/// One query tile of the forward pass (head `h` of batch × heads): online softmax over the key
+/// tiles. Dropout zeroes weights after they entered the row sums, so the normalisation is the
+/// softmax's and only the product with `v` sees the mask.
 #[allow(clippy::too_many_arguments)]
 fn forward_tile(
     q: &[f32],
@@ -235,11 +241,14 @@ fn forward_tile(
     m: &mut [f32],
     l: &mut [f32],
     rows: &std::ops::Range<usize>,
-    b: usize,
+    h: usize,
     dims: Dims,
     scoring: &Scoring<'_>,
 ) {
-    let Dims { n_k, d, d_v, .. } = dims;
+    let Dims {
+        n_q, n_k, d, d_v, ..
+    } = dims;
+    let b = h / dims.heads;
     let bq = rows.len();
     out.fill(0.0);
     m[..bq].fill(f32::NEG_INFINITY);
@@ -275,6 +284,9 @@ fn forward_tile(
                 for x in &mut out[r * d_v..(r + 1) * d_v] {
                     *x *= rescale;
                 }
+            }
+            if let Some(mask) = &scoring.dropout {
+                mask.apply_row((h * n_q + rows.start + r) as u64, k0 as u32, row);
             }
         }
         matmul(
@@ -337,9 +349,18 @@ pub fn backward(
                     vec![0.0f32; BLOCK_Q * BLOCK_K],
                     vec![0.0f32; BLOCK_Q * BLOCK_K],
                     vec![0.0f32; n_q],
+                    // The dropped weights, with dropout.
+                    vec![
+                        0.0f32;
+                        if scoring.dropout.is_some() {
+                            BLOCK_Q * BLOCK_K
+                        } else {
+                            0
+                        }
+                    ],
                 )
             },
-            |(p, dp, delta), (h, ((dq, dk), dv))| {
+            |(p, dp, delta, dropped), (h, ((dq, dk), dv))| {
                 let b = h / dims.heads;
                 let q = &q[h * n_q * d..(h + 1) * n_q * d];
                 let k = &k[h * n_k * d..(h + 1) * n_k * d];
@@ -378,7 +399,20 @@ pub fn backward(
                         for r in 0..bq {
                             simd::exp_shift(&mut p[r * BLOCK_K..r * BLOCK_K + bk], lse[q0 + r]);
                         }
-                        // dV += Pᵀ dO.
+                        // The weights the output was made of: P, or P ∘ Z with dropout.
+                        let used: &[f32] = match &scoring.dropout {
+                            Some(mask) => {
+                                for r in 0..bq {
+                                    let at = r * BLOCK_K..r * BLOCK_K + bk;
+                                    let row = &mut dropped[at.clone()];
+                                    row.copy_from_slice(&p[at]);
+                                    mask.apply_row((h * n_q + q0 + r) as u64, k0 as u32, row);
+                                }
+                                dropped
+                            }
+                            None => p,
+                        };
+                        // dV += (P ∘ Z)ᵀ dO.
                         matmul(
                             bk,
                             d_v,
@@ -386,7 +420,7 @@ pub fn backward(
                             &mut dv[k0 * d_v..],
                             d_v,
                             true,
-                            p,
+                            used,
                             (1, BLOCK_K),
                             &d_o[q0 * d_v..],
                             (d_v, 1),
@@ -406,9 +440,18 @@ pub fn backward(
                             (1, d_v),
                             1.0,
                         );
-                        // dS = P ∘ (dP - delta), scaled once for both products below.
+                        // dP ∘= Z: the gradient of the weights before dropout. Then
+                        // dS = P ∘ (dP - delta), scaled once for both products below (delta =
+                        // Σ_c dO O is Σ_j P dP with the mask as well).
                         for r in 0..bq {
                             let at = r * BLOCK_K..r * BLOCK_K + bk;
+                            if let Some(mask) = &scoring.dropout {
+                                mask.apply_row(
+                                    (h * n_q + q0 + r) as u64,
+                                    k0 as u32,
+                                    &mut dp[at.clone()],
+                                );
+                            }
                             simd::softmax_grad(
                                 &mut dp[at.clone()],
                                 &p[at],
@@ -464,6 +507,8 @@ pub fn exp_in_place(values: &mut [f32]) {
 
 /// Row kernels, compiled for AVX-512 and AVX2 beside the portable build and picked at run time.
 pub(super) mod simd {
+    use crate::core::dropout::column_hash;
+
     /// Lanes the loops are written over; the compiler maps them onto vector registers.
     const LANES: usize = 16;
 
@@ -561,6 +606,15 @@ pub(super) mod simd {
             }
         }
 
+        unsafe fn dropout_row_impl(values: &mut [f32], key: [u32; 2], col0: u32, threshold: u32, scale: f32) -> () {
+            let mut col = col0;
+            for x in values.iter_mut() {
+                let keep = column_hash(col, key) >= threshold;
+                *x = if keep { *x * scale } else { 0.0 };
+                col = col.wrapping_add(1);
+            }
+        }
+
         unsafe fn dot_impl(a: &[f32], b: &[f32]) -> f32 {
             let mut acc = [0.0f32; LANES];
             let mut ca = a.chunks_exact(LANES);
@@ -627,6 +681,7 @@ pub(super) mod simd {
     dispatch!(exp_shift => exp_shift_impl(row: &mut [f32], shift: f32) -> ());
     dispatch!(softmax_grad => softmax_grad_impl(dp: &mut [f32], p: &[f32], delta: f32, scale: f32) -> ());
     dispatch!(dot => dot_impl(a: &[f32], b: &[f32]) -> f32);
+    dispatch!(dropout_row => dropout_row_impl(values: &mut [f32], key: [u32; 2], col0: u32, threshold: u32, scale: f32) -> ());
 
     #[cfg(test)]
     mod tests {

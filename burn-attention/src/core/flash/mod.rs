@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use burn::prelude::*;
 
+use crate::core::dropout::DropMask;
 use crate::core::key_slots::KeySlots;
 
 /// Key-padding flags shared between the forward and backward passes (`[batch, n_k]`,
@@ -30,7 +31,8 @@ pub(crate) type KeyPadding = Option<Arc<[bool]>>;
 /// when the backend has the fused kernel, `None` otherwise (the caller then composes the steps).
 ///
 /// Masked scores are replaced by [`MASK_FILL`](crate::core::input::MASK_FILL), as in the composed
-/// path, so the two agree to rounding, masks included.
+/// path, so the two agree to rounding, masks included; a dropout mask drops the weights the
+/// composed path given the same mask drops (`flex` only: libtorch's CPU kernel has no dropout).
 pub(crate) fn try_attention(
     q: &Tensor<4>,
     k: &Tensor<4>,
@@ -38,6 +40,7 @@ pub(crate) fn try_attention(
     mask_pad: Option<&Tensor<2, Bool>>,
     causal: bool,
     scale: f32,
+    dropout: Option<DropMask>,
 ) -> Option<Tensor<4>> {
     #[cfg(any(feature = "flex", feature = "tch"))]
     {
@@ -48,6 +51,13 @@ pub(crate) fn try_attention(
         let n_k = k.dims()[2];
         let same_head_size = q.dims()[3] == v.dims()[3];
         if !has_kernel(&q.device(), same_head_size) || !all_f32 || n_q == 0 || n_k == 0 {
+            return None;
+        }
+        #[cfg(feature = "flex")]
+        let has_dropout = dropout.is_some() && is_flex(&q.device());
+        #[cfg(not(feature = "flex"))]
+        let has_dropout = false;
+        if dropout.is_some() && !has_dropout {
             return None;
         }
         let key_padding: KeyPadding = mask_pad.map(|mask| {
@@ -62,21 +72,28 @@ pub(crate) fn try_attention(
             key_padding,
             scale,
             causal,
+            dropout,
         );
         Some(Tensor::from_dispatch(out))
     }
     #[cfg(not(any(feature = "flex", feature = "tch")))]
     {
-        let _ = (q, k, v, mask_pad, causal, scale);
+        let _ = (q, k, v, mask_pad, causal, scale, dropout);
         None
     }
 }
 
-/// Whether dropout on the attention weights is active: only while training (autodiff) with a
-/// non-zero rate. The fused kernels have none (as PyTorch's CPU flash attention has none), so
-/// their callers compose the steps when it is.
-pub(crate) fn has_weight_dropout(q: &Tensor<4>, dropout: Option<&burn::nn::Dropout>) -> bool {
-    q.is_autodiff() && dropout.is_some_and(|dropout| dropout.prob > 0.0)
+/// Multiplies `values` (columns from `col0` of a row whose mask key is `key`) by the dropout
+/// mask, vectorised: see [`DropMask::apply_row`].
+#[cfg(feature = "flex")]
+pub(crate) fn dropout_row(
+    values: &mut [f32],
+    key: [u32; 2],
+    col0: u32,
+    threshold: u32,
+    scale: f32,
+) {
+    kernel::simd::dropout_row(values, key, col0, threshold, scale);
 }
 
 /// Fused softmax attention over gathered keys (see [`gathered_attention`](crate::core::sparse::gathered_attention)):
@@ -90,6 +107,7 @@ pub(crate) fn try_gathered_attention(
     v: &Tensor<4>,
     slots: &Arc<KeySlots>,
     scale: f32,
+    dropout: Option<DropMask>,
 ) -> Option<(Tensor<4>, Tensor<4>)> {
     #[cfg(feature = "flex")]
     {
@@ -109,6 +127,7 @@ pub(crate) fn try_gathered_attention(
             v.clone().into_dispatch(),
             slots.clone(),
             scale,
+            dropout,
         );
         let joint = Tensor::<4>::from_dispatch(joint);
         let out = joint.clone().slice([0..batch, 0..heads, 0..n_q, 0..d_v]);
@@ -117,7 +136,7 @@ pub(crate) fn try_gathered_attention(
     }
     #[cfg(not(feature = "flex"))]
     {
-        let _ = (q, k, v, slots, scale);
+        let _ = (q, k, v, slots, scale, dropout);
         None
     }
 }
@@ -178,11 +197,12 @@ mod extension {
     use burn::backend::{Backend, backend_extension};
 
     use super::KeyPadding;
+    use crate::core::dropout::DropMask;
 
     /// The backend extension: fused attention whose autodiff form has a handwritten backward.
     #[backend_extension(Flex: cfg(feature = "flex"), LibTorch: cfg(feature = "tch"), Autodiff)]
     pub trait FlashAttention: Backend {
-        /// `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors.
+        /// `dropout(softmax(scale · q kᵀ + masks)) v` on `[batch, heads, n, d]` tensors.
         fn flash_attention(
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
@@ -190,6 +210,7 @@ mod extension {
             key_padding: KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self>;
 
         /// Element-wise `exp`. On `flex`, a vectorised exponential (about 2 ulp, inputs
@@ -211,12 +232,13 @@ mod gathered_extension {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, backend_extension};
 
+    use crate::core::dropout::DropMask;
     use crate::core::key_slots::KeySlots;
 
     /// The backend extension: fused attention over gathered keys, with a handwritten backward.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
     pub trait GatheredAttention: Backend {
-        /// `softmax(scale · q k_slotsᵀ + bias + masks) v_slots` per query block, on
+        /// `dropout(softmax(scale · q k_slotsᵀ + bias + masks)) v_slots` per query block, on
         /// `[batch, heads, n, d]` tensors: `[batch, heads, n_q, d_v + 1]`, the output with each
         /// query's log-sum-exp as the last column.
         fn gathered_attention(
@@ -225,6 +247,7 @@ mod gathered_extension {
             v: FloatTensor<Self>,
             slots: Arc<KeySlots>,
             scale: f32,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self>;
     }
 }
@@ -244,6 +267,7 @@ mod flex {
 
     use super::kernel::{self, Dims, Scoring};
     use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+    use crate::core::dropout::DropMask;
     use crate::core::key_slots::KeySlots;
 
     /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
@@ -336,6 +360,7 @@ mod flex {
             key_padding: &KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> (Vec<f32>, Vec<f32>) {
             kernel::forward(
                 &self.q,
@@ -346,6 +371,7 @@ mod flex {
                     scale,
                     causal,
                     key_padding: key_padding.as_deref(),
+                    dropout,
                 },
             )
         }
@@ -359,9 +385,10 @@ mod flex {
             key_padding: KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
             let host = Host::new(q, k, v);
-            let (out, _) = host.forward(&key_padding, scale, causal);
+            let (out, _) = host.forward(&key_padding, scale, causal, dropout);
             device_tensor(out, host.dims.out_shape())
         }
 
@@ -398,6 +425,7 @@ mod flex {
         key_padding: KeyPadding,
         scale: f32,
         causal: bool,
+        dropout: Option<DropMask>,
     }
 
     #[derive(Debug)]
@@ -426,6 +454,7 @@ mod flex {
                     scale: saved.scale,
                     causal: saved.causal,
                     key_padding: saved.key_padding.as_deref(),
+                    dropout: saved.dropout,
                 },
             );
             register_qkv_grads(grads, parents, [dq, dk, dv], host.dims);
@@ -440,6 +469,7 @@ mod flex {
             key_padding: KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
             match FlashBackward
                 .prepare::<C>([q.node(), k.node(), v.node()])
@@ -452,7 +482,7 @@ mod flex {
                         k.primitive().clone(),
                         v.primitive().clone(),
                     );
-                    let (out, lse) = host.forward(&key_padding, scale, causal);
+                    let (out, lse) = host.forward(&key_padding, scale, causal, dropout);
                     let out = device_tensor(out, host.dims.out_shape());
                     let saved = Saved {
                         host,
@@ -461,6 +491,7 @@ mod flex {
                         key_padding,
                         scale,
                         causal,
+                        dropout,
                     };
                     prep.finish(saved, out)
                 }
@@ -471,6 +502,7 @@ mod flex {
                     key_padding,
                     scale,
                     causal,
+                    dropout,
                 )),
             }
         }
@@ -575,8 +607,13 @@ mod flex {
             }
         }
 
-        fn forward(&self, slots: &KeySlots, scale: f32) -> gathered::Forward {
-            gathered::forward(self.rows(), self.dims(), slots, scale)
+        fn forward(
+            &self,
+            slots: &KeySlots,
+            scale: f32,
+            dropout: Option<DropMask>,
+        ) -> gathered::Forward {
+            gathered::forward(self.rows(), self.dims(), slots, scale, dropout)
         }
     }
 
@@ -599,9 +636,10 @@ mod flex {
             v: FloatTensor<Self>,
             slots: Arc<KeySlots>,
             scale: f32,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
             let inputs = HeldInputs::new(q, k, v);
-            joint_tensor(&inputs.forward(&slots, scale), inputs.dims())
+            joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
         }
     }
 
@@ -612,6 +650,7 @@ mod flex {
         forward: Arc<gathered::Forward>,
         slots: Arc<KeySlots>,
         scale: f32,
+        dropout: Option<DropMask>,
     }
 
     #[derive(Debug)]
@@ -637,6 +676,7 @@ mod flex {
                 dims,
                 &saved.slots,
                 saved.scale,
+                saved.dropout,
                 gathered::Upstream {
                     forward: &saved.forward,
                     d_out: &d_out,
@@ -654,6 +694,7 @@ mod flex {
             v: FloatTensor<Self>,
             slots: Arc<KeySlots>,
             scale: f32,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
             match GatheredBackward
                 .prepare::<C>([q.node(), k.node(), v.node()])
@@ -666,13 +707,14 @@ mod flex {
                         k.primitive().clone(),
                         v.primitive().clone(),
                     );
-                    let forward = inputs.forward(&slots, scale);
+                    let forward = inputs.forward(&slots, scale, dropout);
                     let joint = joint_tensor(&forward, inputs.dims());
                     let saved = GatheredSaved {
                         inputs,
                         forward: Arc::new(forward),
                         slots,
                         scale,
+                        dropout,
                     };
                     prep.finish(saved, joint)
                 }
@@ -682,6 +724,7 @@ mod flex {
                     v.into_primitive(),
                     slots,
                     scale,
+                    dropout,
                 )),
             }
         }
@@ -704,6 +747,7 @@ mod libtorch {
     use burn::backend::{Autodiff, LibTorch};
 
     use super::{FlashAttention, KeyPadding};
+    use crate::core::dropout::DropMask;
     use crate::core::input::MASK_FILL;
 
     /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
@@ -754,7 +798,12 @@ mod libtorch {
             key_padding: KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
+            assert!(
+                dropout.is_none(),
+                "libtorch's CPU flash attention has no dropout"
+            );
             let mask = additive_mask(&key_padding, &q, &k);
             let (out, _) = forward(&q, &k, &v, mask.as_ref(), scale, causal);
             TchTensor::new(out)
@@ -813,7 +862,12 @@ mod libtorch {
             key_padding: KeyPadding,
             scale: f32,
             causal: bool,
+            dropout: Option<DropMask>,
         ) -> FloatTensor<Self> {
+            assert!(
+                dropout.is_none(),
+                "libtorch's CPU flash attention has no dropout"
+            );
             match TorchFlashBackward
                 .prepare::<C>([q.node(), k.node(), v.node()])
                 .compute_bound()
@@ -847,6 +901,7 @@ mod libtorch {
                     key_padding,
                     scale,
                     causal,
+                    dropout,
                 )),
             }
         }
