@@ -16,6 +16,7 @@ use burn::prelude::*;
 use crate::core::contract::{AttentionModule, DecodingState};
 use crate::core::dropout::dropout;
 use crate::core::error::AttentionError;
+use crate::core::flash;
 use crate::core::input::AttentionInput;
 use crate::core::params::num_params_checked;
 use crate::registry::{Attention, AttentionConfig};
@@ -102,7 +103,8 @@ pub struct EncoderBlock<A: Module + AttentionModule = Attention> {
     pub ff_in: Linear,
     /// Feed-forward output layer.
     pub ff_out: Linear,
-    /// Feed-forward activation.
+    /// Feed-forward activation: the exact GELU (computed by the library's vectorised kernel on
+    /// `flex`, by Burn's elsewhere).
     pub activation: Gelu,
     /// Residual dropout.
     pub dropout: Dropout,
@@ -173,9 +175,8 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
 
     /// The block's second half: `x + FF(LN(x))`.
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self
-            .activation
-            .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
+        // The exact GELU `activation` stands for, vectorised on `flex`.
+        let h = flash::gelu(self.ff_in.forward(self.norm_ff.forward(x.clone())));
         let h = self.ff_out.forward(dropout(&self.dropout, h));
         x + dropout(&self.dropout, h)
     }

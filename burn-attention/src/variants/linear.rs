@@ -15,6 +15,7 @@ use burn::prelude::*;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
@@ -132,10 +133,11 @@ impl AttentionModule for LinearAttention {
     }
 }
 
-/// The feature map `elu(x) + 1`, evaluated as `max(x, 0) + exp(min(x, 0))`: the same values
-/// and gradients, exact to round-off however negative `x` is.
+/// The feature map `elu(x) + 1`: `x + 1` for `x > 0`, `exp(x)` otherwise, exact to round-off
+/// however negative `x` is (never `(exp(x) − 1) + 1`). On `flex` one vectorised pass whose
+/// backward keeps only the output; elsewhere `max(x, 0) + exp(min(x, 0))`.
 pub fn elu_feature_map<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    x.clone().clamp_min(0.0) + x.clamp_max(0.0).exp()
+    flash::elu_plus_one(x)
 }
 
 /// Linear attention on per-head tensors, the functional form of [`LinearAttention`].
