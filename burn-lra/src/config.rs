@@ -266,9 +266,19 @@ pub struct ModelConfig {
     pub pooling: Pooling,
     /// Positions.
     pub positions: Positions,
+    /// Standard deviation of the normal distribution the token embeddings start from: 1 (the
+    /// default) as Flax's `nn.Embed` in the LRA reference, 0.02 as the PyTorch re-runs'
+    /// `small` recipe.
+    #[serde(default = "default_embedding_std")]
+    pub embedding_std: f64,
     /// Matching: how the two documents' vectors meet in the head.
     #[serde(default)]
     pub pair_features: PairFeatures,
+}
+
+/// The token embeddings' initial standard deviation unless a configuration sets one.
+fn default_embedding_std() -> f64 {
+    1.0
 }
 
 /// Optimiser: Adam with decoupled weight decay scaled by the learning rate (AdamW).
@@ -461,6 +471,12 @@ impl RunConfig {
             if !(0.0..1.0).contains(&p) {
                 bail!("`{key}` must be in [0, 1), got {p}");
             }
+        }
+        if !(m.embedding_std.is_finite() && m.embedding_std > 0.0) {
+            bail!(
+                "`model.embedding_std` must be a positive number, got {}",
+                m.embedding_std
+            );
         }
         let o = &self.training.optimizer;
         for (key, b) in [

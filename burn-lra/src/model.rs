@@ -71,7 +71,12 @@ impl LraClassifier {
                 .init(device)
         };
         Ok(Self {
-            embedding: EmbeddingConfig::new(vocab_size, m.d_model).init(device),
+            embedding: EmbeddingConfig::new(vocab_size, m.d_model)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: m.embedding_std,
+                })
+                .init(device),
             // Built lazily, as every other parameter: a model can be counted before it exists.
             cls: (m.pooling == Pooling::Cls)
                 .then(|| Initializer::Zeros.init([1, 1, m.d_model], device)),
