@@ -4,8 +4,10 @@ the same protocol as `burn-lra bench-attention` (median forward and forward + ba
 `--reps` after `--warmup`, peak resident memory of this process above its level before the first
 input), so that `cargo xtask bench attention` can put the two side by side.
 
-Variants: softmax (four linear projections around torch's scaled_dot_product_attention), and the
-packages people use: linformer (LinformerSelfAttention), performer and performer-relu
+Variants: softmax (four linear projections around torch's scaled_dot_product_attention), linear
+(Katharopoulos et al.'s elu + 1 feature map) and efficient (Shen et al.'s softmax over features
+and over positions), each a few lines of torch inside the same projections, and the packages
+people use: linformer (LinformerSelfAttention), performer and performer-relu
 (performer-pytorch SelfAttention, FAVOR+ or its generalized ReLU kernel), nystrom
 (nystrom-attention NystromAttention), local (local-attention LocalAttention, blocks attending to
 themselves, inside the same four projections), reformer (reformer-pytorch LSHSelfAttention),
@@ -31,20 +33,41 @@ def proc_status_kib(field):
     return 0.0
 
 
+def linear_attention(q, k, v):
+    """Non-causal linear attention, `phi(q) (phi(k)^T v) / (phi(q) . sum_j phi(k_j))`,
+    `phi = elu + 1` (Katharopoulos et al. 2020, eq. 4-6)."""
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    kv = k.transpose(-2, -1) @ v
+    z = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)
+    return (q @ kv) / z.clamp_min(1e-6)
+
+
+def efficient_attention(q, k, v):
+    """Efficient Attention (Shen et al. 2021): `softmax_features(q) (softmax_positions(k)^T v)`."""
+    return q.softmax(dim=-1) @ (k.softmax(dim=-2).transpose(-2, -1) @ v)
+
+
 class Projected(nn.Module):
     """Four linear projections around a per-head attention `attend(q, k, v)` on
-    `[batch, heads, n, d]` tensors (torch's scaled_dot_product_attention by default)."""
+    `[batch, heads, n, d]` tensors (torch's scaled_dot_product_attention by default, with
+    `dropout` on its weights while training)."""
 
-    def __init__(self, dim, heads, attend=F.scaled_dot_product_attention):
+    def __init__(self, dim, heads, attend=None, dropout=0.0):
         super().__init__()
         self.heads = heads
         self.attend = attend
+        self.dropout = dropout
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
 
     def forward(self, x):
         b, n, d = x.shape
         split = lambda t: t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-        out = self.attend(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if self.attend is None:
+            p = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        else:
+            out = self.attend(q, k, v)
         return self.o(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -120,9 +143,15 @@ class HfBigBird(nn.Module):
         return self.o(out)
 
 
-def build(name, dim, heads, n, params):
+def build(name, dim, heads, n, params, dropout=0.0):
+    """The attention `name`; `dropout` on its weights where it has weights to drop (softmax,
+    linformer), as ours applies the preset's attention dropout."""
     if name == "softmax":
-        return Projected(dim, heads)
+        return Projected(dim, heads, dropout=dropout)
+    if name == "linear":
+        return Projected(dim, heads, attend=linear_attention)
+    if name == "efficient":
+        return Projected(dim, heads, attend=efficient_attention)
     if name == "local":
         from local_attention import LocalAttention
 
@@ -160,7 +189,9 @@ def build(name, dim, heads, n, params):
     if name == "linformer":
         from linformer import LinformerSelfAttention
 
-        return LinformerSelfAttention(dim, seq_len=n, k=params.get("k", 256), heads=heads)
+        return LinformerSelfAttention(
+            dim, seq_len=n, k=params.get("k", 256), heads=heads, dropout=dropout
+        )
     if name in ("performer", "performer-relu"):
         from performer_pytorch import SelfAttention
 

@@ -5,10 +5,12 @@ median time of a training step over `--steps` after `--warmup`, peak resident me
 level once the model was built), with the attention taken from the PyPI packages of
 `torch_attention.py`. `cargo xtask bench lra` runs it beside ours.
 
-The model mirrors burn-lra's classifier: byte embedding, a zero-initialised CLS token, sinusoidal
-positions, pre-LN blocks `x + Dropout(Attn(LN(x)))`, `x + Dropout(Dense(GELU(Dense(LN(x)))))`, a
-final LayerNorm, CLS pooling, `Dense(d_mlp) ReLU Dense(2)`; AdamW with the preset's betas,
-epsilon and weight decay. Attention dropout is off on both sides.
+The model mirrors burn-lra's classifier for the preset's `[model]` table: byte embedding, a
+zero-initialised CLS token (CLS pooling) or none (mean pooling), sinusoidal or learned positions,
+pre-LN blocks `x + Dropout(Attn(LN(x)))`, `x + Dropout(Dense(Dropout(GELU(Dense(LN(x))))))`, a
+final LayerNorm, CLS or mean pooling, `Dense(d_mlp) ReLU Dense(2)`; AdamW with the preset's
+betas, epsilon and weight decay. The preset's dropout everywhere, its attention dropout on the
+weights of the attentions that have them (softmax, linformer), as on our side.
 """
 import json
 import math
@@ -49,12 +51,23 @@ class Classifier(nn.Module):
     def __init__(self, attention, n, m, params):
         super().__init__()
         d = m["d_model"]
+        self.mean = m["pooling"] == "mean"
+        n_in = n if self.mean else n + 1
         self.embedding = nn.Embedding(257, d)
-        self.cls = nn.Parameter(torch.zeros(1, 1, d))
-        self.register_buffer("positions", sinusoidal(n + 1, d))
+        self.cls = None if self.mean else nn.Parameter(torch.zeros(1, 1, d))
+        if m["positions"] == "learned":
+            self.positions = nn.Parameter(0.02 * torch.randn(n_in, d))
+        else:
+            self.register_buffer("positions", sinusoidal(n_in, d))
         self.drop = nn.Dropout(m["dropout"])
+        attention_dropout = m["attention_dropout"]
         self.blocks = nn.ModuleList(
-            Block(build(attention, d, m["n_heads"], n + 1, params), d, m["d_ff"], m["dropout"])
+            Block(
+                build(attention, d, m["n_heads"], n_in, params, attention_dropout),
+                d,
+                m["d_ff"],
+                m["dropout"],
+            )
             for _ in range(m["n_layers"])
         )
         self.norm = nn.LayerNorm(d, eps=1e-6)
@@ -62,11 +75,14 @@ class Classifier(nn.Module):
 
     def forward(self, tokens):
         x = self.embedding(tokens)
-        x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], 1) + self.positions
-        x = self.drop(x)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], 1)
+        x = self.drop(x + self.positions)
         for block in self.blocks:
             x = block(x)
-        return self.out(F.relu(self.hidden(self.norm(x)[:, 0])))
+        x = self.norm(x)
+        pooled = x.mean(dim=1) if self.mean else x[:, 0]
+        return self.out(F.relu(self.hidden(pooled)))
 
 
 def main():

@@ -148,6 +148,8 @@ const PIP_PACKAGES: &[&str] = &[
 /// Attentions with a PyTorch counterpart in `bench/torch_attention.py`.
 const TORCH_VARIANTS: &[&str] = &[
     "softmax",
+    "linear",
+    "efficient",
     "linformer",
     "performer",
     "performer-relu",
@@ -814,7 +816,9 @@ fn render_lra_markdown(report: &Value, names: &[String], lengths: &[usize]) -> S
     let mut md = format!(
         "# LRA efficiency (Text task), backend `{}`\n\n{} ({} cores, {} GiB{gpu}), commit {}, {} \
          threads; PyTorch {}. The `{}` preset's Text model at each length, batch {}, full-length \
-         random bytes, attention dropout off on both sides; time of a training step (forward, \
+         random bytes, the preset's dropout on both sides (attention dropout on the weights of \
+         softmax and linformer, the attentions with weights on both sides); time of a training \
+         step (forward, \
          backward, AdamW): {}; peak memory \
          is the process's resident high-water mark above its level once the model was built \
          (Linux VmHWM - VmRSS). Our model applies its padding mask at every layer; the PyTorch \
