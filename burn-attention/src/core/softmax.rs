@@ -91,7 +91,7 @@ mod tests {
     use burn::tensor::Distribution;
 
     use super::{WeightDropout, composed_softmax_attention, flash};
-    use crate::core::dropout::DropMask;
+    use crate::core::flash::DropMask;
 
     fn max_rel_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
         let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);

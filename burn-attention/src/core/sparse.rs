@@ -296,7 +296,7 @@ mod tests {
     use burn::prelude::*;
 
     use super::{KeySlots, WeightDropout, composed_gathered_attention, flash};
-    use crate::core::dropout::DropMask;
+    use crate::core::flash::DropMask;
 
     /// A small deterministic generator (SplitMix64) for patterns and inputs.
     struct Draws(u64);

@@ -15,8 +15,8 @@
 
 use rayon::prelude::*;
 
+use super::DropMask;
 use super::kernel::{Dims, matmul, simd};
-use crate::core::dropout::DropMask;
 use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
 

@@ -18,7 +18,7 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use crate::core::dropout::DropMask;
+use super::DropMask;
 use crate::core::input::MASK_FILL;
 
 /// Query rows per tile.
@@ -541,7 +541,7 @@ pub fn elu_plus_one_grad_in_place(grad: &mut [f32], y: &[f32]) {
 
 /// Row kernels, compiled for AVX-512 and AVX2 beside the portable build and picked at run time.
 pub(super) mod simd {
-    use crate::core::dropout::column_hash;
+    use super::super::mask::column_hash;
 
     /// Lanes the loops are written over; the compiler maps them onto vector registers.
     const LANES: usize = 16;

@@ -15,13 +15,14 @@
 mod gathered;
 #[cfg(feature = "flex")]
 mod kernel;
+mod mask;
 
 use std::sync::Arc;
 
 use burn::prelude::*;
 
-use crate::core::dropout::DropMask;
 use crate::core::key_slots::KeySlots;
+pub(crate) use mask::DropMask;
 
 /// Key-padding flags shared between the forward and backward passes (`[batch, n_k]`,
 /// `true` = padding).
@@ -81,19 +82,6 @@ pub(crate) fn try_attention(
         let _ = (q, k, v, mask_pad, causal, scale, dropout);
         None
     }
-}
-
-/// Multiplies `values` (columns from `col0` of a row whose mask key is `key`) by the dropout
-/// mask, vectorised: see [`DropMask::apply_row`].
-#[cfg(feature = "flex")]
-pub(crate) fn dropout_row(
-    values: &mut [f32],
-    key: [u32; 2],
-    col0: u32,
-    threshold: u32,
-    scale: f32,
-) {
-    kernel::simd::dropout_row(values, key, col0, threshold, scale);
 }
 
 /// Fused softmax attention over gathered keys (see [`gathered_attention`](crate::core::sparse::gathered_attention)):
@@ -221,8 +209,8 @@ mod extension {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, backend_extension};
 
+    use super::DropMask;
     use super::KeyPadding;
-    use crate::core::dropout::DropMask;
 
     /// The backend extension: fused attention whose autodiff form has a handwritten backward.
     #[backend_extension(Flex: cfg(feature = "flex"), LibTorch: cfg(feature = "tch"), Autodiff)]
@@ -272,7 +260,7 @@ mod gathered_extension {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, backend_extension};
 
-    use crate::core::dropout::DropMask;
+    use super::DropMask;
     use crate::core::key_slots::KeySlots;
 
     /// The backend extension: fused attention over gathered keys, with a handwritten backward.
@@ -305,9 +293,9 @@ mod flex {
     use burn::tensor::TensorData;
     use std::sync::Arc;
 
+    use super::DropMask;
     use super::kernel::{self, Dims, Scoring};
     use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
-    use crate::core::dropout::DropMask;
     use crate::core::key_slots::KeySlots;
 
     /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
@@ -465,8 +453,11 @@ mod flex {
             let grad = grads.consume::<Flex>(&ops.node);
             if let Some(node) = node {
                 let (mut grad, shape) = host(grad);
-                let (saved, _) = host(ops.state);
-                (self.0)(&mut grad, &saved);
+                // The saved output is the kernel's own contiguous tensor: read in place.
+                match ops.state.as_slice::<f32>() {
+                    Some(saved) => (self.0)(&mut grad, saved),
+                    None => (self.0)(&mut grad, &host(ops.state).0),
+                }
                 let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
                 grads.register::<Flex>(node.id, grad);
             }
@@ -856,8 +847,8 @@ mod libtorch {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Autodiff, LibTorch};
 
+    use super::DropMask;
     use super::{FlashAttention, KeyPadding};
-    use crate::core::dropout::DropMask;
     use crate::core::input::MASK_FILL;
 
     /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
