@@ -175,8 +175,10 @@ fn concurrent_sweeps_train_each_run_once() {
             .spawn()
             .unwrap()
     };
-    let first = spawn(sweep(&config, &out, "softmax,linear", &[]));
-    let second = spawn(sweep(&config, &out, "softmax,linear", &[]));
+    // One job each, so each sweep reports its runs on its own stderr (with more, the runs' output
+    // goes to their log files, which both sweeps append to).
+    let first = spawn(sweep(&config, &out, "softmax,linear", &["--jobs", "1"]));
+    let second = spawn(sweep(&config, &out, "softmax,linear", &["--jobs", "1"]));
     let outputs = [
         first.wait_with_output().unwrap(),
         second.wait_with_output().unwrap(),
