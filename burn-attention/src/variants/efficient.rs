@@ -9,10 +9,10 @@
 //! Causal: not defined (`ρ_k` normalises over the whole sequence), so asking for it is an error.
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
@@ -151,7 +151,9 @@ pub fn efficient_attention(
         }
         None => k,
     };
-    let q = softmax(q, 3);
-    let k = softmax(k, 2);
-    q.matmul(k.swap_dims(2, 3).matmul(v))
+    // ρ_q over each query's features; ρ_k over the positions, as rows of the transposed keys
+    // (the layout the product `ρ_k(K)ᵀ V` takes).
+    let q = flash::softmax(q);
+    let k_t = flash::softmax(k.swap_dims(2, 3));
+    q.matmul(k_t.matmul(v))
 }

@@ -25,11 +25,11 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
@@ -389,12 +389,11 @@ pub fn linformer_linear_attention(
     mask_pad: Option<Tensor<2, Bool>>,
 ) -> Tensor<4> {
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
-    let h = softmax(q.mul_scalar(scale), 3); // [b, h, n, d]
-    let l = softmax(
+    let h = flash::softmax(q.mul_scalar(scale)); // [b, h, n, d]
+    let l = flash::softmax(
         project_sequence(e, zero_padded(k, &mask_pad))
             .swap_dims(2, 3)
             .mul_scalar(scale),
-        3,
     ); // [b, h, d, k]
     let x = project_sequence(f, zero_padded(v, &mask_pad)); // [b, h, k, d]
     h.matmul(l.matmul(x))

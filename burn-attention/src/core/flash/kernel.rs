@@ -502,6 +502,50 @@ pub fn exp_in_place(values: &mut [f32]) {
     par_chunks(values, |chunk| simd::exp_shift(chunk, 0.0));
 }
 
+/// Softmax over each row of `row_len` consecutive values, in place: `exp(x − max) / Σ`, through
+/// the kernels' vectorised exponential, rows spread over the rayon pool.
+pub fn softmax_rows_in_place(values: &mut [f32], row_len: usize) {
+    par_rows(values, row_len, |row| {
+        let max = simd::max(row);
+        let inv = 1.0 / simd::exp_shift_sum(row, max);
+        for x in row {
+            *x *= inv;
+        }
+    });
+}
+
+/// The softmax backward per row in place, from the output `y`: `grad ← y ∘ (grad − ⟨grad, y⟩)`.
+pub fn softmax_rows_grad_in_place(grad: &mut [f32], y: &[f32], row_len: usize) {
+    assert_eq!(grad.len(), y.len(), "softmax gradient and output");
+    if row_len == 0 {
+        return;
+    }
+    let rows = rows_per_chunk(row_len) * row_len;
+    grad.par_chunks_mut(rows)
+        .zip(y.par_chunks(rows))
+        .for_each(|(g, y)| {
+            for (g, y) in g.chunks_exact_mut(row_len).zip(y.chunks_exact(row_len)) {
+                let delta = simd::dot(g, y);
+                simd::softmax_grad(g, y, delta, 1.0);
+            }
+        });
+}
+
+/// Rows of `row_len` values in one parallel task: about the element-wise chunk size.
+fn rows_per_chunk(row_len: usize) -> usize {
+    ((1 << 14) / row_len).max(1)
+}
+
+/// Applies `f` to every row of `row_len` values, rows grouped into tasks for the rayon pool.
+fn par_rows(values: &mut [f32], row_len: usize, f: impl Fn(&mut [f32]) + Send + Sync) {
+    if row_len == 0 {
+        return;
+    }
+    values
+        .par_chunks_mut(rows_per_chunk(row_len) * row_len)
+        .for_each(|rows| rows.chunks_exact_mut(row_len).for_each(&f));
+}
+
 /// Applies `f` to `values` in chunks spread over the rayon pool (element-wise kernels).
 fn par_chunks(values: &mut [f32], f: impl Fn(&mut [f32]) + Send + Sync) {
     const CHUNK: usize = 1 << 14;

@@ -155,6 +155,18 @@ pub(crate) fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     burn::tensor::activation::gelu(x)
 }
 
+/// Softmax over the last axis, on `flex` (f32) in one vectorised pass per row (the fused
+/// kernel's exponential) with a backward that keeps only the output; elsewhere Burn's.
+pub(crate) fn softmax<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(feature = "flex")]
+    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_softmax(
+            x.into_dispatch(),
+        ));
+    }
+    burn::tensor::activation::softmax(x, D - 1)
+}
+
 /// `elu(x) + 1`, on `flex` (f32) in one vectorised pass with a backward that keeps only the
 /// output; elsewhere as `max(x, 0) + exp(min(x, 0))` (the same values and gradients).
 pub(crate) fn elu_plus_one<const D: usize>(x: Tensor<D>) -> Tensor<D> {
@@ -237,6 +249,17 @@ mod extension {
         /// backend's own.
         fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
             Self::gelu(x)
+        }
+
+        /// Softmax over the last axis. On `flex`, one vectorised pass per row with a fused
+        /// backward that keeps only the output; elsewhere the backend's composed steps.
+        fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            use burn::backend::TensorMetadata;
+            let last = x.shape().num_dims() - 1;
+            let max = Self::float_max_dim(x.clone(), last);
+            let e = Self::float_exp(Self::float_sub(x, max));
+            let sum = Self::float_sum_dim(e.clone(), last);
+            Self::float_div(e, sum)
         }
 
         /// `elu(x) + 1`. On `flex`, one vectorised pass; elsewhere `max(x, 0) + exp(min(x, 0))`.
@@ -431,6 +454,12 @@ mod flex {
         fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
             in_place(x, kernel::elu_plus_one_in_place)
         }
+
+        fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            let (mut values, shape) = host(x);
+            kernel::softmax_rows_in_place(&mut values, shape.last().copied().unwrap_or(1));
+            burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+        }
     }
 
     /// `f` applied to a copy of `x`'s values.
@@ -484,6 +513,31 @@ mod flex {
                 prep.finish(state, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
+        }
+    }
+
+    /// The softmax backward over the last axis, from the saved output.
+    #[derive(Debug)]
+    struct SoftmaxBackward;
+
+    impl Backward<Flex, 1> for SoftmaxBackward {
+        type State = FloatTensor<Flex>;
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let [node] = ops.parents;
+            let grad = grads.consume::<Flex>(&ops.node);
+            if let Some(node) = node {
+                let (mut grad, shape) = host(grad);
+                let row_len = shape.last().copied().unwrap_or(1);
+                match ops.state.as_slice::<f32>() {
+                    Some(y) => kernel::softmax_rows_grad_in_place(&mut grad, y, row_len),
+                    None => {
+                        kernel::softmax_rows_grad_in_place(&mut grad, &host(ops.state).0, row_len)
+                    }
+                }
+                let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
+                grads.register::<Flex>(node.id, grad);
+            }
         }
     }
 
@@ -611,6 +665,20 @@ mod flex {
 
         fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
             tracked_pointwise::<C>(x, Flex::vector_gelu, kernel::gelu_grad_in_place, true)
+        }
+
+        fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            match SoftmaxBackward
+                .prepare::<C>([x.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let out = Flex::vector_softmax(x.primitive().clone());
+                    prep.finish(out.clone(), out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(Flex::vector_softmax(x.into_primitive())),
+            }
         }
 
         fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -1084,6 +1152,91 @@ mod tests {
             (-30.0, 10.0),
             1e-6,
         );
+    }
+
+    /// Softmax over the last axis and its backward against a float64 reference written from
+    /// the definition: `y = exp(x − max) / Σ exp(x − max)`, and for the loss `Σ g ∘ y`,
+    /// `∂/∂x_i = y_i (g_i − Σ_j g_j y_j)` (to 1e-5 of `y_i (|g_i| + Σ_j |g_j| y_j)`). Rows of several lengths (one, shorter than a vector,
+    /// not a multiple of one, long), scores as wide as a trained model's (±40), and a
+    /// transposed (non-contiguous) input, as Efficient Attention feeds it.
+    #[test]
+    fn softmax_matches_float64() {
+        let device = Device::flex().autodiff();
+        for (rows, row_len, transposed) in [
+            (7, 1, false),
+            (40, 5, false),
+            (33, 37, false),
+            (6, 2001, false),
+            (300, 24, true),
+        ] {
+            let shape = if transposed {
+                [2, row_len, rows / 2]
+            } else {
+                [1, rows, row_len]
+            };
+            let x = Tensor::<3>::random(shape, Distribution::Uniform(-40.0, 40.0), &device)
+                .require_grad();
+            let input = if transposed {
+                x.clone().swap_dims(1, 2)
+            } else {
+                x.clone()
+            };
+            let dims = input.dims();
+            let g = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &device);
+            let y = super::softmax(input.clone());
+            let grads = (y.clone() * g.clone()).sum().backward();
+            let dx = input.grad(&grads).unwrap_or_else(|| {
+                // The gradient reaches the swapped view through `x`.
+                x.grad(&grads).unwrap().swap_dims(1, 2)
+            });
+            let values = |t: Tensor<3>| t.into_data().iter::<f32>().collect::<Vec<_>>();
+            let (x, g, y, dx) = (
+                values(input.inner()),
+                values(g.inner()),
+                values(y.inner()),
+                values(dx),
+            );
+            let len = dims[2];
+            for r in 0..x.len() / len {
+                let row = r * len..(r + 1) * len;
+                let max = x[row.clone()]
+                    .iter()
+                    .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let e: Vec<f64> = x[row.clone()]
+                    .iter()
+                    .map(|&v| (v as f64 - max).exp())
+                    .collect();
+                let sum: f64 = e.iter().sum();
+                let want: Vec<f64> = e.iter().map(|v| v / sum).collect();
+                let dot: f64 = want
+                    .iter()
+                    .zip(&g[row.clone()])
+                    .map(|(y, &g)| y * g as f64)
+                    .sum();
+                // The scale of the terms `g_i − Σ g_j y_j` cancels: the bound is relative to it.
+                let size: f64 = want
+                    .iter()
+                    .zip(&g[row.clone()])
+                    .map(|(y, &g)| y * (g as f64).abs())
+                    .sum();
+                for (j, i) in row.enumerate() {
+                    let err = (y[i] as f64 - want[j]).abs();
+                    assert!(
+                        err <= 1e-6 * want[j] + 1e-9,
+                        "softmax row {r} ({len}) [{j}] = {} against {}",
+                        y[i],
+                        want[j]
+                    );
+                    let grad = want[j] * (g[i] as f64 - dot);
+                    assert!(
+                        (dx[i] as f64 - grad).abs()
+                            <= 1e-5 * want[j] * ((g[i] as f64).abs() + size) + 1e-9,
+                        "softmax gradient row {r} ({len}) [{j}] = {} against {grad}",
+                        dx[i]
+                    );
+                }
+            }
+        }
     }
 
     /// `erfc` in float64: `1 − erf` from erf's Maclaurin series for |x| < 3, Lentz's continued
