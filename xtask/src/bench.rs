@@ -31,7 +31,8 @@ pub enum BenchCommand {
     Attention(BenchFlags),
     /// LRA's efficiency protocol: training steps per second and peak memory of the Text task's
     /// model (the preset's, at each length) with each attention; one process per case, --rounds
-    /// passes as for `attention`.
+    /// passes as for `attention`. Writes lra-<backend>.{json,md,svg} for the `lra` preset,
+    /// lra-<preset>-<backend>.{json,md,svg} for another.
     Lra(BenchFlags),
     /// Re-renders the markdown and SVG of a results JSON (after a change of layout).
     Report {
@@ -594,10 +595,16 @@ fn lra(args: &Args) -> Result<()> {
     finish(args, "lra", setup, cases)
 }
 
-/// The report files `<out>/<benchmark>-<backend>.{json,md,svg}`; an existing one is an error
-/// naming it unless `--replace` (checked before anything is measured).
+/// The report files `<out>/<benchmark>-<backend>.{json,md,svg}`, the preset named after `lra`
+/// where it is not the `lra` preset (`lra-small-flex`), so reports of two presets sit side by
+/// side; an existing one is an error naming it unless `--replace` (checked before anything is
+/// measured).
 fn report_stem(args: &Args, benchmark: &str) -> Result<PathBuf> {
-    let stem = args.out.join(format!("{benchmark}-{}", args.backend));
+    let name = match benchmark {
+        "lra" if args.preset != "lra" => format!("lra-{}-{}", args.preset, args.backend),
+        _ => format!("{benchmark}-{}", args.backend),
+    };
+    let stem = args.out.join(name);
     if !args.replace {
         for extension in ["json", "md", "svg"] {
             let path = stem.with_extension(extension);
@@ -612,7 +619,7 @@ fn report_stem(args: &Args, benchmark: &str) -> Result<PathBuf> {
     Ok(stem)
 }
 
-/// Writes `<out>/<benchmark>-<backend>.json` with the machine and setup, renders its markdown
+/// Writes the report's JSON ([`report_stem`]) with the machine and setup, renders its markdown
 /// and SVG beside it, and prints the markdown.
 fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Result<()> {
     // A report of failures would replace a real one with nothing: refused.
@@ -1269,4 +1276,29 @@ fn render_svg(
         PAD + 14.0 * names.len() as f64 + 10.0
     ));
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reports of two presets do not share a name; the `lra` preset's keeps the historic one.
+    #[test]
+    fn reports_are_named_by_benchmark_preset_and_backend() {
+        let dir = std::env::temp_dir().join(format!("xtask-report-names-{}", std::process::id()));
+        let mut args = Args {
+            out: dir.clone(),
+            ..Args::lra()
+        };
+        assert_eq!(report_stem(&args, "lra").unwrap(), dir.join("lra-flex"));
+        assert_eq!(
+            report_stem(&args, "attention").unwrap(),
+            dir.join("attention-flex")
+        );
+        args.preset = "small".into();
+        assert_eq!(
+            report_stem(&args, "lra").unwrap(),
+            dir.join("lra-small-flex")
+        );
+    }
 }
