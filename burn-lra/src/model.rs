@@ -1,6 +1,7 @@
 //! The LRA encoder classifier: embeddings, positions, any attention's encoder, pooling, head.
 //!
-//! Token embedding (N(0, 1)) -> CLS vector prepended (zero-initialised, CLS pooling only) ->
+//! Token embedding (N(0, `model.embedding_std`²): 1 as the LRA reference, 0.02 in `small`) ->
+//! CLS vector prepended (zero-initialised, CLS pooling only) ->
 //! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
 //! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, docs/lra.md).
 

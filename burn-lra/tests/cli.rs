@@ -265,7 +265,8 @@ fn bench_attention_prints_one_json_line() {
 /// `bench-train` (one case of `cargo xtask bench lra`) trains the Text model at the requested
 /// length and batch and prints one JSON line whose rate is the inverse of its step time and whose
 /// parameter count is the one `burn-lra params` reports for the same preset; `--describe` prints
-/// the resolved model, optimiser and attention parameters the PyTorch side is built from.
+/// the resolved model (the preset's, dropout included), optimiser and attention parameters the
+/// PyTorch side is built from.
 #[test]
 fn bench_train_prints_one_json_line() {
     let run = |extra: &[&str]| {
@@ -306,7 +307,14 @@ fn bench_train_prints_one_json_line() {
 
     let d = run(&["--describe"]);
     assert_eq!(d["model"]["d_model"].as_u64(), Some(64), "{d}");
-    assert_eq!(d["model"]["attention_dropout"].as_f64(), Some(0.0), "{d}");
+    // The benchmark trains the preset as it is, attention dropout included (0.1 in the tiny
+    // Text preset).
+    let preset = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/text/tiny.toml"),
+    )
+    .unwrap();
+    assert!(preset.contains("attention_dropout = 0.1"), "{preset}");
+    assert_eq!(d["model"]["attention_dropout"].as_f64(), Some(0.1), "{d}");
     assert!(d["optimizer"]["beta2"].as_f64().is_some(), "{d}");
     assert!(d["params"].is_object(), "{d}");
 }
