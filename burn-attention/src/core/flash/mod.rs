@@ -469,12 +469,14 @@ mod flex {
         burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
     }
 
-    /// The backward of an element-wise operation whose derivative is computed from one saved
-    /// tensor (the input or the output): `grad ∘ f′`, by `chain(grad, saved)` in place.
+    /// The backward of an operation whose input gradient is computed in place from the output
+    /// gradient and one saved tensor (the input or the output), by `chain(grad, saved, row_len)`
+    /// with `row_len` the length of the last axis: element-wise (`grad ∘ f′`, `row_len` unused)
+    /// or row by row over the last axis (softmax).
     #[derive(Debug)]
-    struct PointwiseBackward(fn(&mut [f32], &[f32]));
+    struct SavedTensorBackward(fn(&mut [f32], &[f32], usize));
 
-    impl Backward<Flex, 1> for PointwiseBackward {
+    impl Backward<Flex, 1> for SavedTensorBackward {
         type State = FloatTensor<Flex>;
 
         fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -482,10 +484,11 @@ mod flex {
             let grad = grads.consume::<Flex>(&ops.node);
             if let Some(node) = node {
                 let (mut grad, shape) = host(grad);
+                let row_len = shape.last().copied().unwrap_or(1);
                 // The saved output is the kernel's own contiguous tensor: read in place.
                 match ops.state.as_slice::<f32>() {
-                    Some(saved) => (self.0)(&mut grad, saved),
-                    None => (self.0)(&mut grad, &host(ops.state).0),
+                    Some(saved) => (self.0)(&mut grad, saved, row_len),
+                    None => (self.0)(&mut grad, &host(ops.state).0, row_len),
                 }
                 let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
                 grads.register::<Flex>(node.id, grad);
@@ -493,15 +496,15 @@ mod flex {
         }
     }
 
-    /// An element-wise operation `forward` under autodiff, its backward `chain`; the state is
-    /// the input when `saves_input`, else the output.
-    fn tracked_pointwise<C: CheckpointStrategy>(
+    /// A one-input operation `forward` under autodiff, its backward `chain` (see
+    /// [`SavedTensorBackward`]); the state is the input when `saves_input`, else the output.
+    fn tracked_unary<C: CheckpointStrategy>(
         x: FloatTensor<Autodiff<Flex, C>>,
         forward: fn(FloatTensor<Flex>) -> FloatTensor<Flex>,
-        chain: fn(&mut [f32], &[f32]),
+        chain: fn(&mut [f32], &[f32], usize),
         saves_input: bool,
     ) -> FloatTensor<Autodiff<Flex, C>> {
-        match PointwiseBackward(chain)
+        match SavedTensorBackward(chain)
             .prepare::<C>([x.node()])
             .compute_bound()
             .stateful()
@@ -513,31 +516,6 @@ mod flex {
                 prep.finish(state, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
-        }
-    }
-
-    /// The softmax backward over the last axis, from the saved output.
-    #[derive(Debug)]
-    struct SoftmaxBackward;
-
-    impl Backward<Flex, 1> for SoftmaxBackward {
-        type State = FloatTensor<Flex>;
-
-        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node] = ops.parents;
-            let grad = grads.consume::<Flex>(&ops.node);
-            if let Some(node) = node {
-                let (mut grad, shape) = host(grad);
-                let row_len = shape.last().copied().unwrap_or(1);
-                match ops.state.as_slice::<f32>() {
-                    Some(y) => kernel::softmax_rows_grad_in_place(&mut grad, y, row_len),
-                    None => {
-                        kernel::softmax_rows_grad_in_place(&mut grad, &host(ops.state).0, row_len)
-                    }
-                }
-                let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
-                grads.register::<Flex>(node.id, grad);
-            }
         }
     }
 
@@ -664,28 +642,28 @@ mod flex {
         }
 
         fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            tracked_pointwise::<C>(x, Flex::vector_gelu, kernel::gelu_grad_in_place, true)
+            tracked_unary::<C>(
+                x,
+                Flex::vector_gelu,
+                |grad, x, _| kernel::gelu_grad_in_place(grad, x),
+                true,
+            )
         }
 
         fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            match SoftmaxBackward
-                .prepare::<C>([x.node()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let out = Flex::vector_softmax(x.primitive().clone());
-                    prep.finish(out.clone(), out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(Flex::vector_softmax(x.into_primitive())),
-            }
+            tracked_unary::<C>(
+                x,
+                Flex::vector_softmax,
+                kernel::softmax_rows_grad_in_place,
+                false,
+            )
         }
 
         fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            tracked_pointwise::<C>(
+            tracked_unary::<C>(
                 x,
                 Flex::vector_elu_plus_one,
-                kernel::elu_plus_one_grad_in_place,
+                |grad, y, _| kernel::elu_plus_one_grad_in_place(grad, y),
                 false,
             )
         }
