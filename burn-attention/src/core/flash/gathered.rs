@@ -16,7 +16,8 @@
 use rayon::prelude::*;
 
 use super::DropMask;
-use super::kernel::{Dims, matmul, simd};
+use super::kernel::{Dims, matmul};
+use super::simd;
 use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
 

@@ -28,21 +28,6 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The 32-bit hash of column `col` in the row whose key is `key`: an xor-shift-multiply
-/// avalanche (the multipliers of Wellons' `lowbias32`), the key's second word mixed in after
-/// the first multiplication so that rows whose first words lie close do not repeat each
-/// other's stream. Integer operations only, so that a loop over columns vectorises.
-#[inline(always)]
-pub(crate) fn column_hash(col: u32, key: [u32; 2]) -> u32 {
-    let mut x = col.wrapping_add(key[0]);
-    x ^= x >> 16;
-    x = x.wrapping_mul(0x7FEB_352D);
-    x ^= key[1];
-    x ^= x >> 15;
-    x = x.wrapping_mul(0x846C_A68B);
-    x ^ (x >> 16)
-}
-
 impl DropMask {
     /// The mask of drop probability `prob` (in `[0, 1)`) for `seed`.
     pub(crate) fn new(prob: f64, seed: u64) -> Self {
@@ -74,7 +59,7 @@ impl DropMask {
     /// Whether the element at (`row`, `col`) is kept.
     #[cfg(test)]
     pub(crate) fn keeps(&self, row: u64, col: u32) -> bool {
-        column_hash(col, self.row_key(row)) >= self.threshold
+        super::hash::column_hash(col, self.row_key(row)) >= self.threshold
     }
 
     /// Multiplies `values`, the columns from `col0` of row `row`, by the mask: 0 where dropped,
@@ -82,10 +67,10 @@ impl DropMask {
     pub(crate) fn apply_row(&self, row: u64, col0: u32, values: &mut [f32]) {
         let key = self.row_key(row);
         #[cfg(feature = "flex")]
-        super::kernel::simd::dropout_row(values, key, col0, self.threshold, self.scale);
+        super::simd::dropout_row(values, key, col0, self.threshold, self.scale);
         #[cfg(not(feature = "flex"))]
         for (c, x) in values.iter_mut().enumerate() {
-            let keep = column_hash(col0.wrapping_add(c as u32), key) >= self.threshold;
+            let keep = super::hash::column_hash(col0.wrapping_add(c as u32), key) >= self.threshold;
             *x = if keep { *x * self.scale } else { 0.0 };
         }
     }

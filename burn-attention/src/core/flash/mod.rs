@@ -13,9 +13,12 @@
 
 #[cfg(feature = "flex")]
 mod gathered;
+mod hash;
 #[cfg(feature = "flex")]
 mod kernel;
 mod mask;
+#[cfg(feature = "flex")]
+mod simd;
 
 use std::sync::Arc;
 
