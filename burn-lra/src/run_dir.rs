@@ -458,6 +458,8 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
         let mut value = without_locations(serde_json::to_value(result)?);
         if let Some(object) = value.as_object_mut() {
             object.remove("train_seconds");
+            // The same run built from another commit is the same run.
+            object.remove("commits");
             // The files embed random parameter ids: their values are compared below.
             object.remove("weights_sha256");
         }

@@ -325,6 +325,24 @@ struct TrainState {
     metrics_bytes: u64,
     /// SHA-256 of those bytes, checked before a resume keeps them.
     metrics_sha256: String,
+    /// The commits of the builds that trained the steps so far ([`RunResult::commits`]).
+    #[serde(default)]
+    commits: Vec<String>,
+}
+
+/// The commit this harness was built from (`build.rs`), `unknown` outside a git checkout.
+pub const BUILD_COMMIT: &str = match option_env!("BURN_LRA_COMMIT") {
+    Some(commit) => commit,
+    None => "unknown",
+};
+
+impl TrainState {
+    /// Records that this build trains the steps from here on.
+    fn trained_by_this_build(&mut self) {
+        if self.commits.last().is_none_or(|last| last != BUILD_COMMIT) {
+            self.commits.push(BUILD_COMMIT.to_string());
+        }
+    }
 }
 
 /// Seed of the device generator from `step` on (see the module docs).
@@ -772,6 +790,7 @@ impl Session<'_> {
             mut best_model,
             mut last_val_accuracy,
         } = progress;
+        state.trained_by_this_build();
         let mut micro_batches = state.micro_batches;
         let mut plan = BatchPlan::new(self.data.train.len(), cfg.batch_size, self.opts.seed);
         plan.skip(micro_batches);
@@ -983,6 +1002,7 @@ impl Session<'_> {
             warnings,
             config_changes,
             weights_sha256,
+            commits: progress.state.commits.clone(),
         };
         write_atomic(
             &run_dir.join(RESULT),
@@ -1008,5 +1028,23 @@ fn recovery_advice(run_dir: &Path) -> String {
         ),
         None => "no checkpoint was written yet: start the run over with a lower learning rate"
             .to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build appends its commit where it takes over from another build, once.
+    #[test]
+    fn each_build_that_trains_is_recorded_once() {
+        let mut state = TrainState::default();
+        state.trained_by_this_build();
+        state.trained_by_this_build();
+        assert_eq!(state.commits, [BUILD_COMMIT]);
+        state.commits = vec!["0123abc".into()];
+        state.trained_by_this_build();
+        state.trained_by_this_build();
+        assert_eq!(state.commits, ["0123abc", BUILD_COMMIT]);
     }
 }

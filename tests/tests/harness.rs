@@ -45,6 +45,19 @@ fn short_run_writes_config_metrics_and_result() {
     saved.train_seconds = result.train_seconds;
     assert_eq!(saved, result);
     assert_eq!(saved.split_sizes, [200, 40, 40]);
+    // The result names the build that trained it: this checkout's commit (the tests run in a
+    // git clone), `-dirty` where tracked files were edited.
+    assert_eq!(saved.commits, [burn_lra::train::BUILD_COMMIT]);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .expect("git runs");
+    let head = String::from_utf8(head.stdout).unwrap();
+    assert!(
+        saved.commits[0].starts_with(head.trim()) && head.trim().len() == 40,
+        "{:?} is not {head}",
+        saved.commits
+    );
     let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
         .lines()

@@ -60,6 +60,8 @@ fn a_killed_run_resumes_to_the_same_result() {
         unbroken.test_accuracy_best_val
     );
     assert_eq!(resumed.best_val_step, unbroken.best_val_step);
+    // Resumed by the build that started it: one commit recorded.
+    assert_eq!(resumed.commits, [burn_lra::train::BUILD_COMMIT]);
     assert_eq!(
         metrics_without_time(&broken_dir),
         metrics_without_time(&unbroken_dir)
