@@ -101,15 +101,25 @@ pub fn run_dir(sweep_dir: &Path, attention: &str, seed: u64) -> PathBuf {
     sweep_dir.join(attention).join(format!("seed-{seed}"))
 }
 
-/// Whether `name` is one of `names` or the temporary file of an atomic write of one
-/// (`<name>.tmp...`, `<name>.new...`, left behind by a process killed while writing it).
+/// Whether `name` is one of `names` or the temporary file of an atomic write of one, left behind
+/// by a process killed while writing it: the harness's `<name>.tmp...` and `<name>.new...`, and
+/// Burn's own `<name>.<pid>-<n>.tmp` (its recorders write the optimiser state that way).
 pub fn is_owned_name(name: &str, names: &[&str]) -> bool {
     names.iter().any(|known| {
         name == *known
-            || name
-                .strip_prefix(known)
-                .is_some_and(|rest| rest.starts_with(".tmp") || rest.starts_with(".new"))
+            || name.strip_prefix(known).is_some_and(|rest| {
+                rest.starts_with(".tmp") || rest.starts_with(".new") || is_burn_scratch(rest)
+            })
     })
+}
+
+/// `.<pid>-<n>.tmp`, the suffix of Burn's scratch files.
+fn is_burn_scratch(rest: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    rest.strip_prefix('.')
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+        .and_then(|ids| ids.split_once('-'))
+        .is_some_and(|(pid, n)| digits(pid) && digits(n))
 }
 
 /// The checkpoint of `run_dir` a resume continues from: `checkpoint/`, or `checkpoint.old/`

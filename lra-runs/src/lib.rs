@@ -100,4 +100,30 @@ mod tests {
         );
         assert_eq!(preset_name("small", None), "small");
     }
+
+    /// The scratch files of atomic writes killed midway are the harness's to clear, Burn's
+    /// included (a sweep cancelled while saving the optimiser state left one); anything else is
+    /// the user's.
+    #[test]
+    fn scratch_files_of_owned_names_are_owned() {
+        let names = ["optimizer.bpk", "config.json"];
+        for owned in [
+            "optimizer.bpk",
+            "optimizer.bpk.tmp",
+            "optimizer.bpk.tmp123",
+            "config.json.new42",
+            "optimizer.bpk.2668-5.tmp",
+        ] {
+            assert!(layout::is_owned_name(owned, &names), "{owned}");
+        }
+        for foreign in [
+            "optimizer.bpk.bak",
+            "optimizer.bpk.2668-.tmp",
+            "optimizer.bpk.x-5.tmp",
+            "optimizer.bpk.2668-5.tmpx",
+            "notes.txt",
+        ] {
+            assert!(!layout::is_owned_name(foreign, &names), "{foreign}");
+        }
+    }
 }
