@@ -227,6 +227,18 @@ impl EncoderConfig {
             .and_then(|(blocks, (shared, norm))| blocks.checked_add(shared)?.checked_add(norm)))
     }
 
+    /// Number of scalars the encoder trains: [`num_params`](Self::num_params) less the frozen
+    /// parameters of its layers' attentions ([`AttentionConfig::frozen_params`]), counted from
+    /// shapes without allocating any. `None` when a count does not fit in a `usize`.
+    pub fn num_trainable_params(&self, device: &Device) -> Result<Option<usize>, AttentionError> {
+        let frozen = (self.block.attention.frozen_params())
+            .and_then(|per_layer| per_layer.checked_mul(self.n_layers));
+        Ok(self
+            .num_params(device)?
+            .zip(frozen)
+            .map(|(all, frozen)| all - frozen))
+    }
+
     /// Creates the encoder.
     ///
     /// # Panics

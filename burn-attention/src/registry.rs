@@ -109,6 +109,12 @@ macro_rules! registry {
                 Ok(config)
             }
 
+            /// Scalars in the frozen parameters of one module (see
+            /// [`VariantConfig::frozen_params`]); `None` when the count overflows a `usize`.
+            pub fn frozen_params(&self) -> Option<usize> {
+                match self { $(Self::$arm(c) => c.frozen_params(),)* }
+            }
+
             /// Creates the module.
             ///
             /// # Panics

@@ -372,7 +372,8 @@ fn decoding_is_refused_without_a_causal_form() {
 }
 
 /// `EncoderConfig::num_params` counts before anything is built: for every variant (Linformer's
-/// layer-wise shared projection included) it equals Burn's count over the built encoder, and a
+/// layer-wise shared projection included) it equals Burn's count over the built encoder (and
+/// `num_trainable_params` the count of what that encoder trains), and a
 /// configuration whose count overflows gives `None` rather than a panic or an allocation.
 #[test]
 fn encoder_parameters_are_counted_from_shapes_before_building() {
@@ -384,10 +385,19 @@ fn encoder_parameters_are_counted_from_shapes_before_building() {
                 n_layers,
             );
             let counted = config.num_params(&device).unwrap();
+            let built = config.init(&device);
             assert_eq!(
                 counted,
-                Some(config.init(&device).num_params()),
+                Some(built.num_params()),
                 "{} at {n_layers} layers",
+                variant.name
+            );
+            // And what it trains: the frozen parameters (random features, rotations,
+            // priorities) counted from the configuration's shapes.
+            assert_eq!(
+                config.num_trainable_params(&device).unwrap(),
+                Some(burn_attention_zoo::num_trainable_params(&built)),
+                "{} at {n_layers} layers: trainable",
                 variant.name
             );
         }

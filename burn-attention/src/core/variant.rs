@@ -80,6 +80,13 @@ pub trait VariantConfig: Config + Clone {
     /// Creates the module.
     fn build(&self, device: &Device) -> Self::Module;
 
+    /// Scalars in the module's frozen parameters (drawn once and never trained: Performer's
+    /// random features, say), counted from the configuration's shapes with checked arithmetic;
+    /// `None` when the count does not fit in a `usize`. None by default.
+    fn frozen_params(&self) -> Option<usize> {
+        Some(0)
+    }
+
     /// Sets the dropout on the attention weights, where the variant has a weight matrix.
     fn with_weight_dropout(self, dropout: f64) -> Self {
         let _ = dropout;

@@ -135,6 +135,11 @@ impl VariantConfig for BigBirdConfig {
     fn build(&self, device: &Device) -> BigBirdAttention {
         self.init(device)
     }
+    fn frozen_params(&self) -> Option<usize> {
+        // The random blocks' priorities, `[n_heads, blocks, blocks]`.
+        let blocks = self.n_max.div_ceil(self.block_size);
+        blocks.checked_mul(blocks)?.checked_mul(self.n_heads)
+    }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }

@@ -191,6 +191,12 @@ impl VariantConfig for PerformerConfig {
     fn build(&self, device: &Device) -> PerformerAttention {
         self.init(device)
     }
+    fn frozen_params(&self) -> Option<usize> {
+        match self.kernel {
+            PerformerKernel::Softmax => self.n_features.checked_mul(self.d_model / self.n_heads),
+            PerformerKernel::Relu => Some(0),
+        }
+    }
 }
 
 fn frozen(t: Tensor<2>) -> Param<Tensor<2>> {

@@ -159,6 +159,10 @@ impl VariantConfig for ReformerConfig {
     fn build(&self, device: &Device) -> ReformerAttention {
         self.init(device)
     }
+    fn frozen_params(&self) -> Option<usize> {
+        // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.
+        (self.n_hashes.checked_mul(self.n_buckets)? / 2).checked_mul(self.d_model)
+    }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
