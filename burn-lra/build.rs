@@ -1,6 +1,10 @@
-//! Records which commit the harness is built from, so that every run names the code that trained
-//! it (`result.json`'s `commits`): `BURN_LRA_COMMIT` is the checkout's `git rev-parse HEAD`, with
-//! `-dirty` appended when tracked files differ from it; unset outside a git checkout.
+//! Two facts of the checkout compiled into the harness:
+//!
+//! - the presets: every `configs/<task>/<preset>.toml`, as `$OUT_DIR/presets.rs` (a task's
+//!   presets are its folder's files; nothing lists them by hand);
+//! - the commit it is built from, so that every run names the code that trained it
+//!   (`result.json`'s `commits`): `BURN_LRA_COMMIT` is the checkout's `git rev-parse HEAD`, with
+//!   `-dirty` appended when tracked files differ from it; unset outside a git checkout.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,6 +18,7 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    write_presets(&root.join("configs"));
     // What the recorded commit and its dirty state depend on: the sources of the crates the
     // harness is built from, and the checkout's HEAD, branch and index (where git keeps them,
     // worktrees included).
@@ -41,4 +46,37 @@ fn main() {
         .is_none_or(|status| !status.is_empty());
     let suffix = if dirty { "-dirty" } else { "" };
     println!("cargo:rustc-env=BURN_LRA_COMMIT={head}{suffix}");
+}
+
+/// Writes `$OUT_DIR/presets.rs`: `PRESET_FILES`, `(task, preset, contents)` for every
+/// `configs/<task>/<preset>.toml`, sorted by task and preset.
+fn write_presets(configs: &Path) {
+    let mut presets = Vec::new();
+    let folders = std::fs::read_dir(configs).expect("the workspace's configs/ folder");
+    for folder in folders.map(|entry| entry.expect("a readable configs/ folder").path()) {
+        if !folder.is_dir() {
+            continue;
+        }
+        let task = folder.file_name().unwrap().to_string_lossy().into_owned();
+        for file in std::fs::read_dir(&folder).expect("a readable task folder") {
+            let file = file.expect("a readable task folder").path();
+            if file.extension().is_some_and(|e| e == "toml") {
+                let preset = file.file_stem().unwrap().to_string_lossy().into_owned();
+                presets.push((task.clone(), preset, file.canonicalize().unwrap()));
+            }
+        }
+    }
+    presets.sort();
+    let mut code =
+        String::from("/// Every `configs/<task>/<preset>.toml`: `(task, preset, contents)`.\n");
+    code.push_str("pub const PRESET_FILES: &[(&str, &str, &str)] = &[\n");
+    for (task, preset, path) in &presets {
+        code.push_str(&format!(
+            "    ({task:?}, {preset:?}, include_str!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    code.push_str("];\n");
+    let out = Path::new(&std::env::var("OUT_DIR").unwrap()).join("presets.rs");
+    std::fs::write(out, code).expect("a writable OUT_DIR");
 }

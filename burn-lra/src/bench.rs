@@ -16,7 +16,6 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::backend::{BackendDevice, BackendKind};
-use crate::config::TaskShape;
 
 /// What to measure.
 #[derive(Debug, Clone, clap::Args)]
@@ -105,7 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     let input_bytes = [args.batch, args.n, args.d_model, 3 * 4]
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-    if input_bytes.is_none_or(|b| b > crate::model::available_memory().unwrap_or(u64::MAX)) {
+    if input_bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
         anyhow::bail!(
             "`--batch` x `--n` x `--d-model` ({} x {} x {}) is too large: the input, its gradient \
              and the output alone exceed the memory available",
@@ -215,14 +214,10 @@ pub struct TrainBenchResult {
 pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
     let config = train_bench_config(args)?;
-    let task = crate::config::Task::Text;
-    crate::model::check_memory(
-        &config,
-        &args.attention,
-        config.vocab_size(),
-        crate::config::TaskShape::n_classes(task),
-    )?;
-    measure_training(args, &config)
+    let task = crate::tasks::find("text")?;
+    let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
+    crate::budget::check_memory(&spec, &config, task, &args.attention)?;
+    measure_training(args, &config, &spec)
 }
 
 /// Refuses a size of 0 or above [`crate::limits::MAX_SIZE`], naming its flag.
@@ -234,8 +229,8 @@ fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
 
 /// The run configuration a [`TrainBenchArgs`] case trains.
 pub fn train_bench_config(args: &TrainBenchArgs) -> Result<crate::config::RunConfig> {
-    use crate::config::{RunConfig, Task};
-    let mut config = RunConfig::preset(Task::Text, &args.preset)?;
+    use crate::config::RunConfig;
+    let mut config = RunConfig::preset("text", &args.preset)?;
     config.data.max_len = args.n;
     config.training.batch_size = args.batch;
     config.validate()?;
@@ -255,19 +250,19 @@ pub fn describe_train(args: &TrainBenchArgs) -> Result<Value> {
 fn measure_training(
     args: &TrainBenchArgs,
     config: &crate::config::RunConfig,
+    spec: &crate::model::ClassifierSpec,
 ) -> Result<TrainBenchResult> {
     use burn::nn::loss::CrossEntropyLossConfig;
     use burn::optim::GradientsParams;
 
-    use crate::config::Task;
     use crate::data::Tokens;
     use crate::model::LraClassifier;
     use crate::train::{adamw, objective};
 
     let device = args.backend.device()?.autodiff();
     device.seed(0);
-    let (vocab, classes) = (Task::Text.vocab_size(), Task::Text.n_classes());
-    let mut model = LraClassifier::new(config, &args.attention, vocab, classes, &device)?;
+    let (vocab, classes) = (spec.vocab_size, spec.n_classes);
+    let mut model = LraClassifier::new(spec, &device);
     let n_params = burn_attention_zoo::num_trainable_params(&model);
     let mut optim = adamw(&config.training.optimizer).init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);

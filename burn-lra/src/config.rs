@@ -17,122 +17,9 @@ use crate::limits::check_size;
 
 pub use lra_runs::{Selection, Task};
 
-/// What a task's model needs to know of its data: the vocabulary and the classes.
-pub trait TaskShape {
-    /// Size of the token vocabulary, padding included.
-    fn vocab_size(self) -> usize;
-    /// Number of classes.
-    fn n_classes(self) -> usize;
-}
-
-impl TaskShape for Task {
-    fn vocab_size(self) -> usize {
-        match self {
-            Task::Listops => crate::data::listops::VOCAB_SIZE,
-            Task::Text | Task::Matching => crate::data::bytes::VOCAB_SIZE,
-            Task::Image | Task::Pathfinder | Task::Pathx => crate::data::image::VOCAB_SIZE,
-        }
-    }
-
-    fn n_classes(self) -> usize {
-        match self {
-            Task::Listops => crate::data::listops::N_CLASSES,
-            Task::Text | Task::Matching => 2,
-            Task::Image => crate::data::image::N_CLASSES,
-            Task::Pathfinder | Task::Pathx => crate::data::pathfinder::N_CLASSES,
-        }
-    }
-}
-
-/// Presets shipped in `configs/`, compiled into the binary so that they work from any
-/// directory: `(task, preset, file contents)`.
-pub const PRESETS: &[(&str, &str, &str)] = &[
-    (
-        "listops",
-        "tiny",
-        include_str!("../../configs/listops/tiny.toml"),
-    ),
-    (
-        "listops",
-        "small",
-        include_str!("../../configs/listops/small.toml"),
-    ),
-    (
-        "listops",
-        "lra",
-        include_str!("../../configs/listops/lra.toml"),
-    ),
-    ("text", "tiny", include_str!("../../configs/text/tiny.toml")),
-    (
-        "text",
-        "small",
-        include_str!("../../configs/text/small.toml"),
-    ),
-    ("text", "lra", include_str!("../../configs/text/lra.toml")),
-    ("text", "bpe", include_str!("../../configs/text/bpe.toml")),
-    (
-        "text",
-        "tiny-bpe",
-        include_str!("../../configs/text/tiny-bpe.toml"),
-    ),
-    (
-        "matching",
-        "tiny",
-        include_str!("../../configs/matching/tiny.toml"),
-    ),
-    (
-        "matching",
-        "small",
-        include_str!("../../configs/matching/small.toml"),
-    ),
-    (
-        "matching",
-        "lra",
-        include_str!("../../configs/matching/lra.toml"),
-    ),
-    (
-        "matching",
-        "bpe",
-        include_str!("../../configs/matching/bpe.toml"),
-    ),
-    (
-        "image",
-        "tiny",
-        include_str!("../../configs/image/tiny.toml"),
-    ),
-    (
-        "image",
-        "small",
-        include_str!("../../configs/image/small.toml"),
-    ),
-    ("image", "lra", include_str!("../../configs/image/lra.toml")),
-    (
-        "pathfinder",
-        "tiny",
-        include_str!("../../configs/pathfinder/tiny.toml"),
-    ),
-    (
-        "pathfinder",
-        "small",
-        include_str!("../../configs/pathfinder/small.toml"),
-    ),
-    (
-        "pathfinder",
-        "lra",
-        include_str!("../../configs/pathfinder/lra.toml"),
-    ),
-    (
-        "pathx",
-        "tiny",
-        include_str!("../../configs/pathx/tiny.toml"),
-    ),
-    (
-        "pathx",
-        "small",
-        include_str!("../../configs/pathx/small.toml"),
-    ),
-    ("pathx", "lra", include_str!("../../configs/pathx/lra.toml")),
-];
+// `PRESET_FILES`: every `configs/<task>/<preset>.toml`, compiled in by `build.rs` so that the
+// presets work from any directory.
+include!(concat!(env!("OUT_DIR"), "/presets.rs"));
 
 /// A complete run configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -183,7 +70,8 @@ pub struct DataConfig {
     pub test_subset: Option<usize>,
 }
 
-fn default_doc_bytes() -> usize {
+/// `data.doc_max_bytes` unless a configuration sets it (LRA's 10,000).
+pub fn default_doc_bytes() -> usize {
     10_000
 }
 
@@ -374,24 +262,23 @@ fn one() -> usize {
 }
 
 impl RunConfig {
-    /// A shipped preset for `task`.
-    pub fn preset(task: Task, name: &str) -> Result<Self> {
-        let (_, _, text) = PRESETS
+    /// A shipped preset of `task` (`configs/<task>/<name>.toml`).
+    pub fn preset(task: &str, name: &str) -> Result<Self> {
+        let (_, _, text) = PRESET_FILES
             .iter()
-            .find(|(t, p, _)| *t == task.name() && *p == name)
+            .find(|(t, p, _)| *t == task && *p == name)
             .with_context(|| {
-                let names: Vec<&str> = PRESETS
+                let names: Vec<&str> = PRESET_FILES
                     .iter()
-                    .filter(|(t, ..)| *t == task.name())
+                    .filter(|(t, ..)| *t == task)
                     .map(|(_, p, _)| *p)
                     .collect();
                 format!(
-                    "unknown preset `{name}` for task {} (known: {})",
-                    task.name(),
+                    "unknown preset `{name}` for task {task} (known: {})",
                     names.join(", ")
                 )
             })?;
-        Self::parse_toml(text, &format!("configs/{}/{name}.toml", task.name()))
+        Self::parse_toml(text, &format!("configs/{task}/{name}.toml"))
     }
 
     /// Reads a configuration file (`.json` as JSON, anything else as TOML).
@@ -509,44 +396,15 @@ impl RunConfig {
         if let Some(clip) = self.training.grad_clip {
             positive_finite("training.grad_clip", clip.into())?;
         }
+        // What one task reads and another does not is checked against the task
+        // (`tasks::check_config`); the rest is checked here.
         if let Some(generate) = &self.data.generate {
-            if self.task != Task::Listops {
-                bail!("`data.generate` is for ListOps only");
-            }
             generate.validate()?;
         }
-        match (self.task, &self.data.pathfinder) {
-            (Task::Pathfinder | Task::Pathx, None) => bail!(
-                "`data.pathfinder` is required for {} (size, difficulty, n_images)",
-                self.task
-            ),
-            (Task::Pathfinder | Task::Pathx, Some(pathfinder)) => {
-                pathfinder.validate()?;
-                let expected: &[usize] = if self.task == Task::Pathx {
-                    &[128]
-                } else {
-                    &[32, 64]
-                };
-                if !expected.contains(&pathfinder.size) {
-                    bail!(
-                        "`data.pathfinder.size` is {} but {} images are {}",
-                        pathfinder.size,
-                        self.task,
-                        if self.task == Task::Pathx {
-                            "128 pixels"
-                        } else {
-                            "32 or 64 pixels"
-                        }
-                    );
-                }
-            }
-            (_, Some(_)) => bail!("`data.pathfinder` is for the pathfinder and pathx tasks only"),
-            (_, None) => {}
+        if let Some(pathfinder) = &self.data.pathfinder {
+            pathfinder.validate()?;
         }
         match (self.data.tokenizer, self.data.bpe_vocab_size) {
-            (TokenizerKind::Bpe, _) if !matches!(self.task, Task::Text | Task::Matching) => {
-                bail!("`data.tokenizer = \"bpe\"` is for the text and matching tasks only")
-            }
             (TokenizerKind::Bpe, None) => {
                 bail!("`data.bpe_vocab_size` is required with `data.tokenizer = \"bpe\"`")
             }
@@ -559,16 +417,6 @@ impl RunConfig {
             }
             _ => {}
         }
-        // Settings of one task given to another: refused where they differ from the default
-        // (a default cannot be told from an absent key).
-        if self.task != Task::Matching {
-            if self.model.pair_features != PairFeatures::default() {
-                bail!("`model.pair_features` is for the matching task only");
-            }
-            if self.data.doc_max_bytes != default_doc_bytes() {
-                bail!("`data.doc_max_bytes` is for the matching task only");
-            }
-        }
         if self.data.validation == Validation::Holdout(0) {
             bail!("`data.validation.holdout` must be at least 1");
         }
@@ -577,15 +425,6 @@ impl RunConfig {
                 .with_context(|| format!("`attention.{name}`"))?;
         }
         Ok(())
-    }
-
-    /// Size of the model's token vocabulary, padding included: the task's, or the BPE
-    /// vocabulary plus padding.
-    pub fn vocab_size(&self) -> usize {
-        match (self.data.tokenizer, self.data.bpe_vocab_size) {
-            (TokenizerKind::Bpe, Some(v)) => v + 1,
-            _ => self.task.vocab_size(),
-        }
     }
 
     /// Longest sequence the encoder sees: `max_len`, plus one with CLS pooling.
@@ -670,14 +509,19 @@ fn toml_error_line(err: &toml::de::Error, text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The ListOps tiny preset's text, which the tests below edit.
+    fn listops_tiny() -> &'static str {
+        (PRESET_FILES.iter())
+            .find(|(task, preset, _)| (*task, *preset) == ("listops", "tiny"))
+            .expect("configs/listops/tiny.toml")
+            .2
+    }
+
     #[test]
     fn every_preset_parses_and_builds_every_attention() {
-        for (task, preset, _) in PRESETS {
-            let task = Task::ALL
-                .into_iter()
-                .find(|t| t.name() == *task)
-                .unwrap_or_else(|| panic!("unexpected task {task}"));
+        for (task, preset, _) in PRESET_FILES {
             let config = RunConfig::preset(task, preset).unwrap();
+            assert_eq!(config.task, *task, "configs/{task}/{preset}.toml");
             for variant in burn_attention_zoo::VARIANTS {
                 config.encoder_config(variant.name).unwrap();
             }
@@ -686,7 +530,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let base = PRESETS[0].2;
+        let base = listops_tiny();
         let err = RunConfig::parse_toml(&base.replace("[model]", "[model]\nd_modle = 3"), "x")
             .unwrap_err()
             .to_string();
@@ -708,7 +552,7 @@ mod tests {
     fn config_files_read_as_people_save_them() {
         let dir = std::env::temp_dir().join(format!("burn-lra-config-eol-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let base = PRESETS[0].2;
+        let base = listops_tiny();
         let expected = RunConfig::parse_toml(base, "x").unwrap();
         let json = serde_json::to_string_pretty(&expected).unwrap();
         for (name, text) in [
@@ -740,10 +584,10 @@ mod tests {
 
     #[test]
     fn floats_must_be_finite() {
-        let base = PRESETS[0].2;
+        let base = listops_tiny();
         assert!(
             base.contains("peak = "),
-            "the first preset has a one-cycle peak"
+            "the ListOps tiny preset has a one-cycle peak"
         );
         for (key, bad) in [
             ("peak", "nan"),

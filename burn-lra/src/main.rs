@@ -5,11 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use burn_lra::backend::{BackendDevice, BackendKind};
-use burn_lra::config::{RunConfig, Task, TaskShape};
+use burn_lra::budget::{ParamBudget, check_memory};
+use burn_lra::config::Task;
 use burn_lra::data::pathfinder::Difficulty;
-use burn_lra::model::{ParamBudget, count_trainable};
-use burn_lra::task::load_splits;
-use burn_lra::train::{ResumeMode, TrainOptions, train};
+use burn_lra::model::ClassifierSpec;
+use burn_lra::plan::{ResumeMode, RunPlan, TrainOptions, cache_dir, load_config};
+use burn_lra::tasks::{self, TASKS, load_splits};
+use burn_lra::train::train;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -29,6 +32,12 @@ enum Command {
     Train(TrainArgs),
     /// List the registered attentions and what each supports.
     List {
+        /// Names only, one per line.
+        #[arg(long)]
+        names: bool,
+    },
+    /// List the registered tasks.
+    Tasks {
         /// Names only, one per line.
         #[arg(long)]
         names: bool,
@@ -98,7 +107,7 @@ enum Command {
     /// softmax (LRA's rule: at most 10%).
     Params {
         /// The task.
-        #[arg(long, value_enum)]
+        #[arg(long, value_parser = task_parser())]
         task: Task,
         /// A preset from configs/<task>/ (tiny, small, lra).
         #[arg(long, default_value = "lra", conflicts_with = "config")]
@@ -114,8 +123,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// The task.
-    #[arg(long, value_enum)]
+    /// The task (`burn-lra tasks`).
+    #[arg(long, value_parser = task_parser())]
     task: Task,
     /// Attention, by registry name (`burn-lra list`).
     #[arg(long)]
@@ -164,6 +173,12 @@ struct TrainArgs {
     /// Stop after this step as if killed, leaving the checkpoint (for testing --resume).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
+}
+
+/// `--task`: one of the registered tasks' names (a usage error lists them).
+fn task_parser() -> impl TypedValueParser<Value = Task> {
+    PossibleValuesParser::new(TASKS.iter().map(|task| task.name()))
+        .map(|name| Task::new(&name).expect("registered tasks have well-formed names"))
 }
 
 fn main() -> ExitCode {
@@ -221,6 +236,17 @@ fn run(cli: Cli) -> Result<()> {
                     yes(c.fixed_max_len),
                     v.paper
                 );
+            }
+            Ok(())
+        }
+        Command::Tasks { names } => {
+            let width = TASKS.iter().map(|t| t.name().len()).max().unwrap_or(0);
+            for task in TASKS {
+                if names {
+                    println!("{}", task.name());
+                } else {
+                    println!("{:<width$}  {}", task.name(), task.summary());
+                }
             }
             Ok(())
         }
@@ -338,35 +364,25 @@ fn run(cli: Cli) -> Result<()> {
             config,
             backend,
         } => {
-            let (config, preset) = load_config(task, &preset, config.as_deref())?;
-            let device = backend.device()?;
-            // Counted from shapes first: a model too large to build is refused, not built.
-            let fits = |name| {
-                burn_lra::model::check_memory(&config, name, config.vocab_size(), task.n_classes())
-            };
+            let (config, preset) = load_config(&task, &preset, config.as_deref())?;
+            let task = tasks::find(task.name())?;
+            tasks::check_config(task, &config)?;
+            // Counted from shapes: a model too large to train is refused, not built.
+            let spec = |name: &str| ClassifierSpec::resolve(&config, task, name);
+            let fits = |name: &str| check_memory(&spec(name)?, &config, task, name);
+            let softmax = spec("softmax")?;
             fits("softmax").context("the softmax baseline")?;
+            // Models are built on the backend only to say it is compiled in.
+            backend.device()?;
             println!("{} / {preset}: trainable parameters", task.name());
             println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
-            let count = |name| {
-                count_trainable(
-                    &config,
-                    name,
-                    config.vocab_size(),
-                    task.n_classes(),
-                    &device,
-                )
-            };
-            // The baseline is built once, not once per variant.
-            let softmax_params = count("softmax")?;
             for v in burn_attention_zoo::VARIANTS {
                 if let Err(err) = fits(v.name) {
                     println!("{:<16} {err:#}", v.name);
                     continue;
                 }
-                let budget = ParamBudget {
-                    n_params: count(v.name).with_context(|| format!("attention `{}`", v.name))?,
-                    softmax_params,
-                };
+                let budget = ParamBudget::count(&spec(v.name)?, &softmax)
+                    .with_context(|| format!("attention `{}`", v.name))?;
                 let flag = if budget.increase() > 0.10 {
                     "  (over 10%)"
                 } else {
@@ -384,28 +400,6 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// The configuration from `--config` or else the preset, checked against `--task`, and the name
-/// runs are filed under.
-fn load_config(
-    task: Task,
-    preset: &str,
-    config: Option<&std::path::Path>,
-) -> Result<(RunConfig, String)> {
-    let name = lra_runs::preset_name(preset, config);
-    let config = match config {
-        Some(path) => RunConfig::from_file(path)?,
-        None => RunConfig::preset(task, preset)?,
-    };
-    if config.task != task {
-        anyhow::bail!(
-            "the config is for task `{}`, not `{}`",
-            config.task.name(),
-            task.name()
-        );
-    }
-    Ok((config, name))
-}
-
 fn train_command(mut args: TrainArgs) -> Result<()> {
     burn_attention_zoo::variant(&args.attention)?;
     // Paths as the file system names them, so that a run records the same paths however the
@@ -421,18 +415,35 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         .as_deref()
         .map(lra_runs::absolute)
         .transpose()?;
-    let (config, preset) = load_config(args.task, &args.preset, args.config.as_deref())?;
-    // Fail on an attention that cannot take this configuration before loading any data.
-    config
-        .attention_config(&args.attention)
-        .with_context(|| format!("attention `{}`", args.attention))?;
+    let (config, preset) = load_config(&args.task, &args.preset, args.config.as_deref())?;
     let run_dir = args.run_dir.clone().unwrap_or_else(|| {
         lra_runs::run_dir(
-            &lra_runs::sweep_dir(&args.out, args.task, &preset),
+            &lra_runs::sweep_dir(&args.out, &args.task, &preset),
             &args.attention,
             args.seed,
         )
     });
+    // Everything the configuration and the attention decide is checked before any data is
+    // loaded.
+    let plan = RunPlan::new(
+        config,
+        TrainOptions {
+            attention: args.attention.clone(),
+            seed: args.seed,
+            backend: args.backend,
+            device: args.device,
+            run_dir: run_dir.clone(),
+            preset: preset.clone(),
+            progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            resume: match (args.resume, args.continue_, args.restart) {
+                (true, _, _) => ResumeMode::Resume,
+                (_, true, _) => ResumeMode::Continue,
+                (_, _, true) => ResumeMode::Restart,
+                _ => ResumeMode::Start,
+            },
+            stop_after: args.stop_after,
+        },
+    )?;
     // A folder that is not a run directory is refused before any data is loaded (`train` checks
     // again under the lock).
     burn_lra::run_dir::check_run_dir(&run_dir)?;
@@ -448,12 +459,6 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         );
         return Ok(());
     }
-    burn_lra::model::check_memory(
-        &config,
-        &args.attention,
-        config.vocab_size(),
-        args.task.n_classes(),
-    )?;
     let device = args.backend.device_at(args.device)?;
     eprintln!(
         "burn-lra: {} / {} / preset {preset} / seed {} on {} ({device:?})",
@@ -462,7 +467,12 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         args.seed,
         args.backend
     );
-    let splits = load_splits(&config, args.data_dir.as_deref(), &args.out.join("data"))?;
+    let splits = load_splits(
+        plan.task,
+        &plan.config,
+        args.data_dir.as_deref(),
+        &cache_dir(&args.out),
+    )?;
     let [n_train, n_val, n_test] = splits.sizes();
     eprintln!(
         "data: {n_train} train / {n_val} val / {n_test} test examples, longest {} tokens; \
@@ -471,26 +481,7 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         100.0 * splits.test.majority_rate(),
         splits.validation().source
     );
-    let result = train(
-        &config,
-        &splits,
-        &TrainOptions {
-            attention: args.attention.clone(),
-            seed: args.seed,
-            backend: args.backend,
-            device: args.device,
-            run_dir: run_dir.clone(),
-            preset,
-            progress: !args.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            resume: match (args.resume, args.continue_, args.restart) {
-                (true, _, _) => ResumeMode::Resume,
-                (_, true, _) => ResumeMode::Continue,
-                (_, _, true) => ResumeMode::Restart,
-                _ => ResumeMode::Start,
-            },
-            stop_after: args.stop_after,
-        },
-    )?;
+    let result = train(&plan, &splits)?;
     println!(
         "{} {} seed {}: test accuracy {:.2}% ({}; last {:.2}%, best-val {:.2}% at step {}), \
          majority class {:.2}%, {} parameters ({:+.2}% over softmax), {:.0} s -> {}",

@@ -5,18 +5,18 @@
 //! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
 //! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, docs/lra.md).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 use burn::module::{Module, Param};
 use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
 use burn::prelude::*;
 use burn_attention_zoo::core::dropout::dropout;
-use burn_attention_zoo::{AttentionInput, Encoder, num_trainable_params};
-use serde::Serialize;
+use burn_attention_zoo::{AttentionConfig, AttentionInput, Encoder, EncoderConfig};
 
-use crate::config::{PairFeatures, Pooling, Positions, RunConfig, Task};
+use crate::config::{ModelConfig, PairFeatures, Pooling, Positions, RunConfig};
 use crate::data::Tokens;
+use crate::tasks::LraTask;
 
 /// The classifier. Build with [`LraClassifier::new`].
 #[derive(Module, Debug)]
@@ -47,20 +47,54 @@ pub struct LraClassifier {
     pub d_model: usize,
 }
 
+/// What a classifier is, resolved once from a configuration, a task and an attention name
+/// (the run's plan holds it): the model's settings, the encoder with its attention, and what the
+/// data fix: vocabulary, classes and whether examples are pairs.
+#[derive(Debug, Clone)]
+pub struct ClassifierSpec {
+    /// The model's settings.
+    pub model: ModelConfig,
+    /// The encoder, its attention resolved.
+    pub encoder: EncoderConfig,
+    /// Longest sequence the encoder sees (`data.max_len`, plus one with CLS pooling).
+    pub encoder_len: usize,
+    /// Token ids are below this.
+    pub vocab_size: usize,
+    /// Number of classes.
+    pub n_classes: usize,
+    /// How the two documents of a pair meet in the head; `None` for single-document tasks.
+    pub pair_features: Option<PairFeatures>,
+}
+
+impl ClassifierSpec {
+    /// The classifier of `task` for `config` with the attention called `attention`; the error
+    /// names the attention's field that does not fit.
+    pub fn resolve(config: &RunConfig, task: &dyn LraTask, attention: &str) -> Result<Self> {
+        Ok(Self {
+            model: config.model.clone(),
+            encoder: config
+                .encoder_config(attention)
+                .with_context(|| format!("attention `{attention}`"))?,
+            encoder_len: config.encoder_len(),
+            vocab_size: crate::tasks::vocab_size(task, config),
+            n_classes: task.n_classes(),
+            pair_features: task.pairs().then_some(config.model.pair_features),
+        })
+    }
+
+    /// The attention's configuration.
+    pub fn attention(&self) -> &AttentionConfig {
+        &self.encoder.block.attention
+    }
+}
+
 impl LraClassifier {
-    /// Builds the classifier for `config` with the attention called `attention`.
-    pub fn new(
-        config: &RunConfig,
-        attention: &str,
-        vocab_size: usize,
-        n_classes: usize,
-        device: &Device,
-    ) -> Result<Self> {
-        let m = &config.model;
-        let encoder = config.encoder_config(attention)?;
+    /// Builds the classifier `spec` describes (its parameters drawn on first use).
+    pub fn new(spec: &ClassifierSpec, device: &Device) -> Self {
+        let m = &spec.model;
         // Matching (docs/lra.md): `MLP([X1, X2, X1*X2, X1-X2])` or `MLP([X1, X2])`, with
         // Dense(mlp) ReLU Dense(mlp/2) ReLU Dense(classes).
-        let pair_features = (config.task == Task::Matching).then_some(m.pair_features);
+        let pair_features = spec.pair_features;
         let head_in = match pair_features {
             None => m.d_model,
             Some(PairFeatures::Interact) => 4 * m.d_model,
@@ -71,8 +105,8 @@ impl LraClassifier {
                 .with_initializer(Initializer::XavierUniform { gain: 1.0 })
                 .init(device)
         };
-        Ok(Self {
-            embedding: EmbeddingConfig::new(vocab_size, m.d_model)
+        Self {
+            embedding: EmbeddingConfig::new(spec.vocab_size, m.d_model)
                 .with_initializer(Initializer::Normal {
                     mean: 0.0,
                     std: m.embedding_std,
@@ -82,7 +116,7 @@ impl LraClassifier {
             cls: (m.pooling == Pooling::Cls)
                 .then(|| Initializer::Zeros.init([1, 1, m.d_model], device)),
             positions: (m.positions == Positions::Learned).then(|| {
-                EmbeddingConfig::new(config.encoder_len(), m.d_model)
+                EmbeddingConfig::new(spec.encoder_len, m.d_model)
                     .with_initializer(Initializer::Normal {
                         mean: 0.0,
                         std: 0.02,
@@ -90,7 +124,7 @@ impl LraClassifier {
                     .init(device)
             }),
             dropout: DropoutConfig::new(m.dropout).init(),
-            encoder: encoder.init(device),
+            encoder: spec.encoder.init(device),
             head_hidden: dense(head_in, m.d_mlp),
             head_mid: pair_features.map(|_| dense(m.d_mlp, m.d_mlp / 2)),
             head_out: dense(
@@ -99,12 +133,12 @@ impl LraClassifier {
                 } else {
                     m.d_mlp
                 },
-                n_classes,
+                spec.n_classes,
             ),
             pair_features,
             pooling: m.pooling,
             d_model: m.d_model,
-        })
+        }
     }
 
     /// The regularisation terms the attentions ask the loss to add (the trainable kernels'
@@ -189,146 +223,6 @@ impl LraClassifier {
     }
 }
 
-/// A model's trainable parameters beside those of the softmax baseline built from the same
-/// configuration (LRA's "apples to apples" rule: at most 10% more). Frozen tensors (Performer's
-/// random features) are not counted.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ParamBudget {
-    /// Trainable parameters of the model.
-    pub n_params: usize,
-    /// Trainable parameters of the softmax model of the same configuration.
-    pub softmax_params: usize,
-}
-
-/// Trainable parameters of the classifier for `config` with the attention called `attention`.
-pub fn count_trainable(
-    config: &RunConfig,
-    attention: &str,
-    vocab_size: usize,
-    n_classes: usize,
-    device: &Device,
-) -> Result<usize> {
-    Ok(num_trainable_params(&LraClassifier::new(
-        config, attention, vocab_size, n_classes, device,
-    )?))
-}
-
-impl ParamBudget {
-    /// Counts `attention`'s model and the softmax baseline for `config`.
-    pub fn count(
-        config: &RunConfig,
-        attention: &str,
-        vocab_size: usize,
-        n_classes: usize,
-        device: &Device,
-    ) -> Result<Self> {
-        let count = |name| count_trainable(config, name, vocab_size, n_classes, device);
-        Ok(Self {
-            n_params: count(attention)?,
-            softmax_params: count("softmax")?,
-        })
-    }
-
-    /// Relative increase over the softmax baseline (0.05 = 5% more).
-    pub fn increase(&self) -> f64 {
-        self.n_params as f64 / self.softmax_params as f64 - 1.0
-    }
-}
-
-/// Bytes training holds per parameter, activations aside: the f32 weights, their gradients,
-/// AdamW's two moments and the best-validation copy.
-const TRAINING_BYTES_PER_PARAM: u64 = 5 * 4;
-
-/// Scalars in the parameters of the classifier for `config` with the attention called
-/// `attention` (frozen ones included), counted from shapes with checked arithmetic and without
-/// building the model: the encoder is counted from one lazily built block
-/// ([`burn_attention_zoo::EncoderConfig::num_params`]), the rest from a lazily built one-layer
-/// classifier. `None` when the count does not fit in a `usize`.
-pub fn num_params_checked(
-    config: &RunConfig,
-    attention: &str,
-    vocab_size: usize,
-    n_classes: usize,
-) -> Result<Option<usize>> {
-    let device = crate::backend::any_device()?;
-    let encoder = config.encoder_config(attention)?.num_params(&device)?;
-    let mut one_layer = config.clone();
-    one_layer.model.n_layers = 1;
-    let model = LraClassifier::new(&one_layer, attention, vocab_size, n_classes, &device)?;
-    let whole = burn_attention_zoo::num_params_checked(&model);
-    let its_encoder = burn_attention_zoo::num_params_checked(&model.encoder);
-    Ok(whole
-        .zip(its_encoder)
-        .zip(encoder)
-        .and_then(|((whole, its), encoder)| (whole - its).checked_add(encoder)))
-}
-
-/// Refuses a configuration whose parameters cannot be trained in the memory this machine has
-/// available (or cannot even be counted), naming the field that makes them too large, before
-/// anything is allocated: parameters are counted from shapes ([`num_params_checked`]).
-///
-/// Activations are not counted: batches are padded to their longest example, so they grow with
-/// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), only
-/// the count itself is checked.
-pub fn check_memory(
-    config: &RunConfig,
-    attention: &str,
-    vocab_size: usize,
-    n_classes: usize,
-) -> Result<()> {
-    let available = available_memory().unwrap_or(u64::MAX);
-    let needs = |config: &RunConfig| -> Result<Option<u64>> {
-        Ok(
-            num_params_checked(config, attention, vocab_size, n_classes)?
-                .and_then(|n| (n as u64).checked_mul(TRAINING_BYTES_PER_PARAM)),
-        )
-    };
-    let fits = |bytes: Option<u64>| bytes.is_some_and(|b| b <= available);
-    let bytes = needs(config)?;
-    if fits(bytes) {
-        return Ok(());
-    }
-    // The field to name: the first whose smaller value brings the model within reach.
-    let mut shorter = config.clone();
-    shorter.data.max_len = config.data.max_len.min(512);
-    let mut defaults = config.clone();
-    defaults.attention.remove(attention);
-    let mut one_layer = config.clone();
-    one_layer.model.n_layers = 1;
-    let field = if fits(needs(&shorter)?) {
-        format!("`data.max_len` = {}", config.data.max_len)
-    } else if config.attention.contains_key(attention) && fits(needs(&defaults)?) {
-        format!("`attention.{attention}`")
-    } else if config.model.n_layers > 1 && fits(needs(&one_layer)?) {
-        format!("`model.n_layers` = {}", config.model.n_layers)
-    } else {
-        "the `model` sizes (`d_model`, `d_ff`, `d_mlp`, `n_layers`)".to_string()
-    };
-    let gb = |b: u64| b as f64 / 1e9;
-    match bytes {
-        None => bail!(
-            "{field} is too large: the model's parameters are more than can be counted (over \
-             2^64 bytes to train)"
-        ),
-        Some(bytes) => bail!(
-            "{field} is too large: training the model's {} parameters needs {:.1} GB (weights, \
-             gradients, AdamW's two moments and the best-validation copy), more than the {:.1} GB \
-             of memory available",
-            bytes / TRAINING_BYTES_PER_PARAM,
-            gb(bytes),
-            gb(available)
-        ),
-    }
-}
-
-/// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Fixed sinusoidal positions `[n, d]`: sines in the first half of the features, cosines in the
 /// second (Flax's `sinusoidal_init`, used by the LRA reference), wavelengths up to 10000·2π.
 pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
@@ -352,127 +246,16 @@ pub fn sinusoidal(n: usize, d: usize, device: &Device) -> Tensor<2> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Task, TaskShape};
     use crate::data::{Batch, Example};
     use burn::tensor::Tolerance;
 
-    /// The Yorsh & Kovalenko budget: every trainable kernel adds less than 10% parameters over
-    /// the softmax model on each task's `lra` preset. The expected increase is also counted by
-    /// hand: `n_layers · units · d_head²` per full matrix (shared by a layer's heads).
-    #[test]
-    fn trainable_kernels_stay_within_ten_percent_on_lra_presets() {
-        let device = Device::flex();
-        for task in Task::ALL {
-            let config = RunConfig::preset(task, "lra").unwrap();
-            let m = &config.model;
-            let d = m.d_model / m.n_heads;
-            for (name, matrices) in [
-                ("ff-linear", d * d),
-                ("ff-orth-linear", d * d),
-                ("ff-glu", 2 * d * d),
-                ("ff-oglu", 2 * d * d),
-                ("ff-aoglu", 3 * (d * d + 2 * d * (d / 4))),
-            ] {
-                let budget =
-                    ParamBudget::count(&config, name, task.vocab_size(), task.n_classes(), &device)
-                        .unwrap();
-                assert_eq!(
-                    budget.n_params - budget.softmax_params,
-                    m.n_layers * matrices,
-                    "{} {name}",
-                    task.name()
-                );
-                assert!(
-                    budget.increase() < 0.10,
-                    "{} {name}: {:.2}% over softmax",
-                    task.name(),
-                    100.0 * budget.increase()
-                );
-            }
-        }
-    }
-
-    /// The count from shapes (one block built, lazily) equals Burn's count over the whole built
-    /// model, for every attention and every task's `lra` preset at 2 and 3 layers; sizes whose
-    /// product overflows give no count, and the memory check refuses them naming the field,
-    /// without building anything.
-    #[test]
-    fn parameters_are_counted_from_shapes() {
-        let device = Device::flex();
-        for task in Task::ALL {
-            let mut config = RunConfig::preset(task, "tiny").unwrap();
-            for n_layers in [2, 3] {
-                config.model.n_layers = n_layers;
-                for variant in burn_attention_zoo::VARIANTS {
-                    let built = LraClassifier::new(
-                        &config,
-                        variant.name,
-                        task.vocab_size(),
-                        task.n_classes(),
-                        &device,
-                    )
-                    .unwrap();
-                    let counted = num_params_checked(
-                        &config,
-                        variant.name,
-                        task.vocab_size(),
-                        task.n_classes(),
-                    )
-                    .unwrap();
-                    assert_eq!(
-                        counted,
-                        Some(built.num_params()),
-                        "{} {}",
-                        task.name(),
-                        variant.name
-                    );
-                }
-            }
-        }
-        let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
-        config.model.d_model = 4_000_000_000;
-        config.model.n_heads = 1;
-        config.model.d_ff = 4_000_000_000;
-        config.model.n_layers = 4_000_000_000;
-        assert_eq!(
-            num_params_checked(&config, "softmax", 16, 10).unwrap(),
-            None
-        );
-        let err = format!(
-            "{:#}",
-            check_memory(&config, "softmax", 16, 10).unwrap_err()
-        );
-        assert!(err.contains("more than can be counted"), "{err}");
-        let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
-        config.model.n_layers = 4_000_000_000;
-        let err = format!(
-            "{:#}",
-            check_memory(&config, "softmax", 16, 10).unwrap_err()
-        );
-        assert!(
-            err.starts_with("`model.n_layers` = 4000000000 is too large"),
-            "{err}"
-        );
-    }
-
-    /// Frozen tensors are not trainable: Performer's random features leave its count equal to
-    /// softmax's, while Burn's `num_params` includes them.
-    #[test]
-    fn budget_counts_trainable_parameters_only() {
-        let device = Device::flex();
-        let config = RunConfig::preset(Task::Listops, "tiny").unwrap();
-        let budget = ParamBudget::count(&config, "performer", 16, 10, &device).unwrap();
-        assert_eq!(budget.n_params, budget.softmax_params);
-        let model = LraClassifier::new(&config, "performer", 16, 10, &device).unwrap();
-        assert!(model.num_params() > budget.n_params);
-        assert_eq!(
-            ParamBudget::count(&config, "softmax", 16, 10, &device)
-                .unwrap()
-                .n_params,
-            LraClassifier::new(&config, "softmax", 16, 10, &device)
-                .unwrap()
-                .num_params()
-        );
+    /// The classifier of `config`'s task with `attention`.
+    fn classifier(config: &RunConfig, attention: &str, device: &Device) -> LraClassifier {
+        let task = crate::tasks::find(config.task.name()).unwrap();
+        LraClassifier::new(
+            &ClassifierSpec::resolve(config, task, attention).unwrap(),
+            device,
+        )
     }
 
     /// The matching model: both documents' padding is ignored, the two towers share one encoder,
@@ -480,8 +263,8 @@ mod tests {
     #[test]
     fn matching_pairs_ignore_padding() {
         let device = Device::flex();
-        let config = RunConfig::preset(Task::Matching, "tiny").unwrap();
-        let model = LraClassifier::new(&config, "softmax", 257, 2, &device).unwrap();
+        let config = RunConfig::preset("matching", "tiny").unwrap();
+        let model = classifier(&config, "softmax", &device);
         let pair = |a: Vec<u16>, b: Vec<u16>| Example {
             tokens: a,
             pair: Some(b),
@@ -501,37 +284,6 @@ mod tests {
             &logits(&[&x, &y]),
             Tolerance::absolute(1e-5).set_relative(1e-4),
         );
-    }
-
-    /// The `lra` presets build the LRA reference models: parameter counts derived in docs/lra.md
-    /// (ListOps 8.95M, Text 3.49M, Matching 1.09M with the concat head).
-    #[test]
-    fn lra_presets_have_the_reference_sizes() {
-        let device = Device::flex();
-        for (task, expected, concat) in [
-            (Task::Listops, 8.95e6, false),
-            (Task::Text, 3.49e6, false),
-            (Task::Matching, 1.09e6, true),
-        ] {
-            let mut config = RunConfig::preset(task, "lra").unwrap();
-            if concat {
-                config.model.pair_features = PairFeatures::Concat;
-            }
-            let n = ParamBudget::count(
-                &config,
-                "softmax",
-                task.vocab_size(),
-                2.max(task.n_classes()),
-                &device,
-            )
-            .unwrap()
-            .n_params as f64;
-            assert!(
-                (n - expected).abs() < 0.005e6,
-                "{}: {n} parameters, docs/lra.md: {expected}",
-                task.name()
-            );
-        }
     }
 
     #[test]
@@ -566,10 +318,10 @@ mod tests {
             (Pooling::Cls, Positions::Sinusoidal),
         ] {
             for attention in ["softmax", "linformer"] {
-                let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+                let mut config = RunConfig::preset("listops", "tiny").unwrap();
                 config.model.pooling = pooling;
                 config.model.positions = positions;
-                let model = LraClassifier::new(&config, attention, 16, 10, &device).unwrap();
+                let model = classifier(&config, attention, &device);
                 let logits = |examples: &[&Example]| {
                     let batch = Batch::new(examples, &device);
                     model

@@ -551,13 +551,11 @@ fn weight_values(dir: &Path, config: &Value, file: &str, sha256: &str) -> Result
         .with_context(|| format!("{}: no `attention_name`", config_path.display()))?;
     let device = crate::backend::any_device()?;
     // The run's own vocabulary (a BPE run's is the tokenizer's, not the task's) and classes.
+    let task = crate::tasks::find(run.task.name())?;
     let model = LraClassifier::new(
-        &run,
-        attention,
-        run.vocab_size(),
-        crate::config::TaskShape::n_classes(run.task),
+        &crate::model::ClassifierSpec::resolve(&run, task, attention)?,
         &device,
-    )?;
+    );
     let model = load_weights(model, &path, sha256)?;
     let mut collect = Collect(Vec::new());
     model.visit(&mut collect);

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -23,11 +23,13 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::backend::{BackendDevice, BackendKind};
-use crate::config::{OptimizerConfig, RunConfig, Selection, Task};
+use crate::backend::BackendDevice;
+use crate::budget::ParamBudget;
+use crate::config::{OptimizerConfig, RunConfig, Selection};
 use crate::data::loader::{BatchPlan, evaluation_batches, training_batches};
-use crate::data::{Dataset, write_atomic};
-use crate::model::{LraClassifier, ParamBudget, check_memory};
+use crate::data::{Dataset, Splits, write_atomic};
+use crate::model::LraClassifier;
+use crate::plan::{ResumeMode, RunPlan, TrainOptions};
 use crate::run_dir::{
     CHECKPOINT, CheckpointContents, ConfigChange, RESTART_ADVICE, RESUMABLE_FIELDS, RunDirLock,
     VerifiedCheckpoint, check_run_dir, clear_unfinished_run, config_changes, find_checkpoint,
@@ -40,71 +42,12 @@ use lra_runs::layout::{
 };
 use lra_runs::layout::{RunState, run_state};
 
-/// The three splits of a task and its vocabulary size.
-#[derive(Debug, Clone)]
-pub struct Splits {
-    /// Training split.
-    pub train: Dataset,
-    /// Validation split (model selection); `None` when the test split is also the validation
-    /// split (`data.validation = "test"`, LRA's choice for IMDB).
-    pub val: Option<Dataset>,
-    /// Test split (reported).
-    pub test: Dataset,
-    /// Token ids are below this.
-    pub vocab_size: usize,
-    /// The BPE tokenizer the tokens come from: its cached file and contents (recorded in the
-    /// run directory); `None` for the tasks' own tokens.
-    pub tokenizer: Option<(std::path::PathBuf, String)>,
-}
-
-impl Splits {
-    /// The split model selection uses.
-    pub fn validation(&self) -> &Dataset {
-        self.val.as_ref().unwrap_or(&self.test)
-    }
-
-    /// Examples in the train, validation and test splits.
-    pub fn sizes(&self) -> [usize; 3] {
-        [self.train.len(), self.validation().len(), self.test.len()]
-    }
-
-    /// The SHA-256 of every example of every split (tokens, second documents, labels), in hex:
-    /// what the run trained and was measured on, recorded in `config.json` (`data_sha256`) so
-    /// that a resume on other data is refused and `compare` compares data, not paths.
-    pub fn fingerprint(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let mut hash = Sha256::new();
-        let mut bytes = Vec::new();
-        for split in [Some(&self.train), self.val.as_ref(), Some(&self.test)] {
-            let Some(split) = split else {
-                hash.update([0u8]);
-                continue;
-            };
-            hash.update([1u8]);
-            hash.update((split.len() as u64).to_le_bytes());
-            for example in &split.examples {
-                bytes.clear();
-                bytes.extend((example.label as u64).to_le_bytes());
-                for document in std::iter::once(&example.tokens).chain(example.pair.as_ref()) {
-                    bytes.extend((document.len() as u64).to_le_bytes());
-                    bytes.extend(document.iter().flat_map(|t| t.to_le_bytes()));
-                }
-                hash.update(&bytes);
-            }
-        }
-        crate::checksum::to_hex(&hash.finalize())
-    }
-}
-
 /// What in a configuration and its data works but is likely a mistake, one sentence each: a
 /// run prints them once at its start and records them in `result.json`. (What cannot work is an
 /// error, raised by the configuration and the data readers.)
-pub fn suspicious_settings(
-    config: &RunConfig,
-    attention: &str,
-    data: &Splits,
-) -> Result<Vec<String>> {
-    let mut warnings = config.attention_config(attention)?.warnings();
+pub fn suspicious_settings(plan: &RunPlan, data: &Splits) -> Vec<String> {
+    let config = &plan.config;
+    let mut warnings = plan.classifier.attention().warnings();
     for split in [Some(&data.train), data.val.as_ref(), Some(&data.test)]
         .into_iter()
         .flatten()
@@ -119,11 +62,7 @@ pub fn suspicious_settings(
             data.train.len()
         ));
     }
-    if config.data.validation == crate::config::Validation::Test
-        && matches!(
-            config.task,
-            Task::Listops | Task::Matching | Task::Pathfinder | Task::Pathx
-        )
+    if config.data.validation == crate::config::Validation::Test && plan.task.has_validation_split()
     {
         warnings.push(format!(
             "`data.validation = \"test\"`: model selection sees the test split, although {} has \
@@ -149,50 +88,10 @@ pub fn suspicious_settings(
             config.training.steps
         ));
     }
-    Ok(warnings)
-}
-
-/// What a run is: which attention, seed and backend, and where it writes.
-#[derive(Debug, Clone)]
-pub struct TrainOptions {
-    /// Registry name of the attention.
-    pub attention: String,
-    /// Training seed (initialisation, data order, dropout).
-    pub seed: u64,
-    /// Backend to run on.
-    pub backend: BackendKind,
-    /// Which of the backend's devices (`None`: its default one).
-    pub device: Option<usize>,
-    /// Run directory.
-    pub run_dir: PathBuf,
-    /// The preset's name or the config file's path, recorded with the results.
-    pub preset: String,
-    /// Draw a progress bar on the terminal.
-    pub progress: bool,
-    /// Whether to start a run or continue the one in `run_dir`.
-    pub resume: ResumeMode,
-    /// Stop after this step as if killed (no result written): for testing resumption.
-    pub stop_after: Option<usize>,
+    warnings
 }
 
 pub use lra_runs::RunResult;
-
-/// Whether a run starts afresh or continues what its directory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResumeMode {
-    /// Start a fresh run; a directory holding a run, finished or not, is an error.
-    #[default]
-    Start,
-    /// Continue the unfinished run from its checkpoint; an error when there is no run to continue.
-    Resume,
-    /// Whatever the directory holds: start a fresh run, continue an unfinished one, or return a
-    /// finished one's result untouched (what sweeps ask for, so that a task run again does no
-    /// harm).
-    Continue,
-    /// Start over: an unfinished run's files (its checkpoints, however damaged) are removed first;
-    /// a finished run is refused.
-    Restart,
-}
 
 /// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
 /// Batches are padded on a worker thread.
@@ -622,29 +521,16 @@ struct Progress {
     last_val_accuracy: Option<f64>,
 }
 
-/// Trains one model and writes its run directory (or continues it, with `opts.resume`).
-pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<RunResult> {
+/// Trains the model `plan` describes on `data` and writes its run directory (or continues it,
+/// with `plan.opts.resume`).
+pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
+    let (config, opts, budget) = (&plan.config, &plan.opts, plan.budget);
     let base_device = opts.backend.device_at(opts.device)?;
-    check_memory(
-        config,
-        &opts.attention,
-        data.vocab_size,
-        data.train.n_classes,
-    )?;
-    let warnings = suspicious_settings(config, &opts.attention, data)?;
-    // Counted before seeding: building the two models for the count draws random numbers, and
-    // the run must not depend on it.
-    let budget = ParamBudget::count(
-        config,
-        &opts.attention,
-        data.vocab_size,
-        data.train.n_classes,
-        &base_device,
-    )?;
+    let warnings = suspicious_settings(plan, data);
     let record = json!({
         "run": config,
         "attention_name": opts.attention,
-        "attention_resolved": config.attention_config(&opts.attention)?,
+        "attention_resolved": plan.classifier.attention(),
         "seed": opts.seed,
         "backend": opts.backend,
         "preset": opts.preset,
@@ -684,13 +570,7 @@ pub fn train(config: &RunConfig, data: &Splits, opts: &TrainOptions) -> Result<R
     );
     let device = base_device.clone().autodiff();
     device.seed(opts.seed);
-    let model = LraClassifier::new(
-        config,
-        &opts.attention,
-        data.vocab_size,
-        data.train.n_classes,
-        &device,
-    )?;
+    let model = LraClassifier::new(&plan.classifier, &device);
     let mut progress = Progress {
         model,
         optim: adamw(&config.training.optimizer).init(),
@@ -975,7 +855,7 @@ impl Session<'_> {
             test(&best_model)
         };
         let result = RunResult {
-            task: config.task,
+            task: config.task.clone(),
             attention: opts.attention.clone(),
             preset: opts.preset.clone(),
             seed: opts.seed,

@@ -351,7 +351,7 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "softmax",
         "task = \"listops\"",
         "task = \"text\"",
-        "`data.generate` is for ListOps only",
+        "`data.generate` is for the listops task only",
     );
     b.config_case("toml-syntax", "softmax", "[model]", "[model", "line");
     // Learned positions grow with `max_len`.

@@ -39,7 +39,7 @@ mod tests {
     struct Args {
         /// A choice.
         #[arg(long, value_enum)]
-        task: crate::Task,
+        backend: crate::BackendKind,
         /// A number.
         #[arg(long)]
         steps: usize,
@@ -50,15 +50,15 @@ mod tests {
         use clap::Parser;
         for (argv, needle) in [
             (
-                vec!["x", "--task", "foo", "--steps", "1"],
-                "error: invalid value 'foo' for '--task <TASK>' [possible values: listops,",
+                vec!["x", "--backend", "foo", "--steps", "1"],
+                "error: invalid value 'foo' for '--backend <BACKEND>' [possible values: flex,",
             ),
             (
-                vec!["x", "--task", "text"],
-                "error: the following required arguments were not provided: --steps <STEPS> (usage: x --task <TASK> --steps <STEPS>)",
+                vec!["x", "--backend", "flex"],
+                "error: the following required arguments were not provided: --steps <STEPS> (usage: x --backend <BACKEND> --steps <STEPS>)",
             ),
             (
-                vec!["x", "--task", "text", "--steps", "-1"],
+                vec!["x", "--backend", "flex", "--steps", "-1"],
                 "error: unexpected argument '-1' found",
             ),
         ] {

@@ -1,7 +1,9 @@
 //! Where runs live and what their directories hold.
 //!
 //! ```text
-//! <out>/<task>/<preset>/                  a sweep: one folder per attention, summary.{json,md}
+//! <out>/data/                             generated datasets and trained tokenizers, cached
+//! <out>/<task>/<preset>/                  a sweep: one folder per attention, summary.{json,md},
+//!                                          logs/ (runs' logs), slurm/ (scripts, Slurm's logs)
 //! <out>/<task>/<preset>/<attention>/seed-<n>/
 //!   config.json        the resolved configuration (and the changes resumes made to it)
 //!   metrics.jsonl      one line per validation
@@ -75,6 +77,15 @@ pub const RUN_FILES: [&str; 7] = [
 pub const RUN_FOLDERS: [&str; 3] = [CHECKPOINT, CHECKPOINT_NEW, CHECKPOINT_OLD];
 /// The lock file (see [`crate::RunDirLock`]).
 pub const LOCK: &str = ".lock";
+/// The folder under `--out` that caches generated datasets and trained tokenizers
+/// (`<out>/data/`).
+pub const DATA_CACHE: &str = "data";
+/// A sweep's folder of its runs' logs, when runs go to files (`<sweep>/logs/<attention>-seed-<n>.log`).
+pub const SWEEP_LOGS: &str = "logs";
+/// A sweep's folder of its Slurm scripts and their logs (`<sweep>/slurm/`).
+pub const SWEEP_SLURM: &str = "slurm";
+/// The folders of a sweep's folder that hold no attention's runs.
+pub const SWEEP_FOLDERS: [&str; 3] = [DATA_CACHE, SWEEP_LOGS, SWEEP_SLURM];
 /// A sweep's summary, as JSON.
 pub const SUMMARY_JSON: &str = "summary.json";
 /// A sweep's summary, as the markdown table it prints.
@@ -92,7 +103,7 @@ pub fn preset_name(preset: &str, config: Option<&Path>) -> String {
 }
 
 /// A sweep's folder: `<out>/<task>/<preset>`.
-pub fn sweep_dir(out: &Path, task: Task, preset: &str) -> PathBuf {
+pub fn sweep_dir(out: &Path, task: &Task, preset: &str) -> PathBuf {
     out.join(task.name()).join(preset)
 }
 

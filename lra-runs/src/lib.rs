@@ -89,7 +89,11 @@ mod tests {
 
     #[test]
     fn runs_are_filed_by_task_preset_attention_and_seed() {
-        let sweep = sweep_dir(std::path::Path::new("runs"), Task::Text, "tiny");
+        let sweep = sweep_dir(
+            std::path::Path::new("runs"),
+            &Task::new("text").unwrap(),
+            "tiny",
+        );
         assert_eq!(
             run_dir(&sweep, "softmax", 4),
             std::path::Path::new("runs/text/tiny/softmax/seed-4")
@@ -124,6 +128,20 @@ mod tests {
             "notes.txt",
         ] {
             assert!(!layout::is_owned_name(foreign, &names), "{foreign}");
+        }
+    }
+
+    #[test]
+    fn task_names_are_checked_for_their_shape_only() {
+        let task: Task = serde_json::from_str("\"path-x2\"").unwrap();
+        assert_eq!(task.name(), "path-x2");
+        assert_eq!(serde_json::to_string(&task).unwrap(), "\"path-x2\"");
+        for bad in ["", "ListOps", "a b", "-x", "x-", "../x", "x/y"] {
+            assert!(Task::new(bad).is_err(), "{bad:?}");
+            assert!(
+                serde_json::from_str::<Task>(&format!("{bad:?}")).is_err(),
+                "{bad:?}"
+            );
         }
     }
 }

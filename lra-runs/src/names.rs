@@ -2,51 +2,72 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A Long Range Arena task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Task {
-    /// ListOps: evaluate a nested list expression (10 classes).
-    Listops,
-    /// Byte-level text classification (IMDB reviews, or any `label<TAB>text` corpus).
-    Text,
-    /// Byte-level document matching (AAN citation pairs): two documents, related or not.
-    Matching,
-    /// Image classification from a sequence of grey pixels (CIFAR-10; any IDX image set).
-    Image,
-    /// Pathfinder at 32 x 32 pixels: are the two dots joined by one dashed path?
-    Pathfinder,
-    /// Path-X: Pathfinder at 128 x 128 pixels (16,384 tokens).
-    Pathx,
-}
+/// A task by name, as flags, files and run directories spell it (`listops`). Which tasks exist
+/// is the harness's task registry's to say (`burn-lra tasks`); here a name is only checked to be
+/// one: lowercase ASCII letters and digits, `-` between them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Task(String);
 
 impl Task {
-    /// Every task.
-    pub const ALL: [Task; 6] = [
-        Task::Listops,
-        Task::Text,
-        Task::Matching,
-        Task::Image,
-        Task::Pathfinder,
-        Task::Pathx,
-    ];
+    /// The task called `name`; an error where `name` cannot be a task's name.
+    pub fn new(name: &str) -> Result<Self, String> {
+        let well_formed = !name.is_empty()
+            && !name.starts_with('-')
+            && !name.ends_with('-')
+            && (name.bytes()).all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if well_formed {
+            Ok(Self(name.to_string()))
+        } else {
+            Err(format!(
+                "`{name}` is not a task name (lowercase letters and digits, `-` between them)"
+            ))
+        }
+    }
 
     /// The task's name in flags, files and run directories.
-    pub fn name(self) -> &'static str {
-        match self {
-            Task::Listops => "listops",
-            Task::Text => "text",
-            Task::Matching => "matching",
-            Task::Image => "image",
-            Task::Pathfinder => "pathfinder",
-            Task::Pathx => "pathx",
-        }
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Task {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        Self::new(&name)
+    }
+}
+
+impl From<Task> for String {
+    fn from(task: Task) -> String {
+        task.0
+    }
+}
+
+impl std::str::FromStr for Task {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::new(name)
+    }
+}
+
+impl PartialEq<str> for Task {
+    fn eq(&self, name: &str) -> bool {
+        self.0 == name
+    }
+}
+
+impl PartialEq<&str> for Task {
+    fn eq(&self, name: &&str) -> bool {
+        self.0 == *name
     }
 }
 
 impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.0)
     }
 }
 

@@ -14,12 +14,12 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::Tolerance;
 use burn_lra::backend::{BackendDevice, BackendKind};
-use burn_lra::config::{RunConfig, Task};
+use burn_lra::config::RunConfig;
 use burn_lra::data::{Batch, Example, listops};
-use burn_lra::model::LraClassifier;
+use burn_lra::model::{ClassifierSpec, LraClassifier};
 
 fn config() -> RunConfig {
-    let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+    let mut config = RunConfig::preset("listops", "tiny").unwrap();
     config.model.dropout = 0.0;
     config.model.attention_dropout = 0.0;
     config
@@ -51,15 +51,7 @@ fn trajectory(
 ) -> Vec<TensorData> {
     let device = backend.device().unwrap().autodiff();
     let config = config();
-    let mut model = LraClassifier::new(
-        &config,
-        attention,
-        listops::VOCAB_SIZE,
-        listops::N_CLASSES,
-        &device,
-    )
-    .unwrap()
-    .load_record(record);
+    let mut model = classifier(&config, attention, &device).load_record(record);
     let mut optim = AdamWConfig::new().with_weight_decay(0.01).init();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let examples = examples();
@@ -104,14 +96,7 @@ fn matches_flex(backend: BackendKind) {
     for attention in burn_attention_zoo::VARIANTS.iter().map(|v| v.name) {
         let flex = Device::flex().autodiff();
         flex.seed(5);
-        let model = LraClassifier::new(
-            &config(),
-            attention,
-            listops::VOCAB_SIZE,
-            listops::N_CLASSES,
-            &flex,
-        )
-        .unwrap();
+        let model = classifier(&config(), attention, &flex);
         let record = model.into_record();
         let expected = trajectory(BackendKind::Flex, attention, record.clone());
         let got = trajectory(backend, attention, record);
@@ -130,14 +115,7 @@ fn matches_flex(backend: BackendKind) {
 fn flex_is_deterministic() {
     // The reference itself: two flex runs from the same record agree exactly.
     let flex = Device::flex().autodiff();
-    let model = LraClassifier::new(
-        &config(),
-        "softmax",
-        listops::VOCAB_SIZE,
-        listops::N_CLASSES,
-        &flex,
-    )
-    .unwrap();
+    let model = classifier(&config(), "softmax", &flex);
     let record = model.into_record();
     let a = trajectory(BackendKind::Flex, "softmax", record.clone());
     let b = trajectory(BackendKind::Flex, "softmax", record);
@@ -168,4 +146,13 @@ fn wgpu_matches_flex() {
 #[test]
 fn cuda_matches_flex() {
     matches_flex(BackendKind::Cuda);
+}
+
+/// The ListOps classifier of `config` with `attention`.
+fn classifier(config: &RunConfig, attention: &str, device: &Device) -> LraClassifier {
+    let task = burn_lra::tasks::find("listops").unwrap();
+    LraClassifier::new(
+        &ClassifierSpec::resolve(config, task, attention).unwrap(),
+        device,
+    )
 }

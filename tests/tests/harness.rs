@@ -2,18 +2,18 @@
 //! the tiny preset clearly beats the majority class of its test set.
 
 use burn_lra::backend::BackendKind;
-use burn_lra::config::{RunConfig, Task};
-use burn_lra::task::load_splits;
-use burn_lra::train::{ResumeMode, RunResult, TrainOptions, train};
+use burn_lra::config::RunConfig;
+use burn_lra::plan::{ResumeMode, TrainOptions};
+use burn_lra::train::RunResult;
 
 mod common;
 
-use common::{options, short_listops, temp_dir};
+use common::{load_splits, options, short_listops, temp_dir, train};
 
 #[test]
 fn short_run_writes_config_metrics_and_result() {
     let dir = temp_dir("short");
-    let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+    let mut config = RunConfig::preset("listops", "tiny").unwrap();
     let generate = config.data.generate.as_mut().unwrap();
     (generate.n_train, generate.n_val, generate.n_test) = (200, 40, 40);
     config.training.steps = 20;
@@ -85,7 +85,7 @@ fn short_run_writes_config_metrics_and_result() {
 #[test]
 fn tiny_preset_beats_majority_class_by_ten_points() {
     let dir = temp_dir("tiny");
-    let config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+    let config = RunConfig::preset("listops", "tiny").unwrap();
     let splits = load_splits(&config, None, &dir.join("data")).unwrap();
     let result = train(
         &config,
@@ -154,7 +154,7 @@ fn matching_trains_on_aan_format_files() {
         },
     )
     .unwrap();
-    let mut config = RunConfig::preset(Task::Matching, "tiny").unwrap();
+    let mut config = RunConfig::preset("matching", "tiny").unwrap();
     config.training.steps = 12;
     config.training.eval_every = 6;
     config.training.schedule = burn_lra::config::Schedule::OneCycle {

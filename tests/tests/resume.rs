@@ -4,10 +4,9 @@
 mod common;
 
 use burn_lra::config::Schedule;
+use burn_lra::plan::ResumeMode;
 use burn_lra::run_dir::compare_run_dirs;
-use burn_lra::task::load_splits;
-use burn_lra::train::{ResumeMode, train};
-use common::{metrics_without_time, options, short_listops, temp_dir};
+use common::{load_splits, metrics_without_time, options, short_listops, temp_dir, train};
 
 /// A run stopped mid-way (after its step-20 checkpoint, 7 steps of work lost) and resumed ends
 /// exactly where an unbroken run with the same seed ends: same metrics at every validation, same

@@ -31,9 +31,9 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Gradients;
 use burn_attention_zoo::Attention;
-use burn_lra::config::{RunConfig, Task, TaskShape};
+use burn_lra::config::RunConfig;
 use burn_lra::data::Tokens;
-use burn_lra::model::LraClassifier;
+use burn_lra::model::{ClassifierSpec, LraClassifier};
 use burn_lra::train::{adamw, objective};
 use tch::Kind;
 
@@ -46,7 +46,7 @@ const LENGTHS: [usize; BATCH] = [300, 211, 97, 256];
 const STEPS: usize = 50;
 
 fn config() -> RunConfig {
-    let mut config = RunConfig::preset(Task::Listops, "small").expect("the small preset");
+    let mut config = RunConfig::preset("listops", "small").expect("the small preset");
     config.data.max_len = MAX_LEN;
     config.model.dropout = 0.0;
     config.model.attention_dropout = 0.0;
@@ -234,9 +234,10 @@ fn small_listops_classifier_equals_pytorch_reference() {
     let config = config();
     let device = Device::flex().autodiff();
     device.seed(3);
-    let (vocab, classes) = (Task::Listops.vocab_size(), Task::Listops.n_classes());
-    let mut model =
-        LraClassifier::new(&config, "softmax", vocab, classes, &device).expect("the model");
+    let listops = burn_lra::tasks::find("listops").expect("the ListOps task");
+    let spec = ClassifierSpec::resolve(&config, listops, "softmax").expect("the model");
+    let (vocab, classes) = (spec.vocab_size, spec.n_classes);
+    let mut model = LraClassifier::new(&spec, &device);
     let (ids, labels) = batch(vocab, classes);
 
     // The reference, loaded with our initial weights.

@@ -164,17 +164,31 @@ fn private_copy(path: &Path, backend: BackendKind) -> Result<Harness> {
     Harness::new(&copy, &private)
 }
 
+/// Refuses a task the harness does not register, listing those it does.
+pub(crate) fn check_task(task: &lra_runs::Task, harness: &Harness) -> Result<()> {
+    let registered = harness_names(harness, "tasks")?;
+    if !registered.iter().any(|name| task == name.as_str()) {
+        bail!("unknown task `{task}` (known: {})", registered.join(", "));
+    }
+    Ok(())
+}
+
+/// The names `burn-lra <command> --names` prints, one per line.
+fn harness_names(harness: &Harness, command: &str) -> Result<Vec<String>> {
+    let output = Command::new(harness).args([command, "--names"]).output()?;
+    if !output.status.success() {
+        bail!("burn-lra {command} --names failed");
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
 /// The attentions a `--attention` list names: every registered one when the list is empty or
 /// `all`; an unknown name is an error that lists the registered ones.
 pub(crate) fn resolve_attentions(list: &[String], harness: &Harness) -> Result<Vec<String>> {
-    let output = Command::new(harness).args(["list", "--names"]).output()?;
-    if !output.status.success() {
-        bail!("burn-lra list --names failed");
-    }
-    let registered: Vec<String> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
+    let registered = harness_names(harness, "list")?;
     match list {
         [] => Ok(registered),
         [all] if all == "all" => Ok(registered),

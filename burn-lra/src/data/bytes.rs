@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::{Dataset, Example, for_each_row};
+use super::{Dataset, Example, Splits, for_each_row};
 
 /// Token vocabulary: 256 bytes and padding.
 pub const VOCAB_SIZE: usize = 257;
@@ -19,22 +19,12 @@ pub fn byte_tokens(bytes: &[u8], max_len: usize) -> Vec<u16> {
     bytes.iter().take(max_len).map(|&b| b as u16 + 1).collect()
 }
 
-/// The splits of a text corpus, before validation is chosen: `val` only where the corpus has one.
-pub struct TextSplits {
-    /// Training examples.
-    pub train: Dataset,
-    /// Validation examples, where the corpus ships them (`val.tsv`).
-    pub val: Option<Dataset>,
-    /// Test examples.
-    pub test: Dataset,
-}
-
 /// Reads a text corpus from `path`:
 /// - a directory holding `train.tsv` and `test.tsv` (and optionally `val.tsv`): the generic
 ///   `label<TAB>text` format;
 /// - the aclImdb layout: a directory with `train/{pos,neg}` and `test/{pos,neg}` (or one holding
 ///   `aclImdb/`), a `.tar.gz` of it, or a directory holding exactly one `.tar.gz`.
-pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<TextSplits> {
+pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<Splits> {
     if !path.exists() {
         bail!(
             "data path {} does not exist; expected {TEXT_LAYOUTS}",
@@ -44,22 +34,16 @@ pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<Text
     if path.is_dir() && path.join("train.tsv").is_file() {
         let read = |name: &str| read_labelled_tsv(&path.join(name), max_len, n_classes);
         let val = path.join("val.tsv");
-        return Ok(TextSplits {
-            train: read("train.tsv")?,
-            val: if val.is_file() {
-                Some(read("val.tsv")?)
-            } else {
-                None
-            },
-            test: read("test.tsv")?,
-        });
+        let train = read("train.tsv")?;
+        let val = if val.is_file() {
+            Some(read("val.tsv")?)
+        } else {
+            None
+        };
+        return Ok(Splits::new(train, val, read("test.tsv")?));
     }
     let [train, test] = read_imdb(path, max_len)?;
-    Ok(TextSplits {
-        train,
-        val: None,
-        test,
-    })
+    Ok(Splits::new(train, None, test))
 }
 
 /// Reads `label<TAB>text` lines (no header; the text is everything after the first tab, kept as

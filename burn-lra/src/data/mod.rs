@@ -13,6 +13,70 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 
+/// The three splits of a task, as every task's reader returns them.
+#[derive(Debug, Clone)]
+pub struct Splits {
+    /// Training split.
+    pub train: Dataset,
+    /// Validation split (model selection); `None` when the test split is also the validation
+    /// split (`data.validation = "test"`, LRA's choice for IMDB).
+    pub val: Option<Dataset>,
+    /// Test split (reported).
+    pub test: Dataset,
+    /// The BPE tokenizer the tokens come from: its cached file and contents (recorded in the
+    /// run directory); `None` for the tasks' own tokens.
+    pub tokenizer: Option<(std::path::PathBuf, String)>,
+}
+
+impl Splits {
+    /// The splits a reader found (no tokenizer: the task's own tokens).
+    pub fn new(train: Dataset, val: Option<Dataset>, test: Dataset) -> Self {
+        Self {
+            train,
+            val,
+            test,
+            tokenizer: None,
+        }
+    }
+
+    /// The split model selection uses.
+    pub fn validation(&self) -> &Dataset {
+        self.val.as_ref().unwrap_or(&self.test)
+    }
+
+    /// Examples in the train, validation and test splits.
+    pub fn sizes(&self) -> [usize; 3] {
+        [self.train.len(), self.validation().len(), self.test.len()]
+    }
+
+    /// The SHA-256 of every example of every split (tokens, second documents, labels), in hex:
+    /// what the run trained and was measured on, recorded in `config.json` (`data_sha256`) so
+    /// that a resume on other data is refused and `compare` compares data, not paths.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut bytes = Vec::new();
+        for split in [Some(&self.train), self.val.as_ref(), Some(&self.test)] {
+            let Some(split) = split else {
+                hash.update([0u8]);
+                continue;
+            };
+            hash.update([1u8]);
+            hash.update((split.len() as u64).to_le_bytes());
+            for example in &split.examples {
+                bytes.clear();
+                bytes.extend((example.label as u64).to_le_bytes());
+                for document in std::iter::once(&example.tokens).chain(example.pair.as_ref()) {
+                    bytes.extend((document.len() as u64).to_le_bytes());
+                    bytes.extend(document.iter().flat_map(|t| t.to_le_bytes()));
+                }
+                hash.update(&bytes);
+            }
+        }
+        crate::checksum::to_hex(&hash.finalize())
+    }
+}
+
 /// One tokenized example. Token id 0 is padding and never appears inside `tokens`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Example {

@@ -2,8 +2,29 @@
 #![allow(dead_code)]
 
 use burn_lra::backend::BackendKind;
-use burn_lra::config::{RunConfig, Task};
-use burn_lra::train::{ResumeMode, TrainOptions};
+use burn_lra::config::RunConfig;
+use burn_lra::data::Splits;
+use burn_lra::plan::{ResumeMode, RunPlan, TrainOptions};
+use burn_lra::train::RunResult;
+
+/// The splits of `config`'s task (generated data cached in `cache_dir`).
+pub fn load_splits(
+    config: &RunConfig,
+    data_dir: Option<&std::path::Path>,
+    cache_dir: &std::path::Path,
+) -> anyhow::Result<Splits> {
+    let task = burn_lra::tasks::find(config.task.name())?;
+    burn_lra::tasks::load_splits(task, config, data_dir, cache_dir)
+}
+
+/// Plans the run `opts` describes with `config` and trains it on `splits`.
+pub fn train(
+    config: &RunConfig,
+    splits: &Splits,
+    opts: &TrainOptions,
+) -> anyhow::Result<RunResult> {
+    burn_lra::train::train(&RunPlan::new(config.clone(), opts.clone())?, splits)
+}
 
 /// A fresh temporary directory for one test.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -14,7 +35,7 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
 
 /// The tiny ListOps preset shrunk to 200 / 40 / 40 examples and `steps` steps.
 pub fn short_listops(steps: usize) -> RunConfig {
-    let mut config = RunConfig::preset(Task::Listops, "tiny").unwrap();
+    let mut config = RunConfig::preset("listops", "tiny").unwrap();
     let generate = config.data.generate.as_mut().unwrap();
     (generate.n_train, generate.n_val, generate.n_test) = (200, 40, 40);
     config.training.steps = steps;

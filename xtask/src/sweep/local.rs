@@ -244,7 +244,7 @@ fn attempt(
 /// `<sweep>/logs/<attention>-seed-<n>.log`.
 fn log_path(args: &LraArgs, run: &Run) -> PathBuf {
     args.sweep_dir()
-        .join("logs")
+        .join(lra_runs::layout::SWEEP_LOGS)
         .join(format!("{}-seed-{}.log", run.attention, run.seed))
 }
 

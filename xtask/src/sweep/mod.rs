@@ -10,7 +10,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::harness::{harness, resolve_attentions};
+use crate::harness::{check_task, harness, resolve_attentions};
 
 mod local;
 mod plan;
@@ -34,6 +34,7 @@ pub fn lra(args: LraArgs) -> Result<()> {
         }
         return Ok(());
     }
+    check_task(&args.task, &harness)?;
     let attentions = resolve_attentions(&args.attention, &harness)?;
     let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
     let failures = match args.executor {

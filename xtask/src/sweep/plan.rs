@@ -19,8 +19,8 @@ pub enum Executor {
 /// The flags of `cargo xtask lra`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LraArgs {
-    /// The task.
-    #[arg(long, value_enum, default_value_t = Task::Listops)]
+    /// The task (`burn-lra tasks` lists them).
+    #[arg(long, default_value = "listops")]
     pub(super) task: Task,
     /// Seeds 0..N-1.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
@@ -83,7 +83,7 @@ impl LraArgs {
 
     /// The sweep's folder.
     pub(super) fn sweep_dir(&self) -> PathBuf {
-        lra_runs::sweep_dir(&self.out, self.task, &self.preset_name())
+        lra_runs::sweep_dir(&self.out, &self.task, &self.preset_name())
     }
 
     /// Flags that belong to the other executor are errors, not silently ignored.

@@ -49,11 +49,11 @@ impl Submission {
 }
 
 fn slurm_dir(sweep_dir: &Path) -> PathBuf {
-    sweep_dir.join("slurm")
+    sweep_dir.join(lra_runs::layout::SWEEP_SLURM)
 }
 
 fn logs_dir(sweep_dir: &Path) -> PathBuf {
-    slurm_dir(sweep_dir).join("logs")
+    slurm_dir(sweep_dir).join(lra_runs::layout::SWEEP_LOGS)
 }
 
 /// Submits the runs not queued, running or training elsewhere as one array and, unless

@@ -46,7 +46,7 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
             .filter_map(|e| e.ok())
             .filter(|e| e.path().is_dir())
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| !["data", "logs", "slurm"].contains(&n.as_str()))
+            .filter(|n| !lra_runs::layout::SWEEP_FOLDERS.contains(&n.as_str()))
             .collect(),
         Err(_) => Vec::new(),
     };

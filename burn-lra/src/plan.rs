@@ -1,0 +1,131 @@
+//! A run planned and checked once. The command line, the configuration, the task's facts, the
+//! attention (resolved once), the classifier it makes, its parameter budget and its memory check
+//! become one [`RunPlan`]; the trainer takes it, and nothing after it resolves a name or checks
+//! a field again.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::backend::BackendKind;
+use crate::budget::{ParamBudget, check_memory};
+use crate::config::RunConfig;
+use crate::model::ClassifierSpec;
+use crate::tasks::{self, LraTask};
+
+/// A run, planned and checked: what it trains, how, and where.
+#[derive(Clone)]
+pub struct RunPlan {
+    /// The configuration, checked against its task.
+    pub config: RunConfig,
+    /// The task's facts and reader.
+    pub task: &'static dyn LraTask,
+    /// The classifier, its attention resolved.
+    pub classifier: ClassifierSpec,
+    /// Its trainable parameters beside the softmax baseline's.
+    pub budget: ParamBudget,
+    /// Which attention, seed and backend, and where the run writes.
+    pub opts: TrainOptions,
+}
+
+impl std::fmt::Debug for RunPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunPlan")
+            .field("task", &self.task.name())
+            .field("config", &self.config)
+            .field("budget", &self.budget)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunPlan {
+    /// Plans the run `opts` describes with `config`: the task's settings checked, the attention
+    /// resolved (the error names its field), the classifier's memory checked and its budget
+    /// counted, all from shapes, before any data is read or weight drawn.
+    pub fn new(config: RunConfig, opts: TrainOptions) -> Result<Self> {
+        let task = tasks::find(config.task.name())?;
+        tasks::check_config(task, &config)?;
+        let classifier = ClassifierSpec::resolve(&config, task, &opts.attention)?;
+        check_memory(&classifier, &config, task, &opts.attention)?;
+        let softmax = match opts.attention.as_str() {
+            "softmax" => classifier.clone(),
+            _ => {
+                ClassifierSpec::resolve(&config, task, "softmax").context("the softmax baseline")?
+            }
+        };
+        let budget = ParamBudget::count(&classifier, &softmax)?;
+        Ok(Self {
+            config,
+            task,
+            classifier,
+            budget,
+            opts,
+        })
+    }
+}
+
+/// What a run is: which attention, seed and backend, and where it writes.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// Registry name of the attention.
+    pub attention: String,
+    /// Training seed (initialisation, data order, dropout).
+    pub seed: u64,
+    /// Backend to run on.
+    pub backend: BackendKind,
+    /// Which of the backend's devices (`None`: its default one).
+    pub device: Option<usize>,
+    /// Run directory.
+    pub run_dir: PathBuf,
+    /// The preset's name or the config file's path, recorded with the results.
+    pub preset: String,
+    /// Draw a progress bar on the terminal.
+    pub progress: bool,
+    /// Whether to start a run or continue the one in `run_dir`.
+    pub resume: ResumeMode,
+    /// Stop after this step as if killed (no result written): for testing resumption.
+    pub stop_after: Option<usize>,
+}
+
+/// Whether a run starts afresh or continues what its directory holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResumeMode {
+    /// Start a fresh run; a directory holding a run, finished or not, is an error.
+    #[default]
+    Start,
+    /// Continue the unfinished run from its checkpoint; an error when there is no run to continue.
+    Resume,
+    /// Whatever the directory holds: start a fresh run, continue an unfinished one, or return a
+    /// finished one's result untouched (what sweeps ask for, so that a task run again does no
+    /// harm).
+    Continue,
+    /// Start over: an unfinished run's files (its checkpoints, however damaged) are removed first;
+    /// a finished run is refused.
+    Restart,
+}
+
+/// The configuration from `--config` or else the preset `preset` of `task`, checked to be a
+/// configuration of `task`, and the name its runs are filed under.
+pub fn load_config(
+    task: &lra_runs::Task,
+    preset: &str,
+    config: Option<&Path>,
+) -> Result<(RunConfig, String)> {
+    let name = lra_runs::preset_name(preset, config);
+    let config = match config {
+        Some(path) => RunConfig::from_file(path)?,
+        None => RunConfig::preset(task.name(), preset)?,
+    };
+    if config.task != *task {
+        // A configuration of another task: what is wrong in it as such is named first.
+        tasks::check_config(tasks::find(config.task.name())?, &config)?;
+        bail!("the config is for task `{}`, not `{task}`", config.task);
+    }
+    Ok((config, name))
+}
+
+/// Where a run's generated data and tokenizers are cached: `<out>/data`.
+pub fn cache_dir(out: &Path) -> PathBuf {
+    out.join(lra_runs::layout::DATA_CACHE)
+}
