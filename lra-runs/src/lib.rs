@@ -8,6 +8,7 @@
 //! - [`layout`]: where a run lives (`<out>/<task>/<preset>/<attention>/seed-<n>/`), the names of
 //!   its files, and its state (finished, checkpointed, fresh).
 //! - [`result`]: [`RunResult`], the contents of `result.json`.
+//! - [`summary`]: [`Summary`], the contents of a sweep's `summary.json`.
 //! - [`files`]: atomic writes and the lock that keeps one process per run directory.
 //! - [`names`]: the tasks and the backends by name, and each backend's cargo feature.
 //! - [`cli`]: usage mistakes on the command line as one error line.
@@ -17,6 +18,7 @@ pub mod files;
 pub mod layout;
 pub mod names;
 pub mod result;
+pub mod summary;
 
 pub use files::{
     RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, refuse_existing,
@@ -25,6 +27,7 @@ pub use files::{
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
 pub use names::{BackendKind, Task};
 pub use result::{ConfigChange, RunResult, Selection};
+pub use summary::{AttentionSummary, Summary};
 
 /// The exit status of `burn-lra train` when another process holds the run directory's lock
 /// (`EX_TEMPFAIL`): nothing was done, and the run is that process's to finish.

@@ -6,23 +6,10 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use lra_runs::layout::{SUMMARY_JSON, SUMMARY_MD};
-use lra_runs::{RunResult, RunState, write_atomic};
-use serde_json::json;
+use lra_runs::summary::stats;
+use lra_runs::{AttentionSummary, RunResult, RunState, Summary, write_atomic};
 
 use super::plan::LraArgs;
-
-/// Mean, sample standard deviation (n - 1; 0 for one value) and maximum.
-fn stats(values: &[f64]) -> (f64, f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let var = if values.len() > 1 {
-        values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    let best = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    (mean, var.sqrt(), best)
-}
 
 /// The finished runs of `attention` among seeds `0..seeds`.
 fn results(sweep_dir: &Path, attention: &str, seeds: u64) -> Result<Vec<RunResult>> {
@@ -58,7 +45,7 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
     ));
     table.push_str("| attention | seeds | test acc % (mean ± std) | best % | last-ckpt mean % | best-val-ckpt mean % | params | vs softmax | majority % |\n");
     table.push_str("|---|---|---|---|---|---|---|---|---|\n");
-    let mut attentions = serde_json::Map::new();
+    let mut attentions = std::collections::BTreeMap::new();
     for name in &names {
         let results = results(sweep_dir, name, args.seeds)?;
         let missing: Vec<String> = (0..args.seeds)
@@ -71,57 +58,34 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
                 missing.join(", ")
             );
         }
-        let Some(first) = results.first() else {
+        let Some(summary) = AttentionSummary::of(&results) else {
             continue;
         };
-        let field = |f: fn(&RunResult) -> f64| -> Vec<f64> { results.iter().map(f).collect() };
-        let acc = field(|r| r.test_accuracy);
-        let last = field(|r| r.test_accuracy_last);
-        let best_val = field(|r| r.test_accuracy_best_val);
-        let (mean, std, best) = stats(&acc);
-        let seeds: Vec<u64> = results.iter().map(|r| r.seed).collect();
         table.push_str(&format!(
             "| {name} | {} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {} | {:+.2}% | {:.2} |\n",
-            seeds.len(),
-            100.0 * mean,
-            100.0 * std,
-            100.0 * best,
-            100.0 * stats(&last).0,
-            100.0 * stats(&best_val).0,
-            first.n_params,
-            100.0 * first.param_increase,
-            100.0 * first.test_majority_rate
+            summary.seeds.len(),
+            100.0 * summary.mean,
+            100.0 * summary.std,
+            100.0 * summary.best,
+            100.0 * stats(&summary.accuracies_last).0,
+            100.0 * stats(&summary.accuracies_best_val).0,
+            summary.n_params,
+            100.0 * summary.param_increase,
+            100.0 * summary.test_majority_rate
         ));
-        attentions.insert(
-            name.clone(),
-            json!({
-                "seeds": seeds,
-                "selection": first.selection,
-                "accuracies": acc,
-                "mean": mean,
-                "std": std,
-                "best": best,
-                "accuracies_last": last,
-                "accuracies_best_val": best_val,
-                "n_params": first.n_params,
-                "param_increase": first.param_increase,
-                "steps": first.steps,
-                "backend": first.backend,
-                "test_majority_rate": first.test_majority_rate,
-            }),
-        );
+        attentions.insert(name.clone(), summary);
     }
     if attentions.is_empty() {
         bail!("no finished runs under {}", sweep_dir.display());
     }
     table.push_str("\nstd is the sample standard deviation over seeds; \"test acc\" uses each run's configured model selection.\n");
     println!("\n{table}");
-    let summary = json!({
-        "task": args.task,
-        "preset": preset,
-        "seeds_requested": args.seeds,
-        "attentions": attentions,
-    });
+    let summary = Summary {
+        attentions,
+        preset,
+        seeds_requested: args.seeds,
+        task: args.task.clone(),
+    };
     write_atomic(
         &sweep_dir.join(SUMMARY_JSON),
         serde_json::to_string_pretty(&summary)?.as_bytes(),
@@ -132,19 +96,4 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
         sweep_dir.join(SUMMARY_JSON).display()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stats;
-
-    #[test]
-    fn stats_are_sample_mean_std_and_max() {
-        // Hand-computed: mean 0.3; deviations -0.1, 0, 0.1 -> variance 0.02 / 2 = 0.01.
-        let (mean, std, best) = stats(&[0.2, 0.3, 0.4]);
-        assert!((mean - 0.3).abs() < 1e-12);
-        assert!((std - 0.1).abs() < 1e-12);
-        assert_eq!(best, 0.4);
-        assert_eq!(stats(&[0.5]).1, 0.0);
-    }
 }
