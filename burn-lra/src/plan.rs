@@ -11,6 +11,7 @@ use crate::backend::BackendKind;
 use crate::budget::{ParamBudget, check_memory};
 use crate::config::RunConfig;
 use crate::model::ClassifierSpec;
+pub use crate::run_dir::open::ResumeMode;
 use crate::tasks::{self, LraTask};
 
 /// A run, planned and checked: what it trains, how, and where.
@@ -86,23 +87,6 @@ pub struct TrainOptions {
     pub resume: ResumeMode,
     /// Stop after this step as if killed (no result written): for testing resumption.
     pub stop_after: Option<usize>,
-}
-
-/// Whether a run starts afresh or continues what its directory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResumeMode {
-    /// Start a fresh run; a directory holding a run, finished or not, is an error.
-    #[default]
-    Start,
-    /// Continue the unfinished run from its checkpoint; an error when there is no run to continue.
-    Resume,
-    /// Whatever the directory holds: start a fresh run, continue an unfinished one, or return a
-    /// finished one's result untouched (what sweeps ask for, so that a task run again does no
-    /// harm).
-    Continue,
-    /// Start over: an unfinished run's files (its checkpoints, however damaged) are removed first;
-    /// a finished run is refused.
-    Restart,
 }
 
 /// The configuration from `--config` or else the preset `preset` of `task`, checked to be a

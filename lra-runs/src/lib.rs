@@ -9,6 +9,7 @@
 //!   its files, and its state (finished, checkpointed, fresh).
 //! - [`result`]: [`RunResult`], the contents of `result.json`.
 //! - [`summary`]: [`Summary`], the contents of a sweep's `summary.json`.
+//! - [`state`]: [`CheckpointState`], the contents of a checkpoint's `state.json`.
 //! - [`files`]: atomic writes and the lock that keeps one process per run directory.
 //! - [`names`]: the tasks and the backends by name, and each backend's cargo feature.
 //! - [`cli`]: usage mistakes on the command line as one error line.
@@ -18,6 +19,7 @@ pub mod files;
 pub mod layout;
 pub mod names;
 pub mod result;
+pub mod state;
 pub mod summary;
 
 pub use files::{
@@ -27,6 +29,7 @@ pub use files::{
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
 pub use names::{BackendKind, Task};
 pub use result::{ConfigChange, RunResult, Selection};
+pub use state::CheckpointState;
 pub use summary::{AttentionSummary, Summary};
 
 /// The exit status of `burn-lra train` when another process holds the run directory's lock

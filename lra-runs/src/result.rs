@@ -96,7 +96,7 @@ pub struct RunResult {
     pub weights_sha256: BTreeMap<String, String>,
     /// The commits of the harness builds that trained the run, in order: one, unless a resume
     /// ran another build (`-dirty`: built with uncommitted changes to tracked files; `unknown`:
-    /// built outside a git checkout). Empty in results written before they were recorded.
+    /// built outside a git checkout; `unrecorded`: steps trained by a harness that did not record its build). Empty in results written before they were recorded.
     #[serde(default)]
     pub commits: Vec<String>,
 }

@@ -22,6 +22,8 @@ use lra_runs::layout::{
     CHECKPOINT_NEW, CHECKPOINT_OLD, CHECKPOINT_OPTIMIZER, CHECKPOINT_STATE, CONFIG, METRICS,
     MODEL_BEST, MODEL_LAST, RESULT, RUN_FILES, RUN_FOLDERS, is_owned_name,
 };
+pub mod open;
+
 pub use lra_runs::{ConfigChange, RunDirLock};
 
 pub use crate::checksum::{sha256_file, sha256_hex};

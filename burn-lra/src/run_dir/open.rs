@@ -1,0 +1,266 @@
+//! Opening a run directory for training: the lock, the checks of a resume (every checkpoint
+//! file, the run's identity, the fields a resume may change) and the record of its changes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::config::RunConfig;
+use crate::data::write_atomic;
+use crate::run_dir::{
+    ConfigChange, RESTART_ADVICE, RunDirLock, VerifiedCheckpoint, check_run_dir,
+    clear_unfinished_run, config_changes, find_checkpoint, read_json, verify_checkpoint,
+};
+use lra_runs::CheckpointState;
+use lra_runs::RunResult;
+use lra_runs::layout::{CHECKPOINT_BEST, CONFIG, METRICS, RESULT};
+use lra_runs::layout::{RunState, run_state};
+
+/// Whether a run starts afresh or continues what its directory holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResumeMode {
+    /// Start a fresh run; a directory holding a run, finished or not, is an error.
+    #[default]
+    Start,
+    /// Continue the unfinished run from its checkpoint; an error when there is no run to continue.
+    Resume,
+    /// Whatever the directory holds: start a fresh run, continue an unfinished one, or return a
+    /// finished one's result untouched (what sweeps ask for, so that a task run again does no
+    /// harm).
+    Continue,
+    /// Start over: an unfinished run's files (its checkpoints, however damaged) are removed first;
+    /// a finished run is refused.
+    Restart,
+}
+
+/// A checkpoint to continue from: its verified files, its state, the run's record it holds and
+/// the changes this resume makes to it.
+pub(crate) struct Resume {
+    /// The checkpoint's files, verified.
+    pub checkpoint: VerifiedCheckpoint,
+    /// Its state.
+    pub state: CheckpointState,
+    /// The metrics the checkpoint recorded, where `metrics.jsonl` holds lines after them.
+    pub metrics_cut: Option<Vec<u8>>,
+    /// The run's record the checkpoint holds.
+    pub record: Value,
+    /// What this resume changes in the configuration: `field -> [was, now]`.
+    pub changes: BTreeMap<String, [Value; 2]>,
+}
+
+/// Opens `run_dir` for training as `mode` asks: refuses a folder holding anything
+/// but the harness's files, a finished run (returns it with [`ResumeMode::Continue`]), an
+/// unfinished one with [`ResumeMode::Start`], a resume with nothing to resume, from a
+/// checkpoint that fails its checks or with a field a resume may not change; takes the
+/// directory's lock. A fresh run (or one killed before its first checkpoint, or restarted) gets
+/// its `config.json` and an empty `metrics.jsonl`; a resumed one is returned, its files
+/// untouched until its checkpoint has loaded.
+pub(crate) fn open_run_dir(
+    run_dir: &Path,
+    mode: ResumeMode,
+    config: &RunConfig,
+    record: &Value,
+) -> Result<Opened> {
+    check_run_dir(run_dir)?;
+    let config_path = run_dir.join(CONFIG);
+    // Only a run's record is ever replaced or resumed from.
+    if config_path.is_file() && !is_run_record(&config_path) {
+        bail!(
+            "{} is not a run's configuration record; it is left as it is (choose another \
+             --run-dir)",
+            config_path.display()
+        );
+    }
+    let finished = || {
+        anyhow::anyhow!(
+            "{} already holds a finished run (result.json); remove it to train again",
+            run_dir.display()
+        )
+    };
+    if mode == ResumeMode::Resume && !config_path.is_file() && find_checkpoint(run_dir).is_none() {
+        bail!(
+            "{}: no run to resume (no config.json or checkpoint there); start it without --resume",
+            run_dir.display()
+        );
+    }
+    let finished_result = || -> Result<Opened> {
+        match (mode, run_state(run_dir)?) {
+            (ResumeMode::Continue, RunState::Finished(result)) => Ok(Opened::Finished(result)),
+            _ => Err(finished()),
+        }
+    };
+    if run_dir.join(RESULT).exists() {
+        return finished_result();
+    }
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
+    let lock = RunDirLock::acquire(run_dir)?;
+    if run_dir.join(RESULT).exists() {
+        // Finished by another process between the first look and the lock.
+        return finished_result();
+    }
+    let resume = match (mode, find_checkpoint(run_dir)) {
+        (ResumeMode::Resume | ResumeMode::Continue, Some(dir)) => {
+            Some(Box::new(check_resume(config, record, run_dir, &dir)?))
+        }
+        (ResumeMode::Start, Some(_)) => bail!(
+            "{} holds an unfinished run; pass --resume to continue it, --restart to start it \
+             over, or choose another --run-dir",
+            run_dir.display()
+        ),
+        (mode, _) => {
+            // Restarted, or killed before its first checkpoint (nothing of value is lost), or
+            // never started (nothing to clear).
+            if mode == ResumeMode::Restart {
+                eprintln!("{}: starting the run over (--restart)", run_dir.display());
+            } else if mode != ResumeMode::Start && config_path.is_file() {
+                eprintln!(
+                    "{}: killed before its first checkpoint; starting it over from step 0",
+                    run_dir.display()
+                );
+            }
+            clear_unfinished_run(run_dir)?;
+            write_atomic(
+                &config_path,
+                serde_json::to_string_pretty(record)?.as_bytes(),
+            )?;
+            write_atomic(&run_dir.join(METRICS), b"")?;
+            eprintln!("training {} from step 0", run_dir.display());
+            None
+        }
+    };
+    Ok(Opened::Ready(lock, resume))
+}
+
+/// Whether `path` holds a run's `config.json` record (its `run` configuration and attention).
+fn is_run_record(path: &Path) -> bool {
+    read_json(path).is_ok_and(|v| v.get("run").is_some() && v.get("attention_name").is_some())
+}
+
+/// A run directory opened for training.
+pub(crate) enum Opened {
+    /// It already holds a finished run (only with [`ResumeMode::Continue`]): its result.
+    Finished(Box<RunResult>),
+    /// Its lock, and the checkpoint to continue from (`None`: a fresh run).
+    Ready(RunDirLock, Option<Box<Resume>>),
+}
+
+/// The fields of the record a resume must find unchanged: what the run is (attention, seed,
+/// backend) and what it reads (its data and tokenizer, by fingerprint).
+const RUN_IDENTITY: [&str; 5] = [
+    "attention_name",
+    "seed",
+    "backend",
+    "data_sha256",
+    "tokenizer_sha256",
+];
+
+/// Checks that the run in `run_dir` can continue from the checkpoint `dir` with `config`: every
+/// checkpoint file as recorded, the same attention, seed, backend and data, a configuration that
+/// differs only in the fields a resume may change.
+fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) -> Result<Resume> {
+    let checkpoint = verify_checkpoint(dir)?;
+    let saved = checkpoint.record.clone();
+    let record_path = checkpoint.file(lra_runs::layout::CHECKPOINT_CONFIG);
+    for key in RUN_IDENTITY {
+        if saved[key] != record[key] {
+            bail!(
+                "cannot resume {}: its `{key}` differs from this command's (was {}, now {}); \
+                 {RESTART_ADVICE}",
+                run_dir.display(),
+                saved[key],
+                record[key]
+            );
+        }
+    }
+    let saved_run: RunConfig = serde_json::from_value(saved["run"].clone())
+        .with_context(|| format!("{}: `run` is not a configuration", record_path.display()))?;
+    let changes = config_changes(&saved_run, config)
+        .with_context(|| format!("cannot resume {}", run_dir.display()))?;
+    let state_path = checkpoint.file(lra_runs::layout::CHECKPOINT_STATE);
+    let state: CheckpointState = serde_json::from_value(checkpoint.state.clone()).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a checkpoint state ({e}); {RESTART_ADVICE}",
+            state_path.display()
+        )
+    })?;
+    // The metrics the checkpoint vouches for, checked before anything is loaded.
+    let metrics_cut = crate::run_dir::verify_metrics(
+        &run_dir.join(METRICS),
+        state.metrics_bytes,
+        &state.metrics_sha256,
+    )?;
+    if state.best.is_some() != checkpoint.has_best {
+        let mismatch = match state.best {
+            Some(_) => "records best-validation weights but the checkpoint lacks",
+            None => "records no best-validation weights but the checkpoint holds",
+        };
+        bail!(
+            "{}: {mismatch} {CHECKPOINT_BEST}; {RESTART_ADVICE}",
+            state_path.display()
+        );
+    }
+    if config.training.steps < state.step {
+        bail!(
+            "cannot resume {}: `training.steps` ({}) is below the checkpoint's step ({})",
+            run_dir.display(),
+            config.training.steps,
+            state.step
+        );
+    }
+    Ok(Resume {
+        checkpoint,
+        state,
+        metrics_cut,
+        record: saved,
+        changes,
+    })
+}
+
+/// Writes the checkpoint's record back as `config.json`, with this resume's configuration
+/// changes (the new `run` and a `config_changes` entry), and returns every change the run has
+/// had.
+pub(crate) fn record_changes(
+    run_dir: &Path,
+    resume: &mut Resume,
+    config: &RunConfig,
+) -> Result<Vec<ConfigChange>> {
+    let mut history: Vec<ConfigChange> =
+        serde_json::from_value(resume.record["config_changes"].clone()).with_context(|| {
+            format!(
+                "{}: `config_changes` is not a list of changes",
+                resume
+                    .checkpoint
+                    .file(lra_runs::layout::CHECKPOINT_CONFIG)
+                    .display()
+            )
+        })?;
+    if resume.changes.is_empty() {
+        write_atomic(
+            &run_dir.join(CONFIG),
+            serde_json::to_string_pretty(&resume.record)?.as_bytes(),
+        )?;
+        return Ok(history);
+    }
+    let listed: Vec<String> = (resume.changes.iter())
+        .map(|(field, [was, now])| format!("{field} {was} -> {now}"))
+        .collect();
+    eprintln!(
+        "resuming from step {} with a changed configuration: {}",
+        resume.state.step,
+        listed.join(", ")
+    );
+    history.push(ConfigChange {
+        from_step: resume.state.step,
+        fields: std::mem::take(&mut resume.changes),
+    });
+    resume.record["run"] = serde_json::to_value(config)?;
+    resume.record["config_changes"] = serde_json::to_value(&history)?;
+    write_atomic(
+        &run_dir.join(CONFIG),
+        serde_json::to_string_pretty(&resume.record)?.as_bytes(),
+    )?;
+    Ok(history)
+}
