@@ -182,6 +182,13 @@ fn task_parser() -> impl TypedValueParser<Value = Task> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a program that stops reading (`| head`) ends the process quietly, as
+    // other command-line tools do, instead of panicking on the closed pipe.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread is started.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     burn_lra::memory::keep_freed_memory();
     match run(lra_runs::cli::parse_or_exit::<Cli>()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -448,3 +448,23 @@ fn usage_mistakes_are_one_error_line() {
     let (ok, _) = burn_lra(&["train", "--help"]);
     assert!(ok);
 }
+
+/// Output into a pipe whose reader has gone (`burn-lra list | head -1`) ends the process quietly,
+/// not with a panic and a backtrace.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_listing_quietly() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+        .args(["params", "--task", "listops", "--preset", "tiny"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reading end closes before the listing is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
