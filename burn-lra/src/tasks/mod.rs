@@ -299,6 +299,26 @@ mod tests {
         }
     }
 
+    /// README.md's task table is the registry's, row for row.
+    #[test]
+    fn readme_table_is_the_registry() {
+        let readme = include_str!("../../../README.md");
+        let start = "<!-- tasks: generated from burn-lra's TASKS -->\n";
+        let table = readme
+            .split_once(start)
+            .and_then(|(_, rest)| rest.split_once("<!-- end tasks -->"))
+            .expect("README.md has the task table's markers")
+            .0;
+        let mut expected = String::from("| task | what |\n|---|---|\n");
+        for task in TASKS {
+            expected.push_str(&format!("| `{}` | {} |\n", task.name(), task.summary()));
+        }
+        assert_eq!(
+            table, expected,
+            "README.md's task table is stale; it should read:\n{expected}"
+        );
+    }
+
     #[test]
     fn settings_of_other_tasks_name_their_readers() {
         assert_eq!(join_and(&["a"]), "a");
