@@ -55,8 +55,10 @@ pub trait VariantConfig: Config + Clone {
     /// paper defaults, for a model of the given shape.
     fn for_variant(name: &str, model: ModelShape) -> Self;
 
-    /// The registered variant this configuration makes.
-    fn info(&self) -> &'static VariantInfo;
+    /// The registered variant this configuration makes: by default the only one it lists.
+    fn info(&self) -> &'static VariantInfo {
+        &Self::VARIANTS[0]
+    }
 
     /// Model width.
     fn d_model(&self) -> usize;
@@ -165,3 +167,33 @@ pub fn check_iterations(
     }
     Ok(())
 }
+
+/// The part of a [`VariantConfig`] implementation every variant shares, written once: the module
+/// type, and `d_model`, `check` and `build` delegating to the configuration's `d_model` field and
+/// its own `validate` and `init` (the methods users call, as on Burn's configurations).
+///
+/// ```ignore
+/// impl VariantConfig for LinearAttentionConfig {
+///     variant_glue!(LinearAttention);
+///     const VARIANTS: &'static [VariantInfo] = &[INFO];
+///     fn for_variant(_name: &str, model: ModelShape) -> Self { ... }
+/// }
+/// ```
+macro_rules! variant_glue {
+    ($module:ty) => {
+        type Module = $module;
+
+        fn d_model(&self) -> usize {
+            self.d_model
+        }
+
+        fn check(&self) -> Result<(), AttentionError> {
+            self.validate()
+        }
+
+        fn build(&self, device: &Device) -> $module {
+            self.init(device)
+        }
+    };
+}
+pub(crate) use variant_glue;

@@ -34,7 +34,9 @@ use crate::core::params::lazy_param;
 use crate::core::sparse::{
     gathered_attention, padding_flags, pick_rows, real_lengths, with_full_rows,
 };
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -114,26 +116,14 @@ impl BigBirdConfig {
 }
 
 impl VariantConfig for BigBirdConfig {
-    type Module = BigBirdAttention;
+    variant_glue!(BigBirdAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads, model.n_max)
     }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
-    }
-    fn build(&self, device: &Device) -> BigBirdAttention {
-        self.init(device)
     }
     fn frozen_params(&self) -> Option<usize> {
         // The random blocks' priorities, `[n_heads, blocks, blocks]`.

@@ -15,7 +15,9 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -65,26 +67,14 @@ impl EfficientAttentionConfig {
 }
 
 impl VariantConfig for EfficientAttentionConfig {
-    type Module = EfficientAttention;
+    variant_glue!(EfficientAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
     }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(n_q, n_k, causal)
-    }
-    fn build(&self, device: &Device) -> EfficientAttention {
-        self.init(device)
     }
 }
 

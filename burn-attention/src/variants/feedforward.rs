@@ -32,7 +32,9 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
 use crate::core::params::lazy_param;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -248,7 +250,7 @@ impl FeedForwardKernelConfig {
 }
 
 impl VariantConfig for FeedForwardKernelConfig {
-    type Module = FeedForwardKernelAttention;
+    variant_glue!(FeedForwardKernelAttention);
     const VARIANTS: &'static [VariantInfo] = &VARIANTS;
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -265,15 +267,6 @@ impl VariantConfig for FeedForwardKernelConfig {
     }
     fn info(&self) -> &'static VariantInfo {
         self.kernel.info()
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> FeedForwardKernelAttention {
-        self.init(device)
     }
 }
 

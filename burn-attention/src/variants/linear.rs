@@ -19,7 +19,9 @@ use crate::core::flash;
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -69,23 +71,11 @@ impl LinearAttentionConfig {
 }
 
 impl VariantConfig for LinearAttentionConfig {
-    type Module = LinearAttention;
+    variant_glue!(LinearAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> LinearAttention {
-        self.init(device)
     }
 }
 

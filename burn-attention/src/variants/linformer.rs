@@ -34,7 +34,9 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -199,7 +201,7 @@ impl LinformerConfig {
 }
 
 impl VariantConfig for LinformerConfig {
-    type Module = LinformerAttention;
+    variant_glue!(LinformerAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_LINEAR];
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -212,12 +214,6 @@ impl VariantConfig for LinformerConfig {
     }
     fn info(&self) -> &'static VariantInfo {
         self.scoring.info()
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
     }
     fn warnings(&self) -> Vec<String> {
         if self.k < self.n_max {
@@ -233,9 +229,6 @@ impl VariantConfig for LinformerConfig {
     }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(self.scoring.info(), self.n_max, n_q, n_k, causal)
-    }
-    fn build(&self, device: &Device) -> LinformerAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

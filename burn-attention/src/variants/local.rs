@@ -29,7 +29,9 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{gathered_attention, padding_flags};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -143,7 +145,7 @@ impl LocalAttentionConfig {
 }
 
 impl VariantConfig for LocalAttentionConfig {
-    type Module = LocalAttention;
+    variant_glue!(LocalAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_WINDOW];
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -156,15 +158,6 @@ impl VariantConfig for LocalAttentionConfig {
     }
     fn info(&self) -> &'static VariantInfo {
         self.form.info()
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> LocalAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

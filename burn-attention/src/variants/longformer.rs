@@ -27,7 +27,9 @@ use crate::core::heads::{QkvoProjection, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, pick_rows, with_full_rows};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -106,23 +108,11 @@ impl LongformerConfig {
 }
 
 impl VariantConfig for LongformerConfig {
-    type Module = LongformerAttention;
+    variant_glue!(LongformerAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> LongformerAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

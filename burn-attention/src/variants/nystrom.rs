@@ -46,7 +46,7 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, check_iterations,
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, check_iterations, variant_glue,
 };
 
 const NAME: &str = "nystrom";
@@ -138,20 +138,11 @@ impl NystromConfig {
 }
 
 impl VariantConfig for NystromConfig {
-    type Module = NystromAttention;
+    variant_glue!(NystromAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
     }
     /// The variant's input check, and more landmarks than the longest sequence has positions
     /// refused: a configuration checked against its longest input (as the LRA harness checks
@@ -170,9 +161,6 @@ impl VariantConfig for NystromConfig {
             ));
         }
         check_input(n_q, n_k, causal, self.conv_kernel.is_some())
-    }
-    fn build(&self, device: &Device) -> NystromAttention {
-        self.init(device)
     }
 }
 

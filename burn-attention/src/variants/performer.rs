@@ -57,7 +57,9 @@ use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
 use crate::core::params::lazy_param;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -168,7 +170,7 @@ impl PerformerConfig {
 }
 
 impl VariantConfig for PerformerConfig {
-    type Module = PerformerAttention;
+    variant_glue!(PerformerAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_RELU];
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -181,15 +183,6 @@ impl VariantConfig for PerformerConfig {
     }
     fn info(&self) -> &'static VariantInfo {
         self.kernel.info()
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> PerformerAttention {
-        self.init(device)
     }
     fn frozen_params(&self) -> Option<usize> {
         match self.kernel {

@@ -43,7 +43,9 @@ use crate::core::params::lazy_param;
 use crate::core::sparse::{
     GatheredOutput, gathered_attention, merge_by_log_sum_exp, padding_flags,
 };
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -141,23 +143,11 @@ impl ReformerConfig {
 }
 
 impl VariantConfig for ReformerConfig {
-    type Module = ReformerAttention;
+    variant_glue!(ReformerAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> ReformerAttention {
-        self.init(device)
     }
     fn frozen_params(&self) -> Option<usize> {
         // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.

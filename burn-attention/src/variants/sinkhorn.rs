@@ -36,7 +36,7 @@ use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_iterations, check_within_max_len,
+    ModelShape, VariantConfig, VariantInfo, check_iterations, check_within_max_len, variant_glue,
 };
 
 /// The registry entry.
@@ -128,26 +128,14 @@ impl SinkhornConfig {
 }
 
 impl VariantConfig for SinkhornConfig {
-    type Module = SinkhornAttention;
+    variant_glue!(SinkhornAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads, model.n_max)
     }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
-    }
-    fn build(&self, device: &Device) -> SinkhornAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

@@ -13,7 +13,9 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::QkvoProjection;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -67,23 +69,11 @@ impl SoftmaxAttentionConfig {
 }
 
 impl VariantConfig for SoftmaxAttentionConfig {
-    type Module = SoftmaxAttention;
+    variant_glue!(SoftmaxAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO];
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        &INFO
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> SoftmaxAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

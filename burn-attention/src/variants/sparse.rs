@@ -34,7 +34,9 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{gathered_attention, merge_by_log_sum_exp, padding_flags};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_capabilities};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -153,7 +155,7 @@ impl SparseAttentionConfig {
 }
 
 impl VariantConfig for SparseAttentionConfig {
-    type Module = SparseAttention;
+    variant_glue!(SparseAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_STRIDED];
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -166,15 +168,6 @@ impl VariantConfig for SparseAttentionConfig {
     }
     fn info(&self) -> &'static VariantInfo {
         self.pattern.info()
-    }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
-    fn build(&self, device: &Device) -> SparseAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

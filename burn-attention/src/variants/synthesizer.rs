@@ -40,7 +40,9 @@ use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, causal_mask};
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo, check_within_max_len};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -205,7 +207,7 @@ impl SynthesizerConfig {
 }
 
 impl VariantConfig for SynthesizerConfig {
-    type Module = SynthesizerAttention;
+    variant_glue!(SynthesizerAttention);
     const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_DENSE];
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
@@ -221,17 +223,8 @@ impl VariantConfig for SynthesizerConfig {
     fn info(&self) -> &'static VariantInfo {
         self.mode.info()
     }
-    fn d_model(&self) -> usize {
-        self.d_model
-    }
-    fn check(&self) -> Result<(), AttentionError> {
-        self.validate()
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, causal)
-    }
-    fn build(&self, device: &Device) -> SynthesizerAttention {
-        self.init(device)
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
