@@ -172,7 +172,7 @@ pub fn check_iterations(
 /// type, and `d_model`, `check` and `build` delegating to the configuration's `d_model` field and
 /// its own `validate` and `init` (the methods users call, as on Burn's configurations).
 ///
-/// ```ignore
+/// ```text
 /// impl VariantConfig for LinearAttentionConfig {
 ///     variant_glue!(LinearAttention);
 ///     const VARIANTS: &'static [VariantInfo] = &[INFO];
