@@ -216,7 +216,8 @@ pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     let config = train_bench_config(args)?;
     let task = crate::tasks::find("text")?;
     let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
-    crate::budget::check_memory(&spec, &config, task, &args.attention)?;
+    let count = crate::budget::ParamCount::of(&spec)?;
+    crate::budget::check_memory(&count, &config, task, &args.attention)?;
     measure_training(args, &config, &spec)
 }
 

@@ -54,15 +54,15 @@ pub struct ParamBudget {
 }
 
 impl ParamBudget {
-    /// Counts the model `spec` describes and the softmax baseline `softmax`, from shapes.
-    pub fn count(spec: &ClassifierSpec, softmax: &ClassifierSpec) -> Result<Self> {
-        let trainable = |spec: &ClassifierSpec| -> Result<usize> {
-            ParamCount::of(spec)?
+    /// The budget of a model counted `model` beside the softmax baseline counted `softmax`.
+    pub fn new(model: &ParamCount, softmax: &ParamCount) -> Result<Self> {
+        let trainable = |count: &ParamCount| {
+            count
                 .trainable
                 .context("the model's parameters are more than can be counted")
         };
         Ok(Self {
-            n_params: trainable(spec)?,
+            n_params: trainable(model)?,
             softmax_params: trainable(softmax)?,
         })
     }
@@ -80,33 +80,30 @@ const TRAINING_BYTES_PER_PARAM: u64 = 5 * 4;
 /// Refuses a classifier whose parameters cannot be trained in the memory this machine has
 /// available (or cannot even be counted), naming the field of `config` that makes them too
 /// large, before anything is allocated: parameters are counted from shapes ([`ParamCount`]).
-/// `spec` is the classifier of `task` with `attention` for `config`; the variations that name the
-/// field are resolved only when it does not fit.
+/// `count` is that of the classifier of `task` with `attention` for `config`; the variations
+/// that name the field are resolved and counted only when it does not fit.
 ///
 /// Activations are not counted: batches are padded to their longest example, so they grow with
 /// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), only
 /// the count itself is checked.
 pub fn check_memory(
-    spec: &ClassifierSpec,
+    count: &ParamCount,
     config: &RunConfig,
     task: &dyn LraTask,
     attention: &str,
 ) -> Result<()> {
     let available = available_memory().unwrap_or(u64::MAX);
-    let needs = |spec: &ClassifierSpec| -> Result<Option<u64>> {
-        Ok(ParamCount::of(spec)?
-            .all
-            .and_then(|n| (n as u64).checked_mul(TRAINING_BYTES_PER_PARAM)))
+    let needs = |count: &ParamCount| {
+        (count.all).and_then(|n| (n as u64).checked_mul(TRAINING_BYTES_PER_PARAM))
     };
     let fits = |bytes: Option<u64>| bytes.is_some_and(|b| b <= available);
-    let bytes = needs(spec)?;
+    let bytes = needs(count);
     if fits(bytes) {
         return Ok(());
     }
     let fits_as = |config: &RunConfig| -> Result<bool> {
-        Ok(fits(needs(&ClassifierSpec::resolve(
-            config, task, attention,
-        )?)?))
+        let spec = ClassifierSpec::resolve(config, task, attention)?;
+        Ok(fits(needs(&ParamCount::of(&spec)?)))
     };
     let mut shorter = config.clone();
     shorter.data.max_len = config.data.max_len.min(512);
@@ -163,11 +160,8 @@ mod tests {
 
     /// The budget of `attention` beside softmax, for `config` of `task`.
     fn budget(config: &RunConfig, task: &dyn LraTask, attention: &str) -> ParamBudget {
-        ParamBudget::count(
-            &spec(config, task, attention),
-            &spec(config, task, "softmax"),
-        )
-        .unwrap()
+        let count = |name| ParamCount::of(&spec(config, task, name)).unwrap();
+        ParamBudget::new(&count(attention), &count("softmax")).unwrap()
     }
 
     /// The Yorsh & Kovalenko budget: every trainable kernel adds less than 10% parameters over
@@ -240,7 +234,7 @@ mod tests {
         assert_eq!(ParamCount::of(&huge).unwrap().all, None);
         let err = format!(
             "{:#}",
-            check_memory(&huge, &config, listops, "softmax").unwrap_err()
+            check_memory(&ParamCount::of(&huge).unwrap(), &config, listops, "softmax").unwrap_err()
         );
         assert!(err.contains("more than can be counted"), "{err}");
         let mut config = RunConfig::preset("listops", "tiny").unwrap();
@@ -248,7 +242,7 @@ mod tests {
         let deep = spec(&config, listops, "softmax");
         let err = format!(
             "{:#}",
-            check_memory(&deep, &config, listops, "softmax").unwrap_err()
+            check_memory(&ParamCount::of(&deep).unwrap(), &config, listops, "softmax").unwrap_err()
         );
         assert!(
             err.starts_with("`model.n_layers` = 4000000000 is too large"),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use burn_lra::backend::{BackendDevice, BackendKind};
-use burn_lra::budget::{ParamBudget, check_memory};
+use burn_lra::budget::{ParamBudget, ParamCount, check_memory};
 use burn_lra::config::Task;
 use burn_lra::data::pathfinder::Difficulty;
 use burn_lra::model::ClassifierSpec;
@@ -375,20 +375,26 @@ fn run(cli: Cli) -> Result<()> {
             let task = tasks::find(task.name())?;
             tasks::check_config(task, &config)?;
             // Counted from shapes: a model too large to train is refused, not built.
-            let spec = |name: &str| ClassifierSpec::resolve(&config, task, name);
-            let fits = |name: &str| check_memory(&spec(name)?, &config, task, name);
-            let softmax = spec("softmax")?;
-            fits("softmax").context("the softmax baseline")?;
+            // Each model resolved and counted once; one that cannot be trained here is named.
+            let fits = |name: &str| -> Result<ParamCount> {
+                let count = ParamCount::of(&ClassifierSpec::resolve(&config, task, name)?)?;
+                check_memory(&count, &config, task, name)?;
+                Ok(count)
+            };
+            let softmax = fits("softmax").context("the softmax baseline")?;
             // Models are built on the backend only to say it is compiled in.
             backend.device()?;
             println!("{} / {preset}: trainable parameters", task.name());
             println!("{:<16} {:>12} {:>12}", "attention", "params", "vs softmax");
             for v in burn_attention_zoo::VARIANTS {
-                if let Err(err) = fits(v.name) {
-                    println!("{:<16} {err:#}", v.name);
-                    continue;
-                }
-                let budget = ParamBudget::count(&spec(v.name)?, &softmax)
+                let count = match fits(v.name) {
+                    Ok(count) => count,
+                    Err(err) => {
+                        println!("{:<16} {err:#}", v.name);
+                        continue;
+                    }
+                };
+                let budget = ParamBudget::new(&count, &softmax)
                     .with_context(|| format!("attention `{}`", v.name))?;
                 let flag = if budget.increase() > 0.10 {
                     "  (over 10%)"

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use crate::backend::BackendKind;
-use crate::budget::{ParamBudget, check_memory};
+use crate::budget::{ParamBudget, ParamCount, check_memory};
 use crate::config::RunConfig;
 use crate::model::ClassifierSpec;
 pub use crate::run_dir::open::ResumeMode;
@@ -48,14 +48,16 @@ impl RunPlan {
         let task = tasks::find(config.task.name())?;
         tasks::check_config(task, &config)?;
         let classifier = ClassifierSpec::resolve(&config, task, &opts.attention)?;
-        check_memory(&classifier, &config, task, &opts.attention)?;
+        let count = ParamCount::of(&classifier)?;
+        check_memory(&count, &config, task, &opts.attention)?;
         let softmax = match opts.attention.as_str() {
-            "softmax" => classifier.clone(),
-            _ => {
-                ClassifierSpec::resolve(&config, task, "softmax").context("the softmax baseline")?
-            }
+            "softmax" => count,
+            _ => ParamCount::of(
+                &ClassifierSpec::resolve(&config, task, "softmax")
+                    .context("the softmax baseline")?,
+            )?,
         };
-        let budget = ParamBudget::count(&classifier, &softmax)?;
+        let budget = ParamBudget::new(&count, &softmax)?;
         Ok(Self {
             config,
             task,
