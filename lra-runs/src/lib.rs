@@ -7,6 +7,8 @@
 //!
 //! - [`layout`]: where a run lives (`<out>/<task>/<preset>/<attention>/seed-<n>/`), the names of
 //!   its files, and its state (finished, checkpointed, fresh).
+//! - [`metrics`]: [`MetricsLine`], a line of `metrics.jsonl`.
+//! - [`record`]: [`RunRecord`], the contents of `config.json` (and of a checkpoint's copy).
 //! - [`result`]: [`RunResult`], the contents of `result.json`.
 //! - [`summary`]: [`Summary`], the contents of a sweep's `summary.json`.
 //! - [`state`]: [`CheckpointState`], the contents of a checkpoint's `state.json`.
@@ -17,7 +19,9 @@
 pub mod cli;
 pub mod files;
 pub mod layout;
+pub mod metrics;
 pub mod names;
+pub mod record;
 pub mod result;
 pub mod state;
 pub mod summary;
@@ -27,7 +31,9 @@ pub use files::{
     remove_owned_dir, staging_dir, write_atomic, write_new,
 };
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
+pub use metrics::MetricsLine;
 pub use names::{BackendKind, Task};
+pub use record::RunRecord;
 pub use result::{ConfigChange, RunResult, Selection};
 pub use state::CheckpointState;
 pub use summary::{AttentionSummary, Summary};

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use crate::config::RunConfig;
 use crate::data::write_atomic;
+use crate::run_dir::checkpoint::{Record, VerifiedCheckpoint, verify_checkpoint, verify_metrics};
 use crate::run_dir::{
-    ConfigChange, RESTART_ADVICE, RunDirLock, VerifiedCheckpoint, check_run_dir,
-    clear_unfinished_run, config_changes, find_checkpoint, read_json, verify_checkpoint,
+    ConfigChange, RESTART_ADVICE, RunDirLock, check_run_dir, clear_unfinished_run, find_checkpoint,
 };
 use lra_runs::CheckpointState;
 use lra_runs::RunResult;
@@ -45,7 +45,7 @@ pub(crate) struct Resume {
     /// The metrics the checkpoint recorded, where `metrics.jsonl` holds lines after them.
     pub metrics_cut: Option<Vec<u8>>,
     /// The run's record the checkpoint holds.
-    pub record: Value,
+    pub record: Record,
     /// What this resume changes in the configuration: `field -> [was, now]`.
     pub changes: BTreeMap<String, [Value; 2]>,
 }
@@ -61,7 +61,7 @@ pub(crate) fn open_run_dir(
     run_dir: &Path,
     mode: ResumeMode,
     config: &RunConfig,
-    record: &Value,
+    record: &Record,
 ) -> Result<Opened> {
     check_run_dir(run_dir)?;
     let config_path = run_dir.join(CONFIG);
@@ -122,10 +122,7 @@ pub(crate) fn open_run_dir(
                 );
             }
             clear_unfinished_run(run_dir)?;
-            write_atomic(
-                &config_path,
-                serde_json::to_string_pretty(record)?.as_bytes(),
-            )?;
+            write_atomic(&config_path, record.to_json()?.as_bytes())?;
             write_atomic(&run_dir.join(METRICS), b"")?;
             eprintln!("training {} from step 0", run_dir.display());
             None
@@ -134,9 +131,9 @@ pub(crate) fn open_run_dir(
     Ok(Opened::Ready(lock, resume))
 }
 
-/// Whether `path` holds a run's `config.json` record (its `run` configuration and attention).
+/// Whether `path` holds a run's `config.json` record.
 fn is_run_record(path: &Path) -> bool {
-    read_json(path).is_ok_and(|v| v.get("run").is_some() && v.get("attention_name").is_some())
+    lra_runs::RunRecord::<Value>::read(path).is_ok()
 }
 
 /// A run directory opened for training.
@@ -147,47 +144,25 @@ pub(crate) enum Opened {
     Ready(RunDirLock, Option<Box<Resume>>),
 }
 
-/// The fields of the record a resume must find unchanged: what the run is (attention, seed,
-/// backend) and what it reads (its data and tokenizer, by fingerprint).
-const RUN_IDENTITY: [&str; 5] = [
-    "attention_name",
-    "seed",
-    "backend",
-    "data_sha256",
-    "tokenizer_sha256",
-];
-
 /// Checks that the run in `run_dir` can continue from the checkpoint `dir` with `config`: every
 /// checkpoint file as recorded, the same attention, seed, backend and data, a configuration that
 /// differs only in the fields a resume may change.
-fn check_resume(config: &RunConfig, record: &Value, run_dir: &Path, dir: &Path) -> Result<Resume> {
+fn check_resume(config: &RunConfig, record: &Record, run_dir: &Path, dir: &Path) -> Result<Resume> {
     let checkpoint = verify_checkpoint(dir)?;
     let saved = checkpoint.record.clone();
-    let record_path = checkpoint.file(lra_runs::layout::CHECKPOINT_CONFIG);
-    for key in RUN_IDENTITY {
-        if saved[key] != record[key] {
-            bail!(
-                "cannot resume {}: its `{key}` differs from this command's (was {}, now {}); \
-                 {RESTART_ADVICE}",
-                run_dir.display(),
-                saved[key],
-                record[key]
-            );
-        }
+    if let Some((key, was, now)) = saved.identity_change(record) {
+        bail!(
+            "cannot resume {}: its `{key}` differs from this command's (was {was}, now {now}); \
+             {RESTART_ADVICE}",
+            run_dir.display(),
+        );
     }
-    let saved_run: RunConfig = serde_json::from_value(saved["run"].clone())
-        .with_context(|| format!("{}: `run` is not a configuration", record_path.display()))?;
-    let changes = config_changes(&saved_run, config)
+    let changes = config_changes(&saved.run, config)
         .with_context(|| format!("cannot resume {}", run_dir.display()))?;
+    let state = checkpoint.state.clone();
     let state_path = checkpoint.file(lra_runs::layout::CHECKPOINT_STATE);
-    let state: CheckpointState = serde_json::from_value(checkpoint.state.clone()).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not a checkpoint state ({e}); {RESTART_ADVICE}",
-            state_path.display()
-        )
-    })?;
     // The metrics the checkpoint vouches for, checked before anything is loaded.
-    let metrics_cut = crate::run_dir::verify_metrics(
+    let metrics_cut = verify_metrics(
         &run_dir.join(METRICS),
         state.metrics_bytes,
         &state.metrics_sha256,
@@ -227,40 +202,104 @@ pub(crate) fn record_changes(
     resume: &mut Resume,
     config: &RunConfig,
 ) -> Result<Vec<ConfigChange>> {
-    let mut history: Vec<ConfigChange> =
-        serde_json::from_value(resume.record["config_changes"].clone()).with_context(|| {
-            format!(
-                "{}: `config_changes` is not a list of changes",
-                resume
-                    .checkpoint
-                    .file(lra_runs::layout::CHECKPOINT_CONFIG)
-                    .display()
-            )
-        })?;
-    if resume.changes.is_empty() {
-        write_atomic(
-            &run_dir.join(CONFIG),
-            serde_json::to_string_pretty(&resume.record)?.as_bytes(),
-        )?;
-        return Ok(history);
+    if !resume.changes.is_empty() {
+        let listed: Vec<String> = (resume.changes.iter())
+            .map(|(field, [was, now])| format!("{field} {was} -> {now}"))
+            .collect();
+        eprintln!(
+            "resuming from step {} with a changed configuration: {}",
+            resume.state.step,
+            listed.join(", ")
+        );
+        resume.record.config_changes.push(ConfigChange {
+            from_step: resume.state.step,
+            fields: std::mem::take(&mut resume.changes),
+        });
+        resume.record.run = config.clone();
     }
-    let listed: Vec<String> = (resume.changes.iter())
-        .map(|(field, [was, now])| format!("{field} {was} -> {now}"))
-        .collect();
-    eprintln!(
-        "resuming from step {} with a changed configuration: {}",
-        resume.state.step,
-        listed.join(", ")
+    write_atomic(&run_dir.join(CONFIG), resume.record.to_json()?.as_bytes())?;
+    Ok(resume.record.config_changes.clone())
+}
+
+/// The configuration fields a resume may change (a field matches when it is one of these or
+/// lies inside one): the learning-rate schedule, clipping, accumulation, the validation and
+/// checkpoint cadence, the number of steps and which weights are reported. The rest (model
+/// shape, data, optimiser, seed) define what the checkpoint holds and must stay.
+pub const RESUMABLE_FIELDS: [&str; 7] = [
+    "training.schedule",
+    "training.grad_clip",
+    "training.grad_accumulation",
+    "training.eval_every",
+    "training.checkpoint_every",
+    "training.steps",
+    "training.selection",
+];
+
+/// The fields in which `now` differs from `saved`, as `field -> [was, now]`; an error names the
+/// fields a resume may not change ([`RESUMABLE_FIELDS`]).
+pub fn config_changes(saved: &RunConfig, now: &RunConfig) -> Result<BTreeMap<String, [Value; 2]>> {
+    let mut changes = BTreeMap::new();
+    diff_values(
+        "",
+        &serde_json::to_value(saved)?,
+        &serde_json::to_value(now)?,
+        &mut changes,
     );
-    history.push(ConfigChange {
-        from_step: resume.state.step,
-        fields: std::mem::take(&mut resume.changes),
-    });
-    resume.record["run"] = serde_json::to_value(config)?;
-    resume.record["config_changes"] = serde_json::to_value(&history)?;
-    write_atomic(
-        &run_dir.join(CONFIG),
-        serde_json::to_string_pretty(&resume.record)?.as_bytes(),
-    )?;
-    Ok(history)
+    let refused: Vec<&str> = changes
+        .keys()
+        .map(String::as_str)
+        .filter(|field| {
+            !RESUMABLE_FIELDS
+                .iter()
+                .any(|safe| *field == *safe || field.starts_with(&format!("{safe}.")))
+        })
+        .collect();
+    if !refused.is_empty() {
+        bail!(
+            "{} {} from the checkpoint's run (a resume may change only {})",
+            refused
+                .iter()
+                .map(|f| format!("`{f}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if refused.len() == 1 {
+                "differs"
+            } else {
+                "differ"
+            },
+            RESUMABLE_FIELDS.join(", ")
+        );
+    }
+    Ok(changes)
+}
+
+/// Collects the leaves where `a` and `b` differ (numbers compared as f64: a JSON round trip may
+/// print a float differently).
+fn diff_values(path: &str, a: &Value, b: &Value, out: &mut BTreeMap<String, [Value; 2]>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for key in keys {
+                let missing = Value::Null;
+                diff_values(
+                    &join(key),
+                    x.get(key).unwrap_or(&missing),
+                    y.get(key).unwrap_or(&missing),
+                    out,
+                );
+            }
+        }
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => {}
+        _ if a == b => {}
+        _ => {
+            out.insert(path.to_string(), [a.clone(), b.clone()]);
+        }
+    }
 }

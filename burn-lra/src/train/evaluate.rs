@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
-use serde_json::json;
+use lra_runs::MetricsLine;
 
 use crate::data::Dataset;
 use crate::data::loader::evaluation_batches;
@@ -84,17 +84,17 @@ impl Session<'_> {
             evaluate(valid, self.data.validation(), batch_size, &self.eval_device);
         let train_loss = state.loss_sum / state.seen as f64;
         let train_acc = state.correct as f64 / state.seen as f64;
-        let line = json!({
-            "step": step,
-            "lr": lr,
-            "train_loss": train_loss,
-            "train_accuracy": train_acc,
-            "val_loss": val_loss,
-            "val_accuracy": val_acc,
-            "elapsed_s": state.elapsed_s + started.elapsed().as_secs_f64(),
-        });
+        let line = MetricsLine {
+            elapsed_s: state.elapsed_s + started.elapsed().as_secs_f64(),
+            lr,
+            step,
+            train_accuracy: train_acc,
+            train_loss,
+            val_accuracy: val_acc,
+            val_loss,
+        };
         let path = self.opts.run_dir.join(METRICS);
-        writeln!(metrics, "{line}")
+        writeln!(metrics, "{}", line.to_line())
             .and_then(|_| metrics.flush())
             .with_context(|| format!("cannot write {}", path.display()))?;
         let message = format!(

@@ -1,6 +1,6 @@
 //! Training one run, read as its sequence in [`train`]: open the run directory (resuming from its
-//! checkpoint), build the model, run the steps ([`step`]), validate ([`evaluate`]), test and
-//! write the result. Gradients and the schedule's pieces are in [`grads`].
+//! checkpoint), build the model, run the steps (`step.rs`), validate (`evaluate.rs`), test and
+//! write the result. Gradients and the schedule's pieces are in `grads.rs`.
 //!
 //! The training loop: AdamW with the configured schedule, gradient accumulation and clipping,
 //! validation every N steps, test accuracy of the last and of the best-validation weights, and
@@ -24,7 +24,6 @@ use anyhow::Result;
 use burn::module::Module;
 use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::{Value, json};
 
 use crate::backend::BackendDevice;
 use crate::budget::ParamBudget;
@@ -33,7 +32,7 @@ use crate::data::{Splits, write_atomic};
 use crate::model::LraClassifier;
 use crate::plan::{RunPlan, TrainOptions};
 use crate::run_dir::open::{Opened, Resume, open_run_dir, record_changes};
-use crate::run_dir::{CHECKPOINT, ConfigChange, save_weights, sha256_file, sha256_hex};
+use crate::run_dir::{CHECKPOINT, ConfigChange, Record, save_weights, sha256_file, sha256_hex};
 use lra_runs::CheckpointState;
 use lra_runs::layout::{
     CHECKPOINT_BEST, CHECKPOINT_MODEL, CHECKPOINT_OPTIMIZER, LOCK, METRICS, MODEL_BEST, MODEL_LAST,
@@ -107,7 +106,7 @@ struct Session<'a> {
     data: &'a Splits,
     opts: &'a TrainOptions,
     /// The run's `config.json` record, as each checkpoint keeps a copy of it.
-    record: Value,
+    record: Record,
     device: Device,
     eval_device: Device,
     bar: ProgressBar,
@@ -129,22 +128,22 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
     let (config, opts, budget) = (&plan.config, &plan.opts, plan.budget);
     let base_device = opts.backend.device_at(opts.device)?;
     let warnings = suspicious_settings(plan, data);
-    let record = json!({
-        "run": config,
-        "attention_name": opts.attention,
-        "attention_resolved": plan.classifier.attention(),
-        "seed": opts.seed,
-        "backend": opts.backend,
-        "preset": opts.preset,
-        "n_params": budget.n_params,
-        "n_params_softmax": budget.softmax_params,
-        "param_increase": budget.increase(),
-        "split_sizes": data.sizes(),
-        "data_sha256": data.fingerprint(),
-        "tokenizer": data.tokenizer.as_ref().map(|(path, _)| path),
-        "tokenizer_sha256": data.tokenizer.as_ref().map(|(_, json)| sha256_hex(json.as_bytes())),
-        "config_changes": [],
-    });
+    let record = Record {
+        run: config.clone(),
+        attention_name: opts.attention.clone(),
+        attention_resolved: serde_json::to_value(plan.classifier.attention())?,
+        seed: opts.seed,
+        backend: opts.backend,
+        preset: opts.preset.clone(),
+        n_params: budget.n_params,
+        n_params_softmax: budget.softmax_params,
+        param_increase: budget.increase(),
+        split_sizes: data.sizes(),
+        data_sha256: data.fingerprint(),
+        tokenizer: data.tokenizer.as_ref().map(|(path, _)| path.clone()),
+        tokenizer_sha256: (data.tokenizer.as_ref()).map(|(_, json)| sha256_hex(json.as_bytes())),
+        config_changes: Vec::new(),
+    };
     let (_lock, resume) = match open_run_dir(&opts.run_dir, opts.resume, config, &record)? {
         Opened::Finished(result) => {
             eprintln!(
