@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """One case of LRA's efficiency protocol in PyTorch, printed as a JSON line: the same model and
-measurement as `burn-lra bench-train` (Text task model of a preset, full-length random bytes,
+measurement as `burn-lra bench-train` (a task's model of a preset, full-length random tokens,
 median time of a training step over `--steps` after `--warmup`, peak resident memory above the
 level once the model was built), with the attention taken from the PyPI packages of
 `torch_attention.py`. `cargo xtask bench lra` runs it beside ours.
 
-The model mirrors burn-lra's classifier for the preset's `[model]` table: byte embedding, a
+The model mirrors burn-lra's classifier for the preset's `[model]` table: token embedding, a
 zero-initialised CLS token (CLS pooling) or none (mean pooling), sinusoidal or learned positions,
 pre-LN blocks `x + Dropout(Attn(LN(x)))`, `x + Dropout(Dense(Dropout(GELU(Dense(LN(x))))))`, a
-final LayerNorm, CLS or mean pooling, `Dense(d_mlp) ReLU Dense(2)`; AdamW with the preset's
+final LayerNorm, CLS or mean pooling, `Dense(d_mlp) ReLU Dense(classes)`; AdamW with the preset's
 betas, epsilon and weight decay. The preset's dropout everywhere, its attention dropout on the
 weights of the attentions that have them (softmax, linformer), as on our side.
 """
@@ -48,12 +48,12 @@ class Block(nn.Module):
 
 
 class Classifier(nn.Module):
-    def __init__(self, attention, n, m, params):
+    def __init__(self, attention, n, m, params, vocab=257, classes=2):
         super().__init__()
         d = m["d_model"]
         self.mean = m["pooling"] == "mean"
         n_in = n if self.mean else n + 1
-        self.embedding = nn.Embedding(257, d)
+        self.embedding = nn.Embedding(vocab, d)
         self.cls = None if self.mean else nn.Parameter(torch.zeros(1, 1, d))
         if m["positions"] == "learned":
             self.positions = nn.Parameter(0.02 * torch.randn(n_in, d))
@@ -71,7 +71,7 @@ class Classifier(nn.Module):
             for _ in range(m["n_layers"])
         )
         self.norm = nn.LayerNorm(d, eps=1e-6)
-        self.hidden, self.out = nn.Linear(d, m["d_mlp"]), nn.Linear(m["d_mlp"], 2)
+        self.hidden, self.out = nn.Linear(d, m["d_mlp"]), nn.Linear(m["d_mlp"], classes)
 
     def forward(self, tokens):
         x = self.embedding(tokens)
@@ -89,10 +89,12 @@ def main():
     p = case_parser(__doc__, batch=32, repeats="--steps")
     p.add_argument("--model", required=True, help="the preset's [model] table as JSON")
     p.add_argument("--optimizer", required=True, help="the preset's optimiser table as JSON")
+    p.add_argument("--vocab", type=int, default=257, help="token ids (the Text task's: 257)")
+    p.add_argument("--classes", type=int, default=2, help="classes (the Text task's: 2)")
     a = p.parse_args()
     set_up(a)
     m, o = json.loads(a.model), json.loads(a.optimizer)
-    model = Classifier(a.attention, a.n, m, json.loads(a.params))
+    model = Classifier(a.attention, a.n, m, json.loads(a.params), a.vocab, a.classes)
     optim = torch.optim.AdamW(
         model.parameters(),
         lr=1e-4,
@@ -104,8 +106,8 @@ def main():
     rss_before = proc_status_kib("VmRSS:")
     times = []
     for step in range(a.warmup + a.steps):
-        tokens = torch.randint(1, 257, (a.batch, a.n))
-        labels = torch.randint(0, 2, (a.batch,))
+        tokens = torch.randint(1, a.vocab, (a.batch, a.n))
+        labels = torch.randint(0, a.classes, (a.batch,))
         start = time.perf_counter()
         loss = F.cross_entropy(model(tokens), labels)
         optim.zero_grad(set_to_none=True)

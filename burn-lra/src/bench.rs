@@ -164,10 +164,13 @@ pub struct TrainBenchArgs {
     /// Attention, by registry name.
     #[arg(long)]
     pub attention: String,
-    /// Sequence length (the Text task's maximum length).
+    /// Sequence length (the task's maximum length).
     #[arg(long)]
     pub n: usize,
-    /// Text-task preset whose model is trained (its `[attention.*]` parameters too).
+    /// The task whose model is trained.
+    #[arg(long, default_value = "text")]
+    pub task: String,
+    /// The task's preset whose model is trained (its `[attention.*]` parameters too).
     #[arg(long, default_value = "lra")]
     pub preset: String,
     /// Batch size (LRA's protocol: 32).
@@ -208,13 +211,14 @@ pub struct TrainBenchResult {
     pub peak_mib: f64,
 }
 
-/// Runs LRA's efficiency protocol for one attention at one length: the Text task's model of the
-/// preset, trained on full-length random byte sequences (the time of a step does not depend on
-/// the bytes), with the preset's dropout, attention dropout included, as on the PyTorch side.
+/// Runs LRA's efficiency protocol for one attention at one length: the task's model of the
+/// preset (the Text task's by default), trained on full-length random token sequences (the
+/// time of a step does not depend on the tokens), with the preset's dropout, attention dropout
+/// included, as on the PyTorch side.
 pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
     let config = train_bench_config(args)?;
-    let task = crate::tasks::find("text")?;
+    let task = crate::tasks::find(&args.task)?;
     let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
     let count = crate::budget::ParamCount::of(&spec)?;
     crate::budget::check_memory(&count, &config, task, &args.attention)?;
@@ -231,20 +235,25 @@ fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
 /// The run configuration a [`TrainBenchArgs`] case trains.
 pub fn train_bench_config(args: &TrainBenchArgs) -> Result<crate::config::RunConfig> {
     use crate::config::RunConfig;
-    let mut config = RunConfig::preset("text", &args.preset)?;
+    let mut config = RunConfig::preset(&args.task, &args.preset)?;
     config.data.max_len = args.n;
     config.training.batch_size = args.batch;
     config.validate()?;
     Ok(config)
 }
 
-/// What `--describe` prints: the model and optimiser tables and the attention's parameters.
+/// What `--describe` prints: the model and optimiser tables, the attention's parameters, the
+/// vocabulary and the classes.
 pub fn describe_train(args: &TrainBenchArgs) -> Result<Value> {
     let config = train_bench_config(args)?;
+    let task = crate::tasks::find(&args.task)?;
+    let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
     Ok(serde_json::json!({
         "model": config.model,
         "optimizer": config.training.optimizer,
         "params": config.attention.get(&args.attention).cloned().unwrap_or_default(),
+        "vocab_size": spec.vocab_size,
+        "n_classes": spec.n_classes,
     }))
 }
 

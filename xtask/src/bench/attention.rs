@@ -1,0 +1,98 @@
+//! `bench attention`: one attention layer at doubling lengths, forward and forward + backward
+//! time and peak memory, ours (`burn-lra bench-attention`) beside PyTorch's
+//! (`bench/torch_attention.py`); with `--causal`, causal masking, ours only.
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use super::Args;
+use super::protocol::{Benchmark, Case, Invocation, Session, quadratic_skip, scores_gib, strings};
+use super::variants::{has_torch, params};
+
+/// `bench attention` with its settings.
+pub(crate) struct AttentionBenchmark<'a> {
+    /// The settings.
+    pub args: &'a Args,
+}
+
+impl Benchmark for AttentionBenchmark<'_> {
+    fn name(&self) -> &'static str {
+        if self.args.causal {
+            "attention-causal"
+        } else {
+            "attention"
+        }
+    }
+
+    fn script(&self) -> &'static str {
+        "torch_attention.py"
+    }
+
+    fn case(&self, session: &Session, name: &str, n: usize) -> Result<Case> {
+        let args = self.args;
+        let common = strings(&[
+            "--attention",
+            name,
+            "--n",
+            &n.to_string(),
+            "--batch",
+            &args.batch.to_string(),
+            "--heads",
+            &args.heads.to_string(),
+            "--d-model",
+            &args.d_model.to_string(),
+            "--reps",
+            &args.reps.to_string(),
+            "--warmup",
+            &args.warmup.to_string(),
+            "--params",
+            &params(name).to_string(),
+        ]);
+        // Forward + backward keeps about three n × n tensors per head.
+        let scores = scores_gib(3.0, args.heads as f64, args.batch, n);
+        let ours = match quadratic_skip(name, args, scores) {
+            Some(reason) => Err(reason),
+            None => {
+                let mut ours = vec!["bench-attention", "--backend", args.backend.name()];
+                if args.causal {
+                    ours.push("--causal");
+                }
+                Ok(Invocation::new(session.harness.as_ref(), &ours, &common))
+            }
+        };
+        // The PyTorch side is measured without masks only.
+        let torch = (args.torch && !args.causal && has_torch(name)).then(|| {
+            let script = session.script.to_string_lossy();
+            Invocation::new(
+                "python3".as_ref(),
+                &[&script, "--threads", &session.threads.to_string()],
+                &common,
+            )
+        });
+        Ok(Case {
+            name: name.to_string(),
+            n,
+            params: params(name),
+            ours,
+            torch,
+        })
+    }
+
+    fn show(&self, v: &Value) -> String {
+        format!(
+            "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
+            v["forward_ms"].as_f64().unwrap_or(f64::NAN),
+            v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
+            v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+        )
+    }
+
+    fn setup(&self) -> Value {
+        let args = self.args;
+        json!({
+            "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
+            "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
+            "lengths": args.lengths, "causal": args.causal,
+        })
+    }
+}

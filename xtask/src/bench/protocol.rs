@@ -1,0 +1,317 @@
+//! What both benchmarks share: a [`Benchmark`] says what its cases are and how a measurement
+//! reads; [`run`] builds the harness, runs every case in rounds, one process per side, and
+//! writes the report (JSON, then its markdown and SVG).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use super::Args;
+use crate::harness::{Harness, build_harness, resolve_attentions, workspace_root};
+
+/// One benchmark: its cases and how they read; [`run`] does the rest.
+pub(crate) trait Benchmark {
+    /// The report's name (`attention`, `attention-causal`, `lra`).
+    fn name(&self) -> &'static str;
+    /// The PyTorch side's script in `bench/`.
+    fn script(&self) -> &'static str;
+    /// The case of `attention` at length `n`.
+    fn case(&self, session: &Session, attention: &str, n: usize) -> Result<Case>;
+    /// One measurement, as the progress line shows it.
+    fn show(&self, measured: &Value) -> String;
+    /// The report's `setup`: the settings its figures were measured with.
+    fn setup(&self) -> Value;
+}
+
+/// Runs `benchmark` as `args` ask: refuses an existing report before anything is measured,
+/// builds the harness, measures every (attention, length) case over the rounds and writes the
+/// report.
+pub(crate) fn run(benchmark: &impl Benchmark, args: &Args) -> Result<()> {
+    report_stem(args, benchmark.name())?;
+    let session = Session::start(args, benchmark.script())?;
+    let mut cases = Vec::new();
+    for name in &session.names {
+        for &n in &args.lengths {
+            cases.push(benchmark.case(&session, name, n)?);
+        }
+    }
+    let cases =
+        super::rounds::run_rounds(cases, args.rounds, session.timeout, |v| benchmark.show(v));
+    finish(args, benchmark.name(), benchmark.setup(), cases)
+}
+
+/// The memory of the n × n score matrices a case keeps, in GiB, for `tensors` of them per head
+/// of `heads` heads (and layers) and `batch` sequences; in floating point, since the product of
+/// sizes may pass 2^64.
+pub(crate) fn scores_gib(tensors: f64, heads: f64, batch: usize, n: usize) -> f64 {
+    tensors * heads * batch as f64 * (n as f64).powi(2) * 4.0 / (1u64 << 30) as f64
+}
+
+/// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
+pub(crate) fn quadratic_skip(attention: &str, args: &Args, scores_gib: f64) -> Option<String> {
+    (super::variants::stores_scores(attention, args.backend.name())
+        && scores_gib > args.max_quadratic_gib)
+        .then(|| {
+            format!(
+                "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
+                args.max_quadratic_gib
+            )
+        })
+}
+
+/// What both benchmark commands set up before their cases: the release harness, the attentions,
+/// the thread count given to PyTorch, the per-case time limit and the PyTorch script.
+pub(crate) struct Session {
+    /// The harness binary.
+    pub harness: Harness,
+    /// The attentions, resolved from the command line.
+    pub names: Vec<String>,
+    /// The threads PyTorch is given (the machine's).
+    pub threads: usize,
+    /// The time limit of one process.
+    pub timeout: Duration,
+    /// The PyTorch side's script.
+    pub script: PathBuf,
+}
+
+impl Session {
+    /// Builds the harness and resolves the attentions.
+    fn start(args: &Args, script: &str) -> Result<Self> {
+        let harness = build_harness(args.backend)?;
+        let names = resolve_attentions(&args.attentions, &harness)?;
+        Ok(Session {
+            harness,
+            names,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            timeout: Duration::from_secs(args.timeout),
+            script: workspace_root().join("bench").join(script),
+        })
+    }
+}
+
+/// The report files `<out>/<benchmark>-<backend>.{json,md,svg}`, the preset named after `lra`
+/// where it is not the `lra` preset (`lra-small-flex`) and the task too where it is not the Text
+/// task (`lra-listops-tiny-flex`), so reports of two presets or tasks sit side by side; an existing one is an error naming it unless `--replace` (checked before anything is
+/// measured).
+pub(crate) fn report_stem(args: &Args, benchmark: &str) -> Result<PathBuf> {
+    let name = match benchmark {
+        "lra" if args.task != "text" => {
+            format!("lra-{}-{}-{}", args.task, args.preset, args.backend)
+        }
+        "lra" if args.preset != "lra" => format!("lra-{}-{}", args.preset, args.backend),
+        _ => format!("{benchmark}-{}", args.backend),
+    };
+    let stem = args.out.join(name);
+    if !args.replace {
+        for extension in ["json", "md", "svg"] {
+            let path = stem.with_extension(extension);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                anyhow::bail!(
+                    "{} already exists; pass --replace to write over it, or choose another --out",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(stem)
+}
+
+/// Writes the report's JSON ([`report_stem`]) with the machine and setup, renders its markdown
+/// and SVG beside it, and prints the markdown.
+fn finish(args: &Args, benchmark: &str, setup: Value, cases: Vec<Value>) -> Result<()> {
+    // A report of failures would replace a real one with nothing: refused.
+    let measured = |c: &Value| {
+        ["ours", "torch"]
+            .iter()
+            .any(|side| c[side]["error"].is_null() && c[side].is_object())
+    };
+    if !cases.iter().any(measured) {
+        anyhow::bail!(
+            "no case was measured (each failed or was skipped, above); no report written"
+        );
+    }
+    let torch_version = cases
+        .iter()
+        .find_map(|c| c["torch"]["torch"].as_str().map(String::from));
+    let report = json!({
+        "benchmark": benchmark,
+        "backend": args.backend,
+        "machine": machine(),
+        "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "torch": torch_version,
+        "setup": setup,
+        "cases": cases,
+    });
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let stem = report_stem(args, benchmark)?;
+    lra_runs::write_atomic(
+        &stem.with_extension("json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
+    )?;
+    let markdown = super::report::render_files(&stem.with_extension("json"))?;
+    println!("{markdown}");
+    println!("wrote {}.{{json,md,svg}}", stem.display());
+    Ok(())
+}
+
+/// The machine a report was measured on, and the commit.
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut commit = git(&["rev-parse", "--short", "HEAD"]);
+    if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        commit.push_str("-dirty");
+    }
+    let gpu = Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|name| !name.is_empty());
+    json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": gpu, "commit": commit})
+}
+
+/// Runs `cmd` with a time limit; its last stdout line parsed as JSON, or why there is none.
+pub(crate) fn run_case(mut cmd: Command, timeout: Duration) -> std::result::Result<Value, String> {
+    let out_path = std::env::temp_dir().join(format!("xtask-bench-{}.out", std::process::id()));
+    let err_path = out_path.with_extension("err");
+    let stdout = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
+    let stderr = std::fs::File::create(&err_path).map_err(|e| e.to_string())?;
+    let mut child = cmd
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("cannot start: {e}"))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("timed out after {} s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    if !status.success() {
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(format!("failed ({status}): {last}"));
+    }
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| "printed no result".to_string())
+}
+
+/// Owned copies of command-line arguments.
+pub(crate) fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// One side of a case as a command line, kept as data: each round starts a fresh process.
+pub(crate) struct Invocation {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+impl Invocation {
+    /// `program` with `args`, then the arguments `common` to both sides of the case.
+    pub(crate) fn new(program: &std::ffi::OsStr, args: &[&str], common: &[String]) -> Self {
+        let mut all = strings(args);
+        all.extend_from_slice(common);
+        Invocation {
+            program: program.into(),
+            args: all,
+        }
+    }
+
+    /// The command of one run of it.
+    pub(crate) fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        cmd
+    }
+}
+
+/// One benchmark case: an attention at one length, our side (or why it is skipped) and
+/// PyTorch's.
+pub(crate) struct Case {
+    /// The attention.
+    pub name: String,
+    /// The length.
+    pub n: usize,
+    /// The attention's parameters, as both sides use them.
+    pub params: Value,
+    /// Our side, or why it is skipped.
+    pub ours: std::result::Result<Invocation, String>,
+    /// PyTorch's side, where it has one.
+    pub torch: Option<Invocation>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Args;
+
+    /// Reports of two presets do not share a name; the `lra` preset's keeps the historic one.
+    #[test]
+    fn reports_are_named_by_benchmark_preset_and_backend() {
+        let dir = std::env::temp_dir().join(format!("xtask-report-names-{}", std::process::id()));
+        let mut args = Args {
+            out: dir.clone(),
+            ..Args::lra()
+        };
+        assert_eq!(report_stem(&args, "lra").unwrap(), dir.join("lra-flex"));
+        assert_eq!(
+            report_stem(&args, "attention").unwrap(),
+            dir.join("attention-flex")
+        );
+        args.preset = "small".into();
+        assert_eq!(
+            report_stem(&args, "lra").unwrap(),
+            dir.join("lra-small-flex")
+        );
+        args.task = "listops".into();
+        assert_eq!(
+            report_stem(&args, "lra").unwrap(),
+            dir.join("lra-listops-small-flex")
+        );
+    }
+}

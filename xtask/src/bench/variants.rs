@@ -1,0 +1,201 @@
+//! Every variant's benchmark facts in one table: its PyTorch counterpart (in
+//! `bench/torch_attention.py`), the parameters both sides use so that they do the same work, and
+//! whether it keeps n × n scores. A registry name missing here has no PyTorch counterpart, runs
+//! with its defaults and keeps no n × n scores.
+
+use serde_json::Value;
+
+/// The PyTorch packages of the comparison (`cargo xtask bench setup`).
+pub(crate) const PIP_PACKAGES: &[&str] = &[
+    "torch==2.9.0",
+    "numpy",
+    "einops",
+    "linformer",
+    "performer-pytorch",
+    "nystrom-attention",
+    "local-attention",
+    "reformer-pytorch",
+    "sinkhorn-transformer",
+    "transformers",
+];
+
+/// Where a variant keeps n × n scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scores {
+    /// Never: its memory grows at most linearly in n.
+    Never,
+    /// Where it is composed from tensor operations; not on `flex` nor on `tch` (CPU), where it
+    /// runs fused with memory linear in n, forward and backward.
+    Composed,
+    /// On every backend (no fused form).
+    Always,
+}
+
+/// One variant's benchmark facts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BenchFacts {
+    /// Registry name.
+    pub name: &'static str,
+    /// Its PyTorch counterpart, by where it comes from (`None`: not measured on that side).
+    pub torch: Option<&'static str>,
+    /// The parameters both sides use, as JSON.
+    pub params: &'static str,
+    /// Where it keeps n × n scores.
+    pub scores: Scores,
+}
+
+/// The variants with anything particular to the benchmarks.
+pub(crate) const FACTS: &[BenchFacts] = &[
+    BenchFacts {
+        name: "softmax",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Composed,
+    },
+    BenchFacts {
+        name: "linear",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "efficient",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "linformer",
+        torch: Some("linformer"),
+        params: r#"{"k":256}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "linformer-linear",
+        torch: None,
+        params: r#"{"k":256}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "performer",
+        torch: Some("performer-pytorch"),
+        params: r#"{"n_features":256}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "performer-relu",
+        torch: Some("performer-pytorch"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "nystrom",
+        torch: Some("nystrom-attention"),
+        params: r#"{"n_landmarks":64}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "local",
+        torch: Some("local-attention"),
+        params: r#"{"block_size":50}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "reformer",
+        torch: Some("reformer-pytorch"),
+        params: r#"{"chunk_len":64,"n_hashes":2}"#,
+        scores: Scores::Never,
+    },
+    // sinkhorn-transformer needs lengths divisible by its blocks: 64 divides the powers of two
+    // the benchmark runs (LRA's 50 does not).
+    BenchFacts {
+        name: "sinkhorn",
+        torch: Some("sinkhorn-transformer"),
+        params: r#"{"block_size":64}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "longformer",
+        torch: Some("transformers"),
+        params: r#"{"window":512}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "bigbird",
+        torch: Some("transformers"),
+        params: r#"{"block_size":64,"random_blocks":3}"#,
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "synthesizer-dense",
+        torch: None,
+        params: "{}",
+        scores: Scores::Always,
+    },
+];
+
+/// The facts of `attention` (the defaults for a name the table does not list).
+pub(crate) fn facts(attention: &str) -> BenchFacts {
+    FACTS
+        .iter()
+        .find(|facts| facts.name == attention)
+        .copied()
+        .unwrap_or(BenchFacts {
+            name: "",
+            torch: None,
+            params: "{}",
+            scores: Scores::Never,
+        })
+}
+
+/// Whether `attention` has a PyTorch counterpart.
+pub(crate) fn has_torch(attention: &str) -> bool {
+    facts(attention).torch.is_some()
+}
+
+/// The parameters both sides use for `attention` (`bench attention`).
+pub(crate) fn params(attention: &str) -> Value {
+    serde_json::from_str(facts(attention).params).expect("the table's parameters are JSON")
+}
+
+/// Whether `attention` keeps n × n score matrices on `backend`.
+pub(crate) fn stores_scores(attention: &str, backend: &str) -> bool {
+    match facts(attention).scores {
+        Scores::Never => false,
+        Scores::Composed => !["flex", "tch"].contains(&backend),
+        Scores::Always => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each name once, every parameter table JSON, and the PyTorch script names what the table
+    /// says it measures.
+    #[test]
+    fn the_table_is_well_formed() {
+        let script = std::fs::read_to_string(
+            crate::harness::workspace_root().join("bench/torch_attention.py"),
+        )
+        .unwrap();
+        for (i, facts) in FACTS.iter().enumerate() {
+            assert!(
+                FACTS[..i].iter().all(|other| other.name != facts.name),
+                "{} twice",
+                facts.name
+            );
+            assert!(params(facts.name).is_object(), "{}", facts.name);
+            if facts.torch.is_some() {
+                assert!(
+                    script.contains(&format!("\"{}\"", facts.name)),
+                    "bench/torch_attention.py does not build {}",
+                    facts.name
+                );
+            }
+        }
+        assert!(stores_scores("softmax", "wgpu") && !stores_scores("softmax", "flex"));
+        assert!(stores_scores("synthesizer-dense", "flex"));
+        assert!(!stores_scores("linear", "wgpu") && !has_torch("ff-glu"));
+    }
+}
