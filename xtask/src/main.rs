@@ -1,7 +1,8 @@
 //! Project tasks. `cargo xtask lra ...` runs multi-seed LRA sweeps and reports mean, spread and
 //! best per attention, in the shape of the source papers' tables, on this host (one run or
 //! several at once) or as a Slurm job array; `cargo xtask bench ...` runs the efficiency
-//! benchmarks beside PyTorch.
+//! benchmarks beside PyTorch; `cargo xtask report` charts a sweep's accuracy against the
+//! benchmarks' training speed and memory.
 //!
 //! The sweep reads and schedules run directories through `lra-runs` (their layout, `result.json`,
 //! the lock) and trains through the `burn-lra` binary, so xtask itself never compiles Burn.
@@ -12,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod harness;
+mod report;
 mod sweep;
 
 #[derive(Parser)]
@@ -34,12 +36,17 @@ enum Command {
     /// Efficiency benchmarks: ours beside PyTorch's implementations, in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// A sweep's accuracy against training speed, memory as the circle's area: an SVG chart and
+    /// its table beside the sweep's summary.json, from it and a `bench lra` report of the same
+    /// task and preset.
+    Report(report::ReportArgs),
 }
 
 fn main() -> ExitCode {
     let result = match lra_runs::cli::parse_or_exit::<Cli>().command {
         Command::Lra(args) => sweep::lra(args),
         Command::Bench(command) => bench::bench(command),
+        Command::Report(args) => report::report(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
