@@ -155,7 +155,12 @@ fn svg(points: &[Point], caption: &str) -> Result<String> {
         (lo - margin)..(hi + margin)
     };
     let x = range(points.iter().map(|p| p.steps_per_s).collect(), 0.12);
-    let y = range(points.iter().map(|p| 100.0 * p.accuracy).collect(), 0.15);
+    let y = range(
+        (points.iter())
+            .flat_map(|p| [100.0 * (p.accuracy - p.std), 100.0 * (p.accuracy + p.std)])
+            .collect(),
+        0.05,
+    );
     let max_mib = points
         .iter()
         .map(|p| p.peak_mib)
@@ -175,25 +180,27 @@ fn svg(points: &[Point], caption: &str) -> Result<String> {
         chart
             .configure_mesh()
             .x_desc("training steps per second (ours)")
-            .y_desc("test accuracy, % (mean over seeds)")
+            .y_desc("test accuracy, % (mean ± std over seeds)")
             .light_line_style(WHITE)
             .draw()
+            .map_err(&err)?;
+        // The spread over seeds first, beneath the circles: ± one sample standard deviation.
+        chart
+            .draw_series(points.iter().map(|p| {
+                let (x, y, std) = (p.steps_per_s, 100.0 * p.accuracy, 100.0 * p.std);
+                ErrorBar::new_vertical(x, y - std, y, y + std, BLACK.mix(0.3).stroke_width(1), 6)
+            }))
             .map_err(&err)?;
         for (i, point) in points.iter().enumerate() {
             let radius = (MAX_RADIUS * (point.peak_mib / max_mib).sqrt()).max(3.0);
             let at = (point.steps_per_s, 100.0 * point.accuracy);
+            // The name beside the circle, not across it.
+            let label = (radius.round() as i32 + 3, -6);
             chart
-                .draw_series([Circle::new(at, radius, color(i).mix(0.35).filled())])
-                .map_err(&err)?;
-            chart
-                .draw_series([Circle::new(at, radius, color(i).stroke_width(1))])
-                .map_err(&err)?;
-            chart
-                .draw_series([Text::new(
-                    point.name.clone(),
-                    at,
-                    ("sans-serif", 11).into_font().color(&BLACK),
-                )])
+                .draw_series([EmptyElement::at(at)
+                    + Circle::new((0, 0), radius, color(i).mix(0.35).filled())
+                    + Circle::new((0, 0), radius, color(i).stroke_width(1))
+                    + Text::new(point.name.clone(), label, ("sans-serif", 11))])
                 .map_err(&err)?;
         }
         root.present().map_err(&err)?;
