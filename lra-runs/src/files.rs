@@ -236,7 +236,7 @@ impl std::error::Error for RunDirInUse {}
 
 /// An exclusive lock on a run directory (`flock` on its `.lock` file), held while a process
 /// trains in it and released when dropped or when the process ends, however it ends. (`flock`
-/// works across the hosts of a cluster on NFS v4 and Lustre; see the README.)
+/// works across the hosts of a cluster on NFS v4 and Lustre; see docs/sweeps.md.)
 pub struct RunDirLock {
     _file: std::fs::File,
 }

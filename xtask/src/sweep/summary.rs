@@ -97,3 +97,42 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed 5-seed ListOps sweep (`results/listops/tiny/`): its `summary.json` is what
+    /// its committed run records give, and the README's headline table is its `summary.md`'s,
+    /// row for row.
+    #[test]
+    fn the_committed_sweep_and_the_readme_agree() {
+        let root = crate::harness::workspace_root();
+        let sweep = root.join("results/listops/tiny");
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap();
+        let summary: Summary = serde_json::from_str(&read(&sweep.join(SUMMARY_JSON))).unwrap();
+        assert_eq!(summary.attentions.len(), 23);
+        for (name, attention) in &summary.attentions {
+            let results = results(&sweep, name, summary.seeds_requested).unwrap();
+            assert_eq!(results.len() as u64, summary.seeds_requested, "{name}");
+            assert_eq!(
+                AttentionSummary::of(&results).as_ref(),
+                Some(attention),
+                "{name}"
+            );
+        }
+        let table: String = (read(&sweep.join(SUMMARY_MD)).lines())
+            .filter(|line| line.starts_with('|'))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let readme = read(&root.join("README.md"));
+        let start = "<!-- results: results/listops/tiny/summary.md -->\n";
+        let from = readme.find(start).expect("README.md's results marker") + start.len();
+        let to = from + readme[from..].find("<!-- end results -->").unwrap();
+        assert_eq!(
+            readme[from..to],
+            table,
+            "README.md's results table differs from results/listops/tiny/summary.md"
+        );
+    }
+}
