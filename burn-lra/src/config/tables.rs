@@ -1,0 +1,231 @@
+//! The tables of a run configuration: data, model, optimiser, schedule and training, each
+//! rejecting unknown keys; [`RunConfig`](super::RunConfig) holds one of each and checks them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::listops::GeneratorConfig;
+use crate::data::pathfinder::PathfinderConfig;
+
+use lra_runs::Selection;
+
+/// Data settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Examples are cut to this many tokens (each document, for matching).
+    pub max_len: usize,
+    /// Generate the dataset instead of reading files (ListOps), with these parameters.
+    #[serde(default)]
+    pub generate: Option<GeneratorConfig>,
+    /// Pathfinder / Path-X: the images' size and difficulty, and what to generate when no
+    /// `--data-dir` is given.
+    #[serde(default)]
+    pub pathfinder: Option<PathfinderConfig>,
+    /// Where validation examples come from.
+    #[serde(default)]
+    pub validation: Validation,
+    /// Matching: each document is first cut to this many bytes (LRA: 10,000), then to `max_len`.
+    #[serde(default = "default_doc_bytes")]
+    pub doc_max_bytes: usize,
+    /// How text becomes tokens (text and matching): `"bytes"` (LRA's) or `"bpe"`.
+    #[serde(default)]
+    pub tokenizer: TokenizerKind,
+    /// BPE vocabulary size (`tokenizer = "bpe"` only), padding not counted.
+    #[serde(default)]
+    pub bpe_vocab_size: Option<usize>,
+    /// Report test accuracy on a fixed sample of this many test examples (drawn once, seed 0)
+    /// instead of the whole split: quick presets only; the result records the test size.
+    #[serde(default)]
+    pub test_subset: Option<usize>,
+}
+
+/// `data.doc_max_bytes` unless a configuration sets it (LRA's 10,000).
+pub fn default_doc_bytes() -> usize {
+    10_000
+}
+
+/// How the text and matching tasks turn text into tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenizerKind {
+    /// One token per UTF-8 byte (LRA's byte-level tasks).
+    #[default]
+    Bytes,
+    /// Byte-level BPE trained on the training split (`data.bpe_vocab_size` tokens).
+    Bpe,
+}
+
+/// Where a run's validation examples come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Validation {
+    /// The task's own validation split (ListOps `basic_val.tsv`, AAN `new_aan_pairs.eval.tsv`,
+    /// a corpus's `val.tsv`).
+    #[default]
+    Split,
+    /// The test split, as the LRA repository does for IMDB (no separate validation set there):
+    /// model selection then sees the test set, which the result records.
+    Test,
+    /// The last `n` examples of the (shuffled-once, seed 0) training split, removed from training.
+    Holdout(usize),
+}
+
+/// How the two pooled documents of a matching example are combined before the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PairFeatures {
+    /// `[X1, X2, X1 * X2, X1 - X2]` (the LRA paper).
+    #[default]
+    Interact,
+    /// `[X1, X2]` (the LRA JAX code's default).
+    Concat,
+}
+
+/// How the encoder output becomes one vector per example.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pooling {
+    /// A learned, zero-initialised vector prepended to the sequence (the LRA reference).
+    Cls,
+    /// The mean over real (non-padding) positions.
+    Mean,
+}
+
+/// Position information added to the token embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Positions {
+    /// Fixed sines and cosines (the LRA reference).
+    Sinusoidal,
+    /// A learned embedding per position (the PyTorch re-runs).
+    Learned,
+}
+
+/// Model settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Encoder blocks.
+    pub n_layers: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward hidden width inside each block.
+    pub d_ff: usize,
+    /// Hidden width of the classifier head.
+    pub d_mlp: usize,
+    /// Dropout on embeddings, residuals and feed-forward.
+    pub dropout: f64,
+    /// Dropout on attention weights.
+    pub attention_dropout: f64,
+    /// Pooling.
+    pub pooling: Pooling,
+    /// Positions.
+    pub positions: Positions,
+    /// Standard deviation of the normal distribution the token embeddings start from: 1 (the
+    /// default) as Flax's `nn.Embed` in the LRA reference, 0.02 as the PyTorch re-runs'
+    /// `small` recipe.
+    #[serde(default = "default_embedding_std")]
+    pub embedding_std: f64,
+    /// Matching: how the two documents' vectors meet in the head.
+    #[serde(default)]
+    pub pair_features: PairFeatures,
+}
+
+/// The token embeddings' initial standard deviation unless a configuration sets one.
+fn default_embedding_std() -> f64 {
+    1.0
+}
+
+/// Optimiser: Adam with decoupled weight decay scaled by the learning rate (AdamW).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub epsilon: f32,
+    /// Decoupled weight decay, multiplied by the learning rate each step.
+    pub weight_decay: f32,
+}
+
+/// Learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Schedule {
+    /// LRA's `base · min(1, step/warmup) / sqrt(max(step, warmup))`.
+    Rsqrt {
+        /// The constant factor (LRA: 0.05).
+        base: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
+    /// Linear warm-up to `peak`, then linear decay to 0 at the last step.
+    OneCycle {
+        /// Peak learning rate.
+        peak: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
+}
+
+impl Schedule {
+    /// The learning rate at `step` (1-based) of `total`.
+    pub fn lr(&self, step: usize, total: usize) -> f64 {
+        let step = step.max(1) as f64;
+        match *self {
+            Schedule::Rsqrt { base, warmup } => {
+                let warmup = warmup.max(1) as f64;
+                base * (step / warmup).min(1.0) / step.max(warmup).sqrt()
+            }
+            Schedule::OneCycle { peak, warmup } => {
+                let warmup = warmup as f64;
+                let total = total as f64;
+                if step <= warmup {
+                    peak * step / warmup
+                } else {
+                    peak * ((total - step) / (total - warmup).max(1.0)).max(0.0)
+                }
+            }
+        }
+    }
+}
+
+/// Training settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    /// Examples per step.
+    pub batch_size: usize,
+    /// Optimisation steps.
+    pub steps: usize,
+    /// Validate every this many steps (and after the last).
+    pub eval_every: usize,
+    /// Optimiser.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule.
+    pub schedule: Schedule,
+    /// Which weights the headline test accuracy uses.
+    pub selection: Selection,
+    /// Redraw random attention features (Performer) every this many steps; never when absent.
+    #[serde(default)]
+    pub redraw_every: Option<usize>,
+    /// Micro-batches whose gradients are summed into one step (`batch_size` each; the effective
+    /// batch is their product). Yorsh & Kovalenko simulate batch 32 this way.
+    #[serde(default = "one")]
+    pub grad_accumulation: usize,
+    /// Clip the global gradient norm to this value before each step; no clipping when absent.
+    #[serde(default)]
+    pub grad_clip: Option<f32>,
+    /// Write a resumable checkpoint every this many steps (and after the last); default: at each
+    /// validation.
+    #[serde(default)]
+    pub checkpoint_every: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
