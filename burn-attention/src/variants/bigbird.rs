@@ -68,8 +68,9 @@ pub struct BigBirdConfig {
     /// Random blocks per query block (paper and LRA: 3).
     #[config(default = 3)]
     pub random_blocks: usize,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none; on `flex` the fused kernel applies
+    /// it itself).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the Q, K, V and output projections.
     #[config(default = false)]

@@ -131,8 +131,11 @@ pub struct LinformerConfig {
     /// Softmax scoring (`linformer`) or linear-complexity scoring (`linformer-linear`).
     #[config(default = "LinformerScoring::Softmax")]
     pub scoring: LinformerScoring,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none). In training on `flex` the fused
+    /// kernel drops weights itself; on `tch`, whose CPU flash kernel has no dropout, a non-zero
+    /// value runs the composed steps instead, which keep the n × n weights for the backward pass
+    /// (several times slower and memory quadratic in n).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the Q, K, V and output projections.
     #[config(default = false)]

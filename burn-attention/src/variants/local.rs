@@ -95,8 +95,9 @@ pub struct LocalAttentionConfig {
     /// Positions seen on each side (`SlidingWindow`).
     #[config(default = 128)]
     pub window: usize,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none; on `flex` the fused kernel applies
+    /// it itself).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the Q, K, V and output projections.
     #[config(default = false)]

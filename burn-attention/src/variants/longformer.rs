@@ -59,8 +59,9 @@ pub struct LongformerConfig {
     /// Global positions (default: the first, a classifier's CLS token).
     #[config(default = "vec![0]")]
     pub global_tokens: Vec<usize>,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none; on `flex` the fused kernel applies
+    /// it itself).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the projections.
     #[config(default = false)]

@@ -82,8 +82,8 @@ pub struct ReformerConfig {
     /// Positions per chunk of the sorted sequence.
     #[config(default = 64)]
     pub chunk_len: usize,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the projections.
     #[config(default = false)]

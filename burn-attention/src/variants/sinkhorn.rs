@@ -72,8 +72,8 @@ pub struct SinkhornConfig {
     /// Temperature τ of the sorting scores.
     #[config(default = 0.75)]
     pub temperature: f64,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the projections (the sorting network always has one).
     #[config(default = false)]

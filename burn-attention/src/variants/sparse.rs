@@ -100,8 +100,9 @@ pub struct SparseAttentionConfig {
     /// Summary positions `c` at the end of each block (fixed pattern; LRA: 10).
     #[config(default = 10)]
     pub summary: usize,
-    /// Dropout on the attention weights.
-    #[config(default = 0.1)]
+    /// Dropout on the attention weights (default 0: none; on `flex` the fused kernel applies
+    /// it itself).
+    #[config(default = 0.0)]
     pub dropout: f64,
     /// Biases on the Q, K, V and output projections.
     #[config(default = false)]
