@@ -48,70 +48,43 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
         s["d_model"],
         protocol(s, "runs"),
     );
-    let header = |md: &mut String, first: &str| {
-        md.push_str(&format!("| {first} |"));
-        for n in lengths {
-            md.push_str(&format!(" {n} |"));
-        }
-        md.push_str("\n|---|");
-        for _ in lengths {
-            md.push_str("---|");
-        }
-        md.push('\n');
-    };
+    let all: Vec<&String> = names.iter().collect();
     for (title, key) in [
         ("Forward + backward time, ms (ours)", "forward_backward_ms"),
         ("Forward time, ms (ours)", "forward_ms"),
         ("Peak memory, MiB (ours, forward + backward)", "peak_mib"),
     ] {
         md.push_str(&format!("## {title}\n\n"));
-        header(&mut md, "attention \\ n");
-        for name in names {
-            md.push_str(&format!("| {name} |"));
-            for &n in lengths {
-                md.push_str(&format!(
-                    " {} |",
-                    cell(metric(report, "ours", name, n, key), 1)
-                ));
-            }
-            md.push('\n');
-        }
-        md.push('\n');
+        table_header(&mut md, "attention \\ n", lengths);
+        table_rows(&mut md, &all, lengths, |name, n| {
+            cell(metric(report, "ours", name, n, key), 1)
+        });
     }
     md.push_str(
         "## Speed-up and memory saving over softmax (ours), as in the Linformer paper's table\n\n\
          Each cell: time(softmax) / time(variant) for forward + backward, then \
          memory(softmax) / memory(variant).\n\n",
     );
-    header(&mut md, "attention \\ n");
-    for name in names.iter().filter(|n| *n != "softmax") {
-        md.push_str(&format!("| {name} |"));
-        for &n in lengths {
-            let ratio = |key| {
-                Some(
-                    metric(report, "ours", "softmax", n, key)?
-                        / metric(report, "ours", name, n, key)?,
-                )
-            };
-            md.push_str(&match (ratio("forward_backward_ms"), ratio("peak_mib")) {
-                (Some(t), Some(m)) => format!(" {t:.2}× / {m:.2}× |"),
-                _ => " – |".to_string(),
-            });
+    table_header(&mut md, "attention \\ n", lengths);
+    let others: Vec<&String> = names.iter().filter(|n| *n != "softmax").collect();
+    table_rows(&mut md, &others, lengths, |name, n| {
+        let ratio = |key| {
+            Some(metric(report, "ours", "softmax", n, key)? / metric(report, "ours", name, n, key)?)
+        };
+        match (ratio("forward_backward_ms"), ratio("peak_mib")) {
+            (Some(t), Some(m)) => format!("{t:.2}× / {m:.2}×"),
+            _ => "–".to_string(),
         }
-        md.push('\n');
-    }
-    md.push_str("\n## Ours / PyTorch, forward + backward time (≤ 1 means ours is faster)\n\n");
-    header(&mut md, "attention \\ n");
-    for name in names.iter().filter(|n| has_torch(n)) {
-        md.push_str(&format!("| {name} |"));
-        for &n in lengths {
-            let ratio = metric(report, "ours", name, n, "forward_backward_ms")
-                .zip(metric(report, "torch", name, n, "forward_backward_ms"))
-                .map(|(a, b)| a / b);
-            md.push_str(&format!(" {} |", cell(ratio, 2)));
-        }
-        md.push('\n');
-    }
+    });
+    md.push_str("## Ours / PyTorch, forward + backward time (≤ 1 means ours is faster)\n\n");
+    table_header(&mut md, "attention \\ n", lengths);
+    let with_torch: Vec<&String> = names.iter().filter(|n| has_torch(n)).collect();
+    table_rows(&mut md, &with_torch, lengths, |name, n| {
+        let ratio = metric(report, "ours", name, n, "forward_backward_ms")
+            .zip(metric(report, "torch", name, n, "forward_backward_ms"))
+            .map(|(a, b)| a / b);
+        cell(ratio, 2)
+    });
     // The long-sequence span over which linear cost is judged: from 2,048 to the longest n.
     let span = lengths
         .iter()
@@ -123,7 +96,7 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
         })
         .filter(|(lo, hi)| hi > lo);
     md.push_str(
-        "\n## Growth per doubling of n (ours, forward + backward): time, then memory\n\n\
+        "## Growth per doubling of n (ours, forward + backward): time, then memory\n\n\
          Linear cost shows as about 2×; quadratic as about 4×. The last column is the \
          per-doubling factor over the whole long-sequence span (the geometric mean of the \
          doublings in it), which one noisy timing cannot swing.\n\n",
