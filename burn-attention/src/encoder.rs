@@ -192,6 +192,33 @@ pub struct EncoderConfig {
 }
 
 impl EncoderConfig {
+    /// `n_layers` blocks of the variant called `name` with its paper defaults, width `d_model`,
+    /// `n_heads` heads and a feed-forward layer of `d_ff`, in one call; the block's other
+    /// settings at their defaults (see [`EncoderBlockConfig`]). For the variants that need the
+    /// longest sequence, [`AttentionConfig::named`]'s error says how to give it.
+    pub fn named(
+        name: &str,
+        d_model: usize,
+        n_heads: usize,
+        d_ff: usize,
+        n_layers: usize,
+    ) -> Result<Self, AttentionError> {
+        let attention = AttentionConfig::named(name, d_model, n_heads)?;
+        let config = Self::new(EncoderBlockConfig::new(attention, d_ff), n_layers);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Model width.
+    pub fn d_model(&self) -> usize {
+        self.block.attention.d_model()
+    }
+
+    /// Number of heads.
+    pub fn n_heads(&self) -> usize {
+        self.block.attention.n_heads()
+    }
+
     /// Checks the configuration; the error names the offending field.
     pub fn validate(&self) -> Result<(), AttentionError> {
         if self.n_layers == 0 {
@@ -293,6 +320,11 @@ impl<A: Module + AttentionModule> Encoder<A> {
             shared_projection: None,
             norm: final_norm(d_model, norm_eps, device),
         }
+    }
+
+    /// Model width (its final norm's).
+    pub fn d_model(&self) -> usize {
+        self.norm.gamma.lazy_shape()[0]
     }
 
     /// Redraws the random features of every block's attention (see [`Attention::redraw`]).

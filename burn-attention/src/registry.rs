@@ -71,6 +71,11 @@ macro_rules! registry {
                 match self { $(Self::$arm(c) => c.d_model(),)* }
             }
 
+            /// Number of heads.
+            pub fn n_heads(&self) -> usize {
+                match self { $(Self::$arm(c) => c.n_heads(),)* }
+            }
+
             /// Checks the configuration; the error names the offending field.
             pub fn validate(&self) -> Result<(), AttentionError> {
                 match self { $(Self::$arm(c) => c.check(),)* }
@@ -228,6 +233,29 @@ pub fn variant(name: &str) -> Result<&'static VariantInfo, AttentionError> {
 }
 
 impl AttentionConfig {
+    /// The variant called `name`, with its paper defaults, for a model of width `d_model` with
+    /// `n_heads` heads. The variants whose parameters depend on the longest sequence (those with
+    /// [`Capabilities::fixed_max_len`]: `linformer`, `bigbird`, `sinkhorn`, `synthesizer`, ...)
+    /// are an error naming `n_max`: give it with [`from_name`](Self::from_name).
+    pub fn named(name: &str, d_model: usize, n_heads: usize) -> Result<Self, AttentionError> {
+        let info = variant(name)?;
+        if info.capabilities.fixed_max_len {
+            return Err(AttentionError::field(
+                info.name,
+                "n_max",
+                "is needed: its parameters depend on the longest sequence; use \
+                 AttentionConfig::from_name(name, d_model, n_heads, n_max)",
+            ));
+        }
+        // No other variant reads `n_max`.
+        let model = ModelShape {
+            d_model,
+            n_heads,
+            n_max: 0,
+        };
+        Ok(Self::with_defaults(info, model))
+    }
+
     /// The variant called `name`, with its paper defaults, for a model of width `d_model` with
     /// `n_heads` heads on sequences of at most `n_max` positions.
     pub fn from_name(

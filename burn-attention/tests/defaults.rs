@@ -45,3 +45,51 @@ fn constructors_by_name_drop_no_attention_weights() {
     // ...) were found, not none.
     assert!(with_dropout >= 10, "{with_dropout}");
 }
+
+/// `AttentionConfig::named` is `from_name` without `n_max` for every variant that does not read
+/// one, and an error naming `n_max` for those that do; `EncoderConfig::named` builds in one call
+/// what the nested configurations build, and the widths are read back from config and module.
+#[test]
+fn named_constructors_ask_for_n_max_only_where_it_matters() {
+    use burn::prelude::*;
+    use burn_attention_zoo::{EncoderBlockConfig, EncoderConfig};
+    let mut fixed = 0;
+    for v in VARIANTS {
+        match AttentionConfig::named(v.name, 64, 4) {
+            Ok(config) => {
+                assert!(!v.capabilities.fixed_max_len, "{}", v.name);
+                let nested = AttentionConfig::from_name(v.name, 64, 4, 512).unwrap();
+                assert_eq!(
+                    serde_json::to_value(&config).unwrap(),
+                    serde_json::to_value(&nested).unwrap(),
+                    "{}",
+                    v.name
+                );
+                assert_eq!((config.d_model(), config.n_heads()), (64, 4), "{}", v.name);
+            }
+            Err(err) => {
+                assert!(v.capabilities.fixed_max_len, "{}: {err}", v.name);
+                assert!(err.to_string().contains("n_max"), "{err}");
+                fixed += 1;
+            }
+        }
+    }
+    // linformer, linformer-linear, bigbird, synthesizer, synthesizer-dense, sinkhorn.
+    assert_eq!(fixed, 6);
+    let flat = EncoderConfig::named("performer", 32, 4, 64, 2).unwrap();
+    let nested = EncoderConfig::new(
+        EncoderBlockConfig::new(
+            AttentionConfig::from_name("performer", 32, 4, 100).unwrap(),
+            64,
+        ),
+        2,
+    );
+    assert_eq!(
+        serde_json::to_value(&flat).unwrap(),
+        serde_json::to_value(&nested).unwrap()
+    );
+    assert_eq!((flat.d_model(), flat.n_heads()), (32, 4));
+    let encoder = flat.init(&Device::flex());
+    assert_eq!(encoder.d_model(), 32);
+    assert!(EncoderConfig::named("performer", 32, 4, 64, 0).is_err());
+}

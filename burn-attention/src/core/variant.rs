@@ -63,6 +63,9 @@ pub trait VariantConfig: Config + Clone {
     /// Model width.
     fn d_model(&self) -> usize;
 
+    /// Number of heads.
+    fn n_heads(&self) -> usize;
+
     /// Checks the configuration; the error names the offending field.
     fn check(&self) -> Result<(), AttentionError>;
 
@@ -169,8 +172,9 @@ pub fn check_iterations(
 }
 
 /// The part of a [`VariantConfig`] implementation every variant shares, written once: the module
-/// type, and `d_model`, `check` and `build` delegating to the configuration's `d_model` field and
-/// its own `validate` and `init` (the methods users call, as on Burn's configurations).
+/// type, and `d_model`, `n_heads`, `check` and `build` delegating to the configuration's
+/// `d_model` and `n_heads` fields and its own `validate` and `init` (the methods users call, as
+/// on Burn's configurations).
 ///
 /// ```text
 /// impl VariantConfig for LinearAttentionConfig {
@@ -185,6 +189,10 @@ macro_rules! variant_glue {
 
         fn d_model(&self) -> usize {
             self.d_model
+        }
+
+        fn n_heads(&self) -> usize {
+            self.n_heads
         }
 
         fn check(&self) -> Result<(), AttentionError> {
