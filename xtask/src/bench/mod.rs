@@ -38,17 +38,17 @@ pub enum BenchCommand {
     /// score matrices would need more than --max-quadratic-gib are skipped and marked so
     /// (composed softmax: not on flex or tch, where the fused kernels need memory linear in n).
     /// With --causal: causal masking (ours only, the variants that support it), written as
-    /// attention-causal-<backend>.{json,md,svg}.
+    /// attention-causal-BACKEND.{json,md,svg}.
     Attention(BenchFlags),
     /// LRA's efficiency protocol: training steps per second and peak memory of a task's model
     /// (the Text task's by default; the preset's, at each length) with each attention; one
-    /// process per case, --rounds passes as for `attention`. Writes lra-<backend>.{json,md,svg}
-    /// for the Text task's `lra` preset, lra-<preset>-<backend> for another of its presets and
-    /// lra-<task>-<preset>-<backend> for another task.
+    /// process per case, --rounds passes as for `attention`. Writes lra-BACKEND.{json,md,svg}
+    /// for the Text task's `lra` preset, lra-PRESET-BACKEND for another of its presets and
+    /// lra-TASK-PRESET-BACKEND for another task.
     Lra(BenchFlags),
     /// Re-renders the markdown and SVG of a results JSON (after a change of layout).
     Report {
-        /// bench/results/<name>.json
+        /// bench/results/NAME.json
         path: PathBuf,
     },
 }

@@ -28,7 +28,7 @@ pub struct LraArgs {
     /// Registry names, comma-separated, or all (the default: every registered attention).
     #[arg(long, value_delimiter = ',')]
     pub(super) attention: Vec<String>,
-    /// A preset of configs/<task>/ (tiny, small, lra).
+    /// A preset of configs/TASK/ (tiny, small, lra).
     #[arg(long, default_value = "tiny", conflicts_with = "config")]
     pub(super) preset: String,
     /// A configuration file of your own (runs are filed under its stem).
