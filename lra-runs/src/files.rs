@@ -312,3 +312,10 @@ fn flock(file: &std::fs::File, wait: bool) -> bool {
         true
     }
 }
+/// Reads the JSON file `path` as a `T`; an unreadable file is an error naming it, and one that
+/// is not a `T` says "`path`: not `what`" (`what`: "a run result", say).
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not {what}", path.display()))
+}

@@ -23,7 +23,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::names::Task;
 use crate::result::RunResult;
@@ -159,10 +159,7 @@ pub enum RunState {
 pub fn run_state(run_dir: &Path) -> Result<RunState> {
     let path = run_dir.join(RESULT);
     if path.is_file() {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let result = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a run result", path.display()))?;
+        let result = crate::files::read_json(&path, "a run result")?;
         return Ok(RunState::Finished(Box::new(result)));
     }
     Ok(match find_checkpoint(run_dir) {

@@ -27,7 +27,7 @@ pub mod state;
 pub mod summary;
 
 pub use files::{
-    RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, refuse_existing,
+    RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, read_json, refuse_existing,
     remove_owned_dir, staging_dir, write_atomic, write_new,
 };
 pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};

@@ -88,11 +88,7 @@ impl<Run: Serialize> RunRecord<Run> {
 impl<Run: serde::de::DeserializeOwned> RunRecord<Run> {
     /// Reads a `config.json` record; errors name the file and what is wrong with it.
     pub fn read(path: &std::path::Path) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a run's configuration record", path.display()))
+        crate::files::read_json(path, "a run's configuration record")
     }
 }
 

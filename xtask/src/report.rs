@@ -52,8 +52,8 @@ struct Point {
 /// Entry point of `cargo xtask report`.
 pub fn report(args: ReportArgs) -> Result<()> {
     let summary_path = args.sweep.join(SUMMARY_JSON);
-    let summary: Summary = read_json(&summary_path)?;
-    let bench: Value = read_json(&args.bench)?;
+    let summary: Summary = lra_runs::read_json(&summary_path, "a sweep's summary")?;
+    let bench: Value = lra_runs::read_json(&args.bench, "a benchmark report")?;
     let n = check_match(&summary, &bench, &args.bench, args.n)?;
     let points = points(&summary, &bench, n);
     if points.is_empty() {
@@ -85,14 +85,6 @@ pub fn report(args: ReportArgs) -> Result<()> {
     )?;
     println!("wrote {} and {}", chart.display(), table.display());
     Ok(())
-}
-
-/// Reads a JSON file as `T`; errors name the file.
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{}: not the expected JSON", path.display()))
 }
 
 /// Checks that `bench` is a `bench lra` report of the summary's task and preset, measured at

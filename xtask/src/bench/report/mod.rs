@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::Value;
 
 pub(crate) mod markdown;
@@ -12,10 +12,7 @@ pub(crate) mod svg;
 
 /// Renders `<stem>.md` and `<stem>.svg` beside a results JSON; returns the markdown.
 pub(crate) fn render_files(path: &Path) -> Result<String> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let report: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a benchmark report", path.display()))?;
+    let report: Value = lra_runs::read_json(path, "a benchmark report")?;
     let mut names: Vec<String> = Vec::new();
     for case in report["cases"].as_array().into_iter().flatten() {
         if let Some(name) = case["attention"].as_str()
