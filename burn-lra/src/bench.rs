@@ -15,6 +15,8 @@ use burn_attention_zoo::{AttentionConfig, AttentionInput, AttentionModule};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use lra_runs::summary::median;
+
 use crate::backend::{BackendDevice, BackendKind};
 
 /// What to measure.
@@ -78,16 +80,6 @@ fn proc_status_kib(field: &str) -> Option<f64> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let m = xs.len() / 2;
-    if xs.len() % 2 == 1 {
-        xs[m]
-    } else {
-        (xs[m - 1] + xs[m]) / 2.0
-    }
 }
 
 /// Runs the measurement.

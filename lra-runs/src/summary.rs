@@ -90,9 +90,27 @@ pub fn stats(values: &[f64]) -> (f64, f64, f64) {
     (mean, var.sqrt(), best)
 }
 
+/// The median of `values` (not empty; the mean of the middle two for an even count): what the
+/// benchmarks report of repeated timings and of their rounds.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let m = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[m]
+    } else {
+        (values[m - 1] + values[m]) / 2.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::stats;
+    use super::{median, stats};
+
+    #[test]
+    fn median_takes_the_middle_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 
     #[test]
     fn stats_are_sample_mean_std_and_max() {

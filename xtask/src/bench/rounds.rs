@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use lra_runs::summary::median;
+
 use super::protocol::{Case, run_case};
 
 /// Runs every case `rounds` times, one round through all the cases after another, so that a
@@ -82,15 +84,4 @@ fn combine(rounds: Vec<std::result::Result<Value, String>>) -> Value {
         fields.insert("rounds".into(), Value::Array(values));
     }
     combined
-}
-
-/// The median (the mean of the middle two for an even count).
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let m = xs.len() / 2;
-    if xs.len() % 2 == 1 {
-        xs[m]
-    } else {
-        (xs[m - 1] + xs[m]) / 2.0
-    }
 }
