@@ -65,14 +65,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
     }
     let (chart, table) = (args.sweep.join(CHART), args.sweep.join(TABLE));
     if !args.replace {
-        for path in [&chart, &table] {
-            if std::fs::symlink_metadata(path).is_ok() {
-                bail!(
-                    "{} already exists; pass --replace to write over it",
-                    path.display()
-                );
-            }
-        }
+        crate::bench::protocol::refuse_replacing(&[chart.clone(), table.clone()], "")?;
     }
     let caption = format!(
         "{} {}: test accuracy vs training speed (n={n}; circle area: peak memory)",

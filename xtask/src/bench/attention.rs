@@ -6,7 +6,9 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{Benchmark, Case, Invocation, Session, quadratic_skip, scores_gib, strings};
+use super::protocol::{
+    Benchmark, Case, Invocation, Session, case_args, quadratic_skip, scores_gib, strings,
+};
 use super::variants::{has_torch, params};
 
 /// `bench attention` with its settings.
@@ -30,24 +32,17 @@ impl Benchmark for AttentionBenchmark<'_> {
 
     fn case(&self, session: &Session, name: &str, n: usize) -> Result<Case> {
         let args = self.args;
-        let common = strings(&[
-            "--attention",
-            name,
-            "--n",
-            &n.to_string(),
-            "--batch",
-            &args.batch.to_string(),
+        let mut common = case_args(name, n, args);
+        common.extend(strings(&[
             "--heads",
             &args.heads.to_string(),
             "--d-model",
             &args.d_model.to_string(),
             "--reps",
             &args.reps.to_string(),
-            "--warmup",
-            &args.warmup.to_string(),
             "--params",
             &params(name).to_string(),
-        ]);
+        ]));
         // Forward + backward keeps about three n × n tensors per head.
         let scores = scores_gib(3.0, args.heads as f64, args.batch, n);
         let ours = match quadratic_skip(name, args, scores) {

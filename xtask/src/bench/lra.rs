@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::Args;
 use super::protocol::{
-    Benchmark, Case, Invocation, Session, quadratic_skip, run_case, scores_gib, strings,
+    Benchmark, Case, Invocation, Session, case_args, quadratic_skip, run_case, scores_gib, strings,
 };
 use super::variants::has_torch;
 
@@ -30,18 +30,8 @@ impl Benchmark for LraBenchmark<'_> {
 
     fn case(&self, session: &Session, name: &str, n: usize) -> Result<Case> {
         let args = self.args;
-        let common = strings(&[
-            "--attention",
-            name,
-            "--n",
-            &n.to_string(),
-            "--batch",
-            &args.batch.to_string(),
-            "--warmup",
-            &args.warmup.to_string(),
-            "--steps",
-            &args.reps.to_string(),
-        ]);
+        let mut common = case_args(name, n, args);
+        common.extend(strings(&["--steps", &args.reps.to_string()]));
         let model_flags = [
             "--task",
             &args.task,

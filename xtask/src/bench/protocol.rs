@@ -106,17 +106,22 @@ pub(crate) fn report_stem(args: &Args, benchmark: &str) -> Result<PathBuf> {
     };
     let stem = args.out.join(name);
     if !args.replace {
-        for extension in ["json", "md", "svg"] {
-            let path = stem.with_extension(extension);
-            if std::fs::symlink_metadata(&path).is_ok() {
-                anyhow::bail!(
-                    "{} already exists; pass --replace to write over it, or choose another --out",
-                    path.display()
-                );
-            }
-        }
+        let paths = ["json", "md", "svg"].map(|extension| stem.with_extension(extension));
+        refuse_replacing(&paths, ", or choose another --out")?;
     }
     Ok(stem)
+}
+
+/// Refuses output files that already exist (without `--replace`), before anything is measured
+/// or drawn: the error names the first and says `--replace`, then `alternative`.
+pub(crate) fn refuse_replacing(paths: &[PathBuf], alternative: &str) -> Result<()> {
+    match paths.iter().find(|p| std::fs::symlink_metadata(p).is_ok()) {
+        Some(path) => anyhow::bail!(
+            "{} already exists; pass --replace to write over it{alternative}",
+            path.display()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Writes the report's JSON ([`report_stem`]) with the machine and setup, renders its markdown
@@ -238,6 +243,21 @@ pub(crate) fn run_case(mut cmd: Command, timeout: Duration) -> std::result::Resu
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
         .ok_or_else(|| "printed no result".to_string())
+}
+
+/// The arguments both sides of every case take: the attention, the length, the batch and the
+/// warm-up; each benchmark adds its own after them.
+pub(crate) fn case_args(name: &str, n: usize, args: &Args) -> Vec<String> {
+    strings(&[
+        "--attention",
+        name,
+        "--n",
+        &n.to_string(),
+        "--batch",
+        &args.batch.to_string(),
+        "--warmup",
+        &args.warmup.to_string(),
+    ])
 }
 
 /// Owned copies of command-line arguments.

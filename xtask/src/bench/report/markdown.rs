@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{cell, metric, not_measured, protocol, table_header, table_rows};
+use super::{cell, metric, not_measured, protocol, table};
 use crate::bench::variants::has_torch;
 
 /// LRA's Table 2 (Tay et al. 2021; TPU v3, batch 32, Text task): steps per second and peak
@@ -55,8 +55,7 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
         ("Peak memory, MiB (ours, forward + backward)", "peak_mib"),
     ] {
         md.push_str(&format!("## {title}\n\n"));
-        table_header(&mut md, "attention \\ n", lengths);
-        table_rows(&mut md, &all, lengths, |name, n| {
+        table(&mut md, &all, lengths, |name, n| {
             cell(metric(report, "ours", name, n, key), 1)
         });
     }
@@ -65,9 +64,8 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
          Each cell: time(softmax) / time(variant) for forward + backward, then \
          memory(softmax) / memory(variant).\n\n",
     );
-    table_header(&mut md, "attention \\ n", lengths);
     let others: Vec<&String> = names.iter().filter(|n| *n != "softmax").collect();
-    table_rows(&mut md, &others, lengths, |name, n| {
+    table(&mut md, &others, lengths, |name, n| {
         let ratio = |key| {
             Some(metric(report, "ours", "softmax", n, key)? / metric(report, "ours", name, n, key)?)
         };
@@ -77,9 +75,8 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
         }
     });
     md.push_str("## Ours / PyTorch, forward + backward time (≤ 1 means ours is faster)\n\n");
-    table_header(&mut md, "attention \\ n", lengths);
     let with_torch: Vec<&String> = names.iter().filter(|n| has_torch(n)).collect();
-    table_rows(&mut md, &with_torch, lengths, |name, n| {
+    table(&mut md, &with_torch, lengths, |name, n| {
         let ratio = metric(report, "ours", name, n, "forward_backward_ms")
             .zip(metric(report, "torch", name, n, "forward_backward_ms"))
             .map(|(a, b)| a / b);
@@ -180,21 +177,18 @@ pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String
     let with_torch: Vec<&String> = names.iter().filter(|n| has_torch(n)).collect();
     let others: Vec<&String> = names.iter().filter(|n| *n != "softmax").collect();
     md.push_str("## Training steps per second (ours)\n\n");
-    table_header(&mut md, "attention \\ n", lengths);
-    table_rows(&mut md, &all, lengths, |name, n| {
+    table(&mut md, &all, lengths, |name, n| {
         cell(metric(report, "ours", name, n, "steps_per_s"), 2)
     });
     md.push_str("## Peak memory, MiB (ours)\n\n");
-    table_header(&mut md, "attention \\ n", lengths);
-    table_rows(&mut md, &all, lengths, |name, n| {
+    table(&mut md, &all, lengths, |name, n| {
         cell(metric(report, "ours", name, n, "peak_mib"), 0)
     });
     md.push_str(
         "## Relative to softmax (ours), as in LRA's Table 2\n\nEach cell: steps/s(variant) / \
          steps/s(softmax), then memory(variant) / memory(softmax).\n\n",
     );
-    table_header(&mut md, "attention \\ n", lengths);
-    table_rows(&mut md, &others, lengths, |name, n| {
+    table(&mut md, &others, lengths, |name, n| {
         let speed = metric(report, "ours", name, n, "steps_per_s")
             .zip(metric(report, "ours", "softmax", n, "steps_per_s"))
             .map(|(a, b)| a / b);
@@ -207,13 +201,11 @@ pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String
         }
     });
     md.push_str("## PyTorch: training steps per second\n\n");
-    table_header(&mut md, "attention \\ n", lengths);
-    table_rows(&mut md, &with_torch, lengths, |name, n| {
+    table(&mut md, &with_torch, lengths, |name, n| {
         cell(metric(report, "torch", name, n, "steps_per_s"), 2)
     });
     md.push_str("## Ours / PyTorch, time per training step (≤ 1 means ours is faster)\n\n");
-    table_header(&mut md, "attention \\ n", lengths);
-    table_rows(&mut md, &with_torch, lengths, |name, n| {
+    table(&mut md, &with_torch, lengths, |name, n| {
         let ratio = metric(report, "ours", name, n, "step_ms")
             .zip(metric(report, "torch", name, n, "step_ms"))
             .map(|(a, b)| a / b);

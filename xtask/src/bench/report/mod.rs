@@ -119,9 +119,16 @@ pub(crate) fn cell(x: Option<f64>, digits: usize) -> String {
     x.map_or("–".to_string(), |x| format!("{x:.digits$}"))
 }
 
-/// A markdown table header: `first`, then one column per length.
-pub(crate) fn table_header(md: &mut String, first: &str, lengths: &[usize]) {
-    md.push_str(&format!("| {first} |"));
+/// A markdown table of attentions by length: the header (`attention \ n`, then one column per
+/// length), then one row per name with `value(name, n)` in each length's column, and a blank
+/// line.
+pub(crate) fn table(
+    md: &mut String,
+    names: &[&String],
+    lengths: &[usize],
+    value: impl Fn(&str, usize) -> String,
+) {
+    md.push_str("| attention \\ n |");
     for n in lengths {
         md.push_str(&format!(" {n} |"));
     }
@@ -130,15 +137,6 @@ pub(crate) fn table_header(md: &mut String, first: &str, lengths: &[usize]) {
         md.push_str("---|");
     }
     md.push('\n');
-}
-
-/// One table row per name: `value(name, n)` in each length's column.
-pub(crate) fn table_rows(
-    md: &mut String,
-    names: &[&String],
-    lengths: &[usize],
-    value: impl Fn(&str, usize) -> String,
-) {
     for name in names {
         md.push_str(&format!("| {name} |"));
         for &n in lengths {
