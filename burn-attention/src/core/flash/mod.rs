@@ -11,10 +11,13 @@
 //! [`try_attention`] is the entry point: it answers `None` wherever the fused path does not
 //! apply (another backend, a dtype other than `f32`), and the caller composes the steps.
 
+// The kernels' backward halves are called only by the autodiff forms (the `train` feature).
 #[cfg(feature = "flex")]
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
 mod gathered;
 mod hash;
 #[cfg(feature = "flex")]
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
 mod kernel;
 mod mask;
 #[cfg(feature = "flex")]
@@ -58,7 +61,7 @@ pub(crate) fn try_attention(
             return None;
         }
         #[cfg(feature = "flex")]
-        let has_dropout = dropout.is_some() && is_flex(&q.device());
+        let has_dropout = dropout.is_some() && flex_kernels(&q.device());
         #[cfg(not(feature = "flex"))]
         let has_dropout = false;
         if dropout.is_some() && !has_dropout {
@@ -107,7 +110,7 @@ pub(crate) fn try_gathered_attention(
             .all(|t| t.dtype() == burn::tensor::DType::F32);
         let [batch, heads, n_q, _] = q.dims();
         let d_v = v.dims()[3];
-        if !is_flex(&q.device()) || !all_f32 || n_q == 0 || k.dims()[2] == 0 {
+        if !flex_kernels(&q.device()) || !all_f32 || n_q == 0 || k.dims()[2] == 0 {
             return None;
         }
         // One tensor holds both outputs (the log-sum-exp as an extra column), so that one
@@ -137,7 +140,7 @@ pub(crate) fn try_gathered_attention(
 /// random features), where the clamp only turns results below 1e-38 into about 1e-38.
 pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
-    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
         return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_exp(
             x.into_dispatch(),
         ));
@@ -150,7 +153,7 @@ pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// derivative from several operations; elsewhere Burn's own.
 pub(crate) fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
-    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
         return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_gelu(
             x.into_dispatch(),
         ));
@@ -162,7 +165,7 @@ pub(crate) fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// kernel's exponential) with a backward that keeps only the output; elsewhere Burn's.
 pub(crate) fn softmax<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
-    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
         return Tensor::from_dispatch(<burn::backend::Dispatch as FlashAttention>::vector_softmax(
             x.into_dispatch(),
         ));
@@ -174,7 +177,7 @@ pub(crate) fn softmax<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// output; elsewhere as `max(x, 0) + exp(min(x, 0))` (the same values and gradients).
 pub(crate) fn elu_plus_one<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
-    if is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
         return Tensor::from_dispatch(
             <burn::backend::Dispatch as FlashAttention>::vector_elu_plus_one(x.into_dispatch()),
         );
@@ -191,11 +194,12 @@ fn has_kernel(device: &Device, same_head_size: bool) -> bool {
     #[cfg(not(feature = "tch"))]
     let _ = same_head_size;
     #[cfg(feature = "flex")]
-    if is_flex(device) {
+    if flex_kernels(device) {
         return true;
     }
     #[cfg(feature = "tch")]
     if same_head_size
+        && extension_applies(device)
         && matches!(
             device.as_dispatch().clone().inner(),
             burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu)
@@ -215,11 +219,29 @@ pub(crate) fn is_flex(device: &Device) -> bool {
     )
 }
 
+/// Whether the library's `flex` kernels run on `device`: `flex`, or an autodiff device wrapping
+/// it where the kernels have their backward (the `train` feature).
+#[cfg(feature = "flex")]
+fn flex_kernels(device: &Device) -> bool {
+    extension_applies(device) && is_flex(device)
+}
+
+/// Whether the backend extensions may take tensors of `device`: always, except an autodiff
+/// device when the library is built without the `train` feature (Burn's `autodiff` turned on by
+/// another crate), whose extensions then have no autodiff form; the composed steps run instead.
+#[cfg(any(feature = "flex", feature = "tch"))]
+fn extension_applies(device: &Device) -> bool {
+    cfg!(feature = "train") || !device.is_autodiff()
+}
+
 #[cfg(any(feature = "flex", feature = "tch"))]
 use extension::FlashAttention;
 
 #[cfg(any(feature = "flex", feature = "tch"))]
-#[allow(deprecated)] // burn-tch's backend, see the `libtorch` module
+#[allow(deprecated)]
+// burn-tch's backend, see the `libtorch` module
+// Only `flex` calls the vectorised element-wise operations.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 mod extension {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, backend_extension};
@@ -228,7 +250,11 @@ mod extension {
     use super::KeyPadding;
 
     /// The backend extension: fused attention whose autodiff form has a handwritten backward.
-    #[backend_extension(Flex: cfg(feature = "flex"), LibTorch: cfg(feature = "tch"), Autodiff)]
+    #[backend_extension(
+        Flex: cfg(feature = "flex"),
+        LibTorch: cfg(feature = "tch"),
+        Autodiff: cfg(feature = "train")
+    )]
     pub trait FlashAttention: Backend {
         /// `dropout(softmax(scale · q kᵀ + masks)) v` on `[batch, heads, n, d]` tensors.
         fn flash_attention(
@@ -290,7 +316,7 @@ mod gathered_extension {
     use crate::core::key_slots::KeySlots;
 
     /// The backend extension: fused attention over gathered keys, with a handwritten backward.
-    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff: cfg(feature = "train"))]
     pub trait GatheredAttention: Backend {
         /// `dropout(softmax(scale · q k_slotsᵀ + bias + masks)) v_slots` per query block, on
         /// `[batch, heads, n, d]` tensors: `[batch, heads, n_q, d_v + 1]`, the output with each
@@ -307,756 +333,11 @@ mod gathered_extension {
 }
 
 #[cfg(feature = "flex")]
-mod flex {
-    use burn::backend::autodiff::NodeId;
-    use burn::backend::autodiff::checkpoint::base::Checkpointer;
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-    use burn::backend::ops::FloatTensorOps;
-    use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Autodiff, Flex};
-    use burn::tensor::TensorData;
-    use std::sync::Arc;
-
-    use super::DropMask;
-    use super::kernel::{self, Dims, Scoring};
-    use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
-    use crate::core::key_slots::KeySlots;
-
-    /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
-    /// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`
-    /// at a time, not element by element.
-    fn host(tensor: FloatTensor<Flex>) -> (Vec<f32>, Vec<usize>) {
-        let layout = tensor.layout();
-        let shape = layout.shape().to_vec();
-        if let Some(values) = tensor.as_slice::<f32>() {
-            return (values.to_vec(), shape);
-        }
-        let strides = layout.strides();
-        if shape.len() == 4 && strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
-            let storage = tensor.storage::<f32>();
-            let [s0, s1, s2] = [0, 1, 2].map(|i| strides[i] as usize);
-            let row = shape[3];
-            let mut values = Vec::with_capacity(shape.iter().product());
-            for a in 0..shape[0] {
-                for b in 0..shape[1] {
-                    for c in 0..shape[2] {
-                        let start = layout.start_offset() + a * s0 + b * s1 + c * s2;
-                        values.extend_from_slice(&storage[start..start + row]);
-                    }
-                }
-            }
-            return (values, shape);
-        }
-        let values = tensor
-            .into_data()
-            .try_into_vec::<f32>()
-            .expect("the fused attention path is only taken for f32 tensors");
-        (values, shape)
-    }
-
-    fn device_tensor(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
-        burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
-    }
-
-    /// Hands the gradients of `q`, `k` and `v` (contiguous, shaped by `dims`) to the parents
-    /// that track one.
-    fn register_qkv_grads(
-        grads: &mut Gradients,
-        parents: [Option<NodeId>; 3],
-        [dq, dk, dv]: [Vec<f32>; 3],
-        dims: Dims,
-    ) {
-        for (node, grad, shape) in [
-            (parents[0], dq, dims.q_shape()),
-            (parents[1], dk, dims.k_shape()),
-            (parents[2], dv, dims.v_shape()),
-        ] {
-            if let Some(node) = node {
-                grads.register::<Flex>(node, device_tensor(grad, shape));
-            }
-        }
-    }
-
-    /// Inputs of one call on the host.
-    #[derive(Debug, Clone)]
-    struct Host {
-        q: Arc<Vec<f32>>,
-        k: Arc<Vec<f32>>,
-        v: Arc<Vec<f32>>,
-        dims: Dims,
-    }
-
-    impl Host {
-        fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
-            let (q, q_shape) = host(q);
-            let (k, k_shape) = host(k);
-            let (v, v_shape) = host(v);
-            let dims = Dims {
-                batch: q_shape[0],
-                heads: q_shape[1],
-                n_q: q_shape[2],
-                n_k: k_shape[2],
-                d: q_shape[3],
-                d_v: v_shape[3],
-            };
-            Self {
-                q: Arc::new(q),
-                k: Arc::new(k),
-                v: Arc::new(v),
-                dims,
-            }
-        }
-
-        fn forward(
-            &self,
-            key_padding: &KeyPadding,
-            scale: f32,
-            causal: bool,
-            dropout: Option<DropMask>,
-        ) -> (Vec<f32>, Vec<f32>) {
-            kernel::forward(
-                &self.q,
-                &self.k,
-                &self.v,
-                self.dims,
-                Scoring {
-                    scale,
-                    causal,
-                    key_padding: key_padding.as_deref(),
-                    dropout,
-                },
-            )
-        }
-    }
-
-    impl FlashAttention for Flex {
-        fn flash_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            key_padding: KeyPadding,
-            scale: f32,
-            causal: bool,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            let host = Host::new(q, k, v);
-            let (out, _) = host.forward(&key_padding, scale, causal, dropout);
-            device_tensor(out, host.dims.out_shape())
-        }
-
-        fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            in_place(x, kernel::exp_in_place)
-        }
-
-        fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            in_place(x, kernel::gelu_in_place)
-        }
-
-        fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            in_place(x, kernel::elu_plus_one_in_place)
-        }
-
-        fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            let (mut values, shape) = host(x);
-            kernel::softmax_rows_in_place(&mut values, shape.last().copied().unwrap_or(1));
-            burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
-        }
-    }
-
-    /// `f` applied to a copy of `x`'s values.
-    fn in_place(x: FloatTensor<Flex>, f: fn(&mut [f32])) -> FloatTensor<Flex> {
-        let (mut values, shape) = host(x);
-        f(&mut values);
-        burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
-    }
-
-    /// The backward of an operation whose input gradient is computed in place from the output
-    /// gradient and one saved tensor (the input or the output), by `chain(grad, saved, row_len)`
-    /// with `row_len` the length of the last axis: element-wise (`grad ∘ f′`, `row_len` unused)
-    /// or row by row over the last axis (softmax).
-    #[derive(Debug)]
-    struct SavedTensorBackward(fn(&mut [f32], &[f32], usize));
-
-    impl Backward<Flex, 1> for SavedTensorBackward {
-        type State = FloatTensor<Flex>;
-
-        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node] = ops.parents;
-            let grad = grads.consume::<Flex>(&ops.node);
-            if let Some(node) = node {
-                let (mut grad, shape) = host(grad);
-                let row_len = shape.last().copied().unwrap_or(1);
-                // The saved output is the kernel's own contiguous tensor: read in place.
-                match ops.state.as_slice::<f32>() {
-                    Some(saved) => (self.0)(&mut grad, saved, row_len),
-                    None => (self.0)(&mut grad, &host(ops.state).0, row_len),
-                }
-                let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
-                grads.register::<Flex>(node.id, grad);
-            }
-        }
-    }
-
-    /// A one-input operation `forward` under autodiff, its backward `chain` (see
-    /// [`SavedTensorBackward`]); the state is the input when `saves_input`, else the output.
-    fn tracked_unary<C: CheckpointStrategy>(
-        x: FloatTensor<Autodiff<Flex, C>>,
-        forward: fn(FloatTensor<Flex>) -> FloatTensor<Flex>,
-        chain: fn(&mut [f32], &[f32], usize),
-        saves_input: bool,
-    ) -> FloatTensor<Autodiff<Flex, C>> {
-        match SavedTensorBackward(chain)
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let input = x.primitive().clone();
-                let out = forward(input.clone());
-                let state = if saves_input { input } else { out.clone() };
-                prep.finish(state, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
-        }
-    }
-
-    /// `d exp(x) = exp(x) dx`: the backward keeps the output.
-    #[derive(Debug)]
-    struct ExpBackward;
-
-    impl Backward<Flex, 1> for ExpBackward {
-        type State = FloatTensor<Flex>;
-
-        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node] = ops.parents;
-            let grad = grads.consume::<Flex>(&ops.node);
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, Flex::float_mul(grad, ops.state));
-            }
-        }
-    }
-
-    /// What the backward pass keeps: the inputs, the output (the contiguous tensor handed
-    /// on, shared rather than copied) and its log-sum-exp rows.
-    #[derive(Debug, Clone)]
-    struct Saved {
-        host: Host,
-        out: FloatTensor<Flex>,
-        lse: Arc<Vec<f32>>,
-        key_padding: KeyPadding,
-        scale: f32,
-        causal: bool,
-        dropout: Option<DropMask>,
-    }
-
-    #[derive(Debug)]
-    struct FlashBackward;
-
-    impl Backward<Flex, 3> for FlashBackward {
-        type State = Saved;
-
-        fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let parents = ops.parents.map(|node| node.map(|node| node.id));
-            let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
-            let saved = ops.state;
-            let host = &saved.host;
-            let (dq, dk, dv) = kernel::backward(
-                &host.q,
-                &host.k,
-                &host.v,
-                saved
-                    .out
-                    .as_slice::<f32>()
-                    .expect("the kernel's output tensor is contiguous f32"),
-                &saved.lse,
-                &d_out,
-                host.dims,
-                Scoring {
-                    scale: saved.scale,
-                    causal: saved.causal,
-                    key_padding: saved.key_padding.as_deref(),
-                    dropout: saved.dropout,
-                },
-            );
-            register_qkv_grads(grads, parents, [dq, dk, dv], host.dims);
-        }
-    }
-
-    impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
-        fn flash_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            key_padding: KeyPadding,
-            scale: f32,
-            causal: bool,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            match FlashBackward
-                .prepare::<C>([q.node(), k.node(), v.node()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let host = Host::new(
-                        q.primitive().clone(),
-                        k.primitive().clone(),
-                        v.primitive().clone(),
-                    );
-                    let (out, lse) = host.forward(&key_padding, scale, causal, dropout);
-                    let out = device_tensor(out, host.dims.out_shape());
-                    let saved = Saved {
-                        host,
-                        out: out.clone(),
-                        lse: Arc::new(lse),
-                        key_padding,
-                        scale,
-                        causal,
-                        dropout,
-                    };
-                    prep.finish(saved, out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(Flex::flash_attention(
-                    q.into_primitive(),
-                    k.into_primitive(),
-                    v.into_primitive(),
-                    key_padding,
-                    scale,
-                    causal,
-                    dropout,
-                )),
-            }
-        }
-
-        fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            match ExpBackward
-                .prepare::<C>([x.node()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let out = Flex::vector_exp(x.primitive().clone());
-                    prep.finish(out.clone(), out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(Flex::vector_exp(x.into_primitive())),
-            }
-        }
-
-        fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            tracked_unary::<C>(
-                x,
-                Flex::vector_gelu,
-                |grad, x, _| kernel::gelu_grad_in_place(grad, x),
-                true,
-            )
-        }
-
-        fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            tracked_unary::<C>(
-                x,
-                Flex::vector_softmax,
-                kernel::softmax_rows_grad_in_place,
-                false,
-            )
-        }
-
-        fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
-            tracked_unary::<C>(
-                x,
-                Flex::vector_elu_plus_one,
-                |grad, y, _| kernel::elu_plus_one_grad_in_place(grad, y),
-                false,
-            )
-        }
-    }
-
-    /// A `flex` tensor held for the gathered kernel to read in place: the tensor itself (its
-    /// storage shared, not copied) and where its rows lie. A layout that is not a view of rows
-    /// (a negative or non-unit last stride) is copied contiguous first.
-    #[derive(Debug, Clone)]
-    struct Held {
-        tensor: FloatTensor<Flex>,
-        shape: [usize; 4],
-        start: usize,
-        strides: [usize; 3],
-    }
-
-    impl Held {
-        fn new(tensor: FloatTensor<Flex>) -> Self {
-            let layout = tensor.layout();
-            let shape: [usize; 4] = layout
-                .shape()
-                .to_vec()
-                .try_into()
-                .expect("per-head tensors have four axes");
-            let strides = layout.strides();
-            if strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
-                return Self {
-                    start: layout.start_offset(),
-                    strides: [0, 1, 2].map(|a| strides[a] as usize),
-                    tensor,
-                    shape,
-                };
-            }
-            let (values, _) = host(tensor);
-            let [_, h, n, w] = shape;
-            Self {
-                tensor: device_tensor(values, shape),
-                shape,
-                start: 0,
-                strides: [h * n * w, n * w, w],
-            }
-        }
-
-        fn rows(&self) -> gathered::Rows<'_> {
-            gathered::Rows::new(
-                self.tensor.storage::<f32>(),
-                self.shape,
-                self.start,
-                self.strides,
-            )
-        }
-    }
-
-    /// The queries, keys and values of a gathered call, held in place.
-    #[derive(Debug, Clone)]
-    struct HeldInputs {
-        q: Held,
-        k: Held,
-        v: Held,
-    }
-
-    impl HeldInputs {
-        fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
-            Self {
-                q: Held::new(q),
-                k: Held::new(k),
-                v: Held::new(v),
-            }
-        }
-
-        fn dims(&self) -> Dims {
-            let [batch, heads, n_q, d] = self.q.shape;
-            Dims {
-                batch,
-                heads,
-                n_q,
-                n_k: self.k.shape[2],
-                d,
-                d_v: self.v.shape[3],
-            }
-        }
-
-        fn rows(&self) -> gathered::Inputs<'_> {
-            gathered::Inputs {
-                q: self.q.rows(),
-                k: self.k.rows(),
-                v: self.v.rows(),
-            }
-        }
-
-        fn forward(
-            &self,
-            slots: &KeySlots,
-            scale: f32,
-            dropout: Option<DropMask>,
-        ) -> gathered::Forward {
-            gathered::forward(self.rows(), self.dims(), slots, scale, dropout)
-        }
-    }
-
-    /// The forward output and log-sum-exp as one `[batch, heads, n_q, d_v + 1]` tensor.
-    fn joint_tensor(forward: &gathered::Forward, dims: Dims) -> FloatTensor<Flex> {
-        let d_v = dims.d_v;
-        let mut joint = Vec::with_capacity(forward.lse.len() * (d_v + 1));
-        for (row, &l) in forward.out.chunks(d_v.max(1)).zip(&forward.lse) {
-            joint.extend_from_slice(&row[..d_v]);
-            joint.push(l);
-        }
-        let [b, h, n_q, _] = dims.out_shape();
-        device_tensor(joint, [b, h, n_q, d_v + 1])
-    }
-
-    impl GatheredAttention for Flex {
-        fn gathered_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            slots: Arc<KeySlots>,
-            scale: f32,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            let inputs = HeldInputs::new(q, k, v);
-            joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
-        }
-    }
-
-    /// What the gathered backward keeps: inputs and the forward pass (`O(n d)` per head).
-    #[derive(Debug, Clone)]
-    struct GatheredSaved {
-        inputs: HeldInputs,
-        forward: Arc<gathered::Forward>,
-        slots: Arc<KeySlots>,
-        scale: f32,
-        dropout: Option<DropMask>,
-    }
-
-    #[derive(Debug)]
-    struct GatheredBackward;
-
-    impl Backward<Flex, 3> for GatheredBackward {
-        type State = GatheredSaved;
-
-        fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let parents = ops.parents.map(|node| node.map(|node| node.id));
-            let (joint, _) = host(grads.consume::<Flex>(&ops.node));
-            let saved = ops.state;
-            let dims = saved.inputs.dims();
-            let d_v = dims.d_v;
-            let mut d_out = Vec::with_capacity(saved.forward.out.len());
-            let mut d_lse = Vec::with_capacity(saved.forward.lse.len());
-            for row in joint.chunks(d_v + 1) {
-                d_out.extend_from_slice(&row[..d_v]);
-                d_lse.push(row[d_v]);
-            }
-            let (dq, dk, dv) = gathered::backward(
-                saved.inputs.rows(),
-                dims,
-                &saved.slots,
-                saved.scale,
-                saved.dropout,
-                gathered::Upstream {
-                    forward: &saved.forward,
-                    d_out: &d_out,
-                    d_lse: Some(&d_lse),
-                },
-            );
-            register_qkv_grads(grads, parents, [dq, dk, dv], dims);
-        }
-    }
-
-    impl<C: CheckpointStrategy> GatheredAttention for Autodiff<Flex, C> {
-        fn gathered_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            slots: Arc<KeySlots>,
-            scale: f32,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            match GatheredBackward
-                .prepare::<C>([q.node(), k.node(), v.node()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let inputs = HeldInputs::new(
-                        q.primitive().clone(),
-                        k.primitive().clone(),
-                        v.primitive().clone(),
-                    );
-                    let forward = inputs.forward(&slots, scale, dropout);
-                    let joint = joint_tensor(&forward, inputs.dims());
-                    let saved = GatheredSaved {
-                        inputs,
-                        forward: Arc::new(forward),
-                        slots,
-                        scale,
-                        dropout,
-                    };
-                    prep.finish(saved, joint)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(Flex::gathered_attention(
-                    q.into_primitive(),
-                    k.into_primitive(),
-                    v.into_primitive(),
-                    slots,
-                    scale,
-                    dropout,
-                )),
-            }
-        }
-    }
-}
-
-/// libtorch on the CPU: its own flash-attention kernels (`_scaled_dot_product_flash_attention_for_cpu`
-/// and its backward, what PyTorch's `scaled_dot_product_attention` runs there), so that training
-/// on `tch` keeps the log-sum-exp instead of the `n × n` weights, as PyTorch does.
-// burn-tch is marked deprecated in Burn 0.22 but is the project's `tch` backend.
+mod flex;
+#[cfg(all(feature = "flex", feature = "train"))]
+mod flex_autodiff;
 #[cfg(feature = "tch")]
-#[allow(deprecated)]
-mod libtorch {
-    use burn::backend::autodiff::checkpoint::base::Checkpointer;
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::grads::Gradients;
-    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-    use burn::backend::libtorch::TchTensor;
-    use burn::backend::tensor::FloatTensor;
-    use burn::backend::{Autodiff, LibTorch};
-
-    use super::DropMask;
-    use super::{FlashAttention, KeyPadding};
-    use crate::core::input::MASK_FILL;
-
-    /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
-    /// A row with at least one real key gets the same weights as replacing its padded scores;
-    /// padded scores lie some 10⁴ below the real ones, so their weights underflow to zero.
-    fn additive_mask(
-        key_padding: &KeyPadding,
-        q: &TchTensor,
-        k: &TchTensor,
-    ) -> Option<tch::Tensor> {
-        key_padding.as_ref().map(|flags| {
-            let batch = q.tensor.size()[0];
-            let n_k = k.tensor.size()[2];
-            let values: Vec<f32> = flags
-                .iter()
-                .map(|&pad| if pad { MASK_FILL } else { 0.0 })
-                .collect();
-            tch::Tensor::from_slice(&values)
-                .reshape([batch, 1, 1, n_k])
-                .to_device(q.tensor.device())
-        })
-    }
-
-    fn forward(
-        q: &TchTensor,
-        k: &TchTensor,
-        v: &TchTensor,
-        mask: Option<&tch::Tensor>,
-        scale: f32,
-        causal: bool,
-    ) -> (tch::Tensor, tch::Tensor) {
-        tch::Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
-            &q.tensor,
-            &k.tensor,
-            &v.tensor,
-            0.0,
-            causal,
-            mask,
-            scale as f64,
-        )
-    }
-
-    impl FlashAttention for LibTorch {
-        fn flash_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            key_padding: KeyPadding,
-            scale: f32,
-            causal: bool,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            assert!(
-                dropout.is_none(),
-                "libtorch's CPU flash attention has no dropout"
-            );
-            let mask = additive_mask(&key_padding, &q, &k);
-            let (out, _) = forward(&q, &k, &v, mask.as_ref(), scale, causal);
-            TchTensor::new(out)
-        }
-    }
-
-    /// What the backward pass keeps: inputs, output, log-sum-exp and mask.
-    #[derive(Debug, Clone)]
-    struct Saved {
-        q: TchTensor,
-        k: TchTensor,
-        v: TchTensor,
-        out: TchTensor,
-        lse: TchTensor,
-        mask: Option<TchTensor>,
-        scale: f32,
-        causal: bool,
-    }
-
-    #[derive(Debug)]
-    struct TorchFlashBackward;
-
-    impl Backward<LibTorch, 3> for TorchFlashBackward {
-        type State = Saved;
-
-        fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let [node_q, node_k, node_v] = ops.parents;
-            let grad = grads.consume::<LibTorch>(&ops.node);
-            let s = ops.state;
-            let (dq, dk, dv) =
-                tch::Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
-                    &grad.tensor,
-                    &s.q.tensor,
-                    &s.k.tensor,
-                    &s.v.tensor,
-                    &s.out.tensor,
-                    &s.lse.tensor,
-                    0.0,
-                    s.causal,
-                    s.mask.as_ref().map(|m| &m.tensor),
-                    s.scale as f64,
-                );
-            for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
-                if let Some(node) = node {
-                    grads.register::<LibTorch>(node.id, TchTensor::new(grad));
-                }
-            }
-        }
-    }
-
-    impl<C: CheckpointStrategy> FlashAttention for Autodiff<LibTorch, C> {
-        fn flash_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            key_padding: KeyPadding,
-            scale: f32,
-            causal: bool,
-            dropout: Option<DropMask>,
-        ) -> FloatTensor<Self> {
-            assert!(
-                dropout.is_none(),
-                "libtorch's CPU flash attention has no dropout"
-            );
-            match TorchFlashBackward
-                .prepare::<C>([q.node(), k.node(), v.node()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => {
-                    let (q, k, v) = (
-                        q.primitive().clone(),
-                        k.primitive().clone(),
-                        v.primitive().clone(),
-                    );
-                    let mask = additive_mask(&key_padding, &q, &k);
-                    let (out, lse) = forward(&q, &k, &v, mask.as_ref(), scale, causal);
-                    let out = TchTensor::new(out);
-                    let saved = Saved {
-                        q,
-                        k,
-                        v,
-                        out: out.clone(),
-                        lse: TchTensor::new(lse),
-                        mask: mask.map(TchTensor::new),
-                        scale,
-                        causal,
-                    };
-                    prep.finish(saved, out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(LibTorch::flash_attention(
-                    q.into_primitive(),
-                    k.into_primitive(),
-                    v.into_primitive(),
-                    key_padding,
-                    scale,
-                    causal,
-                    dropout,
-                )),
-            }
-        }
-    }
-}
+mod libtorch;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,263 @@
+//! The fused kernels on `flex`: the forward operations of the backend extensions, and the
+//! tensors the kernels read (copied to the host, or held in place). Their autodiff forms are in
+//! `flex_autodiff`.
+
+use burn::backend::Flex;
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::TensorData;
+use std::sync::Arc;
+
+use super::DropMask;
+use super::kernel::{self, Dims, Scoring};
+use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+use crate::core::key_slots::KeySlots;
+
+/// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
+/// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`
+/// at a time, not element by element.
+pub(super) fn host(tensor: FloatTensor<Flex>) -> (Vec<f32>, Vec<usize>) {
+    let layout = tensor.layout();
+    let shape = layout.shape().to_vec();
+    if let Some(values) = tensor.as_slice::<f32>() {
+        return (values.to_vec(), shape);
+    }
+    let strides = layout.strides();
+    if shape.len() == 4 && strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
+        let storage = tensor.storage::<f32>();
+        let [s0, s1, s2] = [0, 1, 2].map(|i| strides[i] as usize);
+        let row = shape[3];
+        let mut values = Vec::with_capacity(shape.iter().product());
+        for a in 0..shape[0] {
+            for b in 0..shape[1] {
+                for c in 0..shape[2] {
+                    let start = layout.start_offset() + a * s0 + b * s1 + c * s2;
+                    values.extend_from_slice(&storage[start..start + row]);
+                }
+            }
+        }
+        return (values, shape);
+    }
+    let values = tensor
+        .into_data()
+        .try_into_vec::<f32>()
+        .expect("the fused attention path is only taken for f32 tensors");
+    (values, shape)
+}
+
+pub(super) fn device_tensor(values: Vec<f32>, shape: [usize; 4]) -> FloatTensor<Flex> {
+    burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// Inputs of one call on the host.
+#[derive(Debug, Clone)]
+pub(super) struct Host {
+    pub(super) q: Arc<Vec<f32>>,
+    pub(super) k: Arc<Vec<f32>>,
+    pub(super) v: Arc<Vec<f32>>,
+    pub(super) dims: Dims,
+}
+
+impl Host {
+    pub(super) fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
+        let (q, q_shape) = host(q);
+        let (k, k_shape) = host(k);
+        let (v, v_shape) = host(v);
+        let dims = Dims {
+            batch: q_shape[0],
+            heads: q_shape[1],
+            n_q: q_shape[2],
+            n_k: k_shape[2],
+            d: q_shape[3],
+            d_v: v_shape[3],
+        };
+        Self {
+            q: Arc::new(q),
+            k: Arc::new(k),
+            v: Arc::new(v),
+            dims,
+        }
+    }
+
+    pub(super) fn forward(
+        &self,
+        key_padding: &KeyPadding,
+        scale: f32,
+        causal: bool,
+        dropout: Option<DropMask>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        kernel::forward(
+            &self.q,
+            &self.k,
+            &self.v,
+            self.dims,
+            Scoring {
+                scale,
+                causal,
+                key_padding: key_padding.as_deref(),
+                dropout,
+            },
+        )
+    }
+}
+
+impl FlashAttention for Flex {
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: KeyPadding,
+        scale: f32,
+        causal: bool,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        let host = Host::new(q, k, v);
+        let (out, _) = host.forward(&key_padding, scale, causal, dropout);
+        device_tensor(out, host.dims.out_shape())
+    }
+
+    fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::exp_in_place)
+    }
+
+    fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::gelu_in_place)
+    }
+
+    fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::elu_plus_one_in_place)
+    }
+
+    fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (mut values, shape) = host(x);
+        kernel::softmax_rows_in_place(&mut values, shape.last().copied().unwrap_or(1));
+        burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+    }
+}
+
+/// `f` applied to a copy of `x`'s values.
+fn in_place(x: FloatTensor<Flex>, f: fn(&mut [f32])) -> FloatTensor<Flex> {
+    let (mut values, shape) = host(x);
+    f(&mut values);
+    burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// A `flex` tensor held for the gathered kernel to read in place: the tensor itself (its
+/// storage shared, not copied) and where its rows lie. A layout that is not a view of rows
+/// (a negative or non-unit last stride) is copied contiguous first.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    tensor: FloatTensor<Flex>,
+    shape: [usize; 4],
+    start: usize,
+    strides: [usize; 3],
+}
+
+impl Held {
+    fn new(tensor: FloatTensor<Flex>) -> Self {
+        let layout = tensor.layout();
+        let shape: [usize; 4] = layout
+            .shape()
+            .to_vec()
+            .try_into()
+            .expect("per-head tensors have four axes");
+        let strides = layout.strides();
+        if strides[3] == 1 && strides.iter().all(|&s| s >= 0) {
+            return Self {
+                start: layout.start_offset(),
+                strides: [0, 1, 2].map(|a| strides[a] as usize),
+                tensor,
+                shape,
+            };
+        }
+        let (values, _) = host(tensor);
+        let [_, h, n, w] = shape;
+        Self {
+            tensor: device_tensor(values, shape),
+            shape,
+            start: 0,
+            strides: [h * n * w, n * w, w],
+        }
+    }
+
+    pub(super) fn rows(&self) -> gathered::Rows<'_> {
+        gathered::Rows::new(
+            self.tensor.storage::<f32>(),
+            self.shape,
+            self.start,
+            self.strides,
+        )
+    }
+}
+
+/// The queries, keys and values of a gathered call, held in place.
+#[derive(Debug, Clone)]
+pub(super) struct HeldInputs {
+    q: Held,
+    k: Held,
+    v: Held,
+}
+
+impl HeldInputs {
+    pub(super) fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
+        Self {
+            q: Held::new(q),
+            k: Held::new(k),
+            v: Held::new(v),
+        }
+    }
+
+    pub(super) fn dims(&self) -> Dims {
+        let [batch, heads, n_q, d] = self.q.shape;
+        Dims {
+            batch,
+            heads,
+            n_q,
+            n_k: self.k.shape[2],
+            d,
+            d_v: self.v.shape[3],
+        }
+    }
+
+    pub(super) fn rows(&self) -> gathered::Inputs<'_> {
+        gathered::Inputs {
+            q: self.q.rows(),
+            k: self.k.rows(),
+            v: self.v.rows(),
+        }
+    }
+
+    pub(super) fn forward(
+        &self,
+        slots: &KeySlots,
+        scale: f32,
+        dropout: Option<DropMask>,
+    ) -> gathered::Forward {
+        gathered::forward(self.rows(), self.dims(), slots, scale, dropout)
+    }
+}
+
+/// The forward output and log-sum-exp as one `[batch, heads, n_q, d_v + 1]` tensor.
+pub(super) fn joint_tensor(forward: &gathered::Forward, dims: Dims) -> FloatTensor<Flex> {
+    let d_v = dims.d_v;
+    let mut joint = Vec::with_capacity(forward.lse.len() * (d_v + 1));
+    for (row, &l) in forward.out.chunks(d_v.max(1)).zip(&forward.lse) {
+        joint.extend_from_slice(&row[..d_v]);
+        joint.push(l);
+    }
+    let [b, h, n_q, _] = dims.out_shape();
+    device_tensor(joint, [b, h, n_q, d_v + 1])
+}
+
+impl GatheredAttention for Flex {
+    fn gathered_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        slots: Arc<KeySlots>,
+        scale: f32,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        let inputs = HeldInputs::new(q, k, v);
+        joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
+    }
+}

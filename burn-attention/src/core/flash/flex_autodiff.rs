@@ -1,0 +1,325 @@
+//! The autodiff forms of the fused kernels on `flex` (built with the `train` feature): each
+//! backward recomputes what the forward did not keep, tile by tile.
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::TensorData;
+use std::sync::Arc;
+
+use super::DropMask;
+use super::flex::{HeldInputs, Host, device_tensor, host, joint_tensor};
+use super::kernel::{self, Dims, Scoring};
+use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+use crate::core::key_slots::KeySlots;
+
+/// Hands the gradients of `q`, `k` and `v` (contiguous, shaped by `dims`) to the parents
+/// that track one.
+fn register_qkv_grads(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; 3],
+    [dq, dk, dv]: [Vec<f32>; 3],
+    dims: Dims,
+) {
+    for (node, grad, shape) in [
+        (parents[0], dq, dims.q_shape()),
+        (parents[1], dk, dims.k_shape()),
+        (parents[2], dv, dims.v_shape()),
+    ] {
+        if let Some(node) = node {
+            grads.register::<Flex>(node, device_tensor(grad, shape));
+        }
+    }
+}
+
+/// The backward of an operation whose input gradient is computed in place from the output
+/// gradient and one saved tensor (the input or the output), by `chain(grad, saved, row_len)`
+/// with `row_len` the length of the last axis: element-wise (`grad ∘ f′`, `row_len` unused)
+/// or row by row over the last axis (softmax).
+#[derive(Debug)]
+struct SavedTensorBackward(fn(&mut [f32], &[f32], usize));
+
+impl Backward<Flex, 1> for SavedTensorBackward {
+    type State = FloatTensor<Flex>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        if let Some(node) = node {
+            let (mut grad, shape) = host(grad);
+            let row_len = shape.last().copied().unwrap_or(1);
+            // The saved output is the kernel's own contiguous tensor: read in place.
+            match ops.state.as_slice::<f32>() {
+                Some(saved) => (self.0)(&mut grad, saved, row_len),
+                None => (self.0)(&mut grad, &host(ops.state).0, row_len),
+            }
+            let grad = burn::backend::flex::FlexTensor::from_data(TensorData::new(grad, shape));
+            grads.register::<Flex>(node.id, grad);
+        }
+    }
+}
+
+/// A one-input operation `forward` under autodiff, its backward `chain` (see
+/// [`SavedTensorBackward`]); the state is the input when `saves_input`, else the output.
+fn tracked_unary<C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<Flex, C>>,
+    forward: fn(FloatTensor<Flex>) -> FloatTensor<Flex>,
+    chain: fn(&mut [f32], &[f32], usize),
+    saves_input: bool,
+) -> FloatTensor<Autodiff<Flex, C>> {
+    match SavedTensorBackward(chain)
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let input = x.primitive().clone();
+            let out = forward(input.clone());
+            let state = if saves_input { input } else { out.clone() };
+            prep.finish(state, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
+    }
+}
+
+/// `d exp(x) = exp(x) dx`: the backward keeps the output.
+#[derive(Debug)]
+struct ExpBackward;
+
+impl Backward<Flex, 1> for ExpBackward {
+    type State = FloatTensor<Flex>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        if let Some(node) = node {
+            grads.register::<Flex>(node.id, Flex::float_mul(grad, ops.state));
+        }
+    }
+}
+
+/// What the backward pass keeps: the inputs, the output (the contiguous tensor handed
+/// on, shared rather than copied) and its log-sum-exp rows.
+#[derive(Debug, Clone)]
+struct Saved {
+    host: Host,
+    out: FloatTensor<Flex>,
+    lse: Arc<Vec<f32>>,
+    key_padding: KeyPadding,
+    scale: f32,
+    causal: bool,
+    dropout: Option<DropMask>,
+}
+
+#[derive(Debug)]
+struct FlashBackward;
+
+impl Backward<Flex, 3> for FlashBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let parents = ops.parents.map(|node| node.map(|node| node.id));
+        let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
+        let saved = ops.state;
+        let host = &saved.host;
+        let (dq, dk, dv) = kernel::backward(
+            &host.q,
+            &host.k,
+            &host.v,
+            saved
+                .out
+                .as_slice::<f32>()
+                .expect("the kernel's output tensor is contiguous f32"),
+            &saved.lse,
+            &d_out,
+            host.dims,
+            Scoring {
+                scale: saved.scale,
+                causal: saved.causal,
+                key_padding: saved.key_padding.as_deref(),
+                dropout: saved.dropout,
+            },
+        );
+        register_qkv_grads(grads, parents, [dq, dk, dv], host.dims);
+    }
+}
+
+impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: KeyPadding,
+        scale: f32,
+        causal: bool,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        match FlashBackward
+            .prepare::<C>([q.node(), k.node(), v.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let host = Host::new(
+                    q.primitive().clone(),
+                    k.primitive().clone(),
+                    v.primitive().clone(),
+                );
+                let (out, lse) = host.forward(&key_padding, scale, causal, dropout);
+                let out = device_tensor(out, host.dims.out_shape());
+                let saved = Saved {
+                    host,
+                    out: out.clone(),
+                    lse: Arc::new(lse),
+                    key_padding,
+                    scale,
+                    causal,
+                    dropout,
+                };
+                prep.finish(saved, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::flash_attention(
+                q.into_primitive(),
+                k.into_primitive(),
+                v.into_primitive(),
+                key_padding,
+                scale,
+                causal,
+                dropout,
+            )),
+        }
+    }
+
+    fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match ExpBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = Flex::vector_exp(x.primitive().clone());
+                prep.finish(out.clone(), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::vector_exp(x.into_primitive())),
+        }
+    }
+
+    fn vector_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_gelu,
+            |grad, x, _| kernel::gelu_grad_in_place(grad, x),
+            true,
+        )
+    }
+
+    fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_softmax,
+            kernel::softmax_rows_grad_in_place,
+            false,
+        )
+    }
+
+    fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_elu_plus_one,
+            |grad, y, _| kernel::elu_plus_one_grad_in_place(grad, y),
+            false,
+        )
+    }
+}
+
+/// What the gathered backward keeps: inputs and the forward pass (`O(n d)` per head).
+#[derive(Debug, Clone)]
+struct GatheredSaved {
+    inputs: HeldInputs,
+    forward: Arc<gathered::Forward>,
+    slots: Arc<KeySlots>,
+    scale: f32,
+    dropout: Option<DropMask>,
+}
+
+#[derive(Debug)]
+struct GatheredBackward;
+
+impl Backward<Flex, 3> for GatheredBackward {
+    type State = GatheredSaved;
+
+    fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let parents = ops.parents.map(|node| node.map(|node| node.id));
+        let (joint, _) = host(grads.consume::<Flex>(&ops.node));
+        let saved = ops.state;
+        let dims = saved.inputs.dims();
+        let d_v = dims.d_v;
+        let mut d_out = Vec::with_capacity(saved.forward.out.len());
+        let mut d_lse = Vec::with_capacity(saved.forward.lse.len());
+        for row in joint.chunks(d_v + 1) {
+            d_out.extend_from_slice(&row[..d_v]);
+            d_lse.push(row[d_v]);
+        }
+        let (dq, dk, dv) = gathered::backward(
+            saved.inputs.rows(),
+            dims,
+            &saved.slots,
+            saved.scale,
+            saved.dropout,
+            gathered::Upstream {
+                forward: &saved.forward,
+                d_out: &d_out,
+                d_lse: Some(&d_lse),
+            },
+        );
+        register_qkv_grads(grads, parents, [dq, dk, dv], dims);
+    }
+}
+
+impl<C: CheckpointStrategy> GatheredAttention for Autodiff<Flex, C> {
+    fn gathered_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        slots: Arc<KeySlots>,
+        scale: f32,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        match GatheredBackward
+            .prepare::<C>([q.node(), k.node(), v.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let inputs = HeldInputs::new(
+                    q.primitive().clone(),
+                    k.primitive().clone(),
+                    v.primitive().clone(),
+                );
+                let forward = inputs.forward(&slots, scale, dropout);
+                let joint = joint_tensor(&forward, inputs.dims());
+                let saved = GatheredSaved {
+                    inputs,
+                    forward: Arc::new(forward),
+                    slots,
+                    scale,
+                    dropout,
+                };
+                prep.finish(saved, joint)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::gathered_attention(
+                q.into_primitive(),
+                k.into_primitive(),
+                v.into_primitive(),
+                slots,
+                scale,
+                dropout,
+            )),
+        }
+    }
+}
