@@ -145,7 +145,8 @@ struct CharLm {
 
 impl CharLmConfig {
     fn init(&self, device: &Device) -> CharLm {
-        let block = EncoderBlockConfig::new(self.attention.clone(), 2 * D_MODEL).with_dropout(0.0);
+        let block =
+            EncoderBlockConfig::new(self.attention.clone(), 2 * D_MODEL).with_residual_dropout(0.0);
         CharLm {
             embedding: EmbeddingConfig::new(VOCAB, D_MODEL).init(device),
             encoder: EncoderConfig::new(block, LAYERS).init(device),

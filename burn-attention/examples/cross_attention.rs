@@ -30,7 +30,7 @@ fn main() {
     for info in VARIANTS.iter().filter(|v| v.capabilities.cross_attention) {
         let config = AttentionConfig::from_name(info.name, d_model, heads, n_k)
             .expect("a registered name")
-            .with_dropout(0.0);
+            .with_weight_dropout(0.0);
         let attention = config.init(&device);
         // Keys and values from the memory, queries from their own sequence; both padded.
         let input = AttentionInput::cross(queries.clone(), memory.clone(), memory.clone())

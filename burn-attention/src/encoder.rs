@@ -28,9 +28,11 @@ pub struct EncoderBlockConfig {
     pub attention: AttentionConfig,
     /// Width of the feed-forward hidden layer.
     pub d_ff: usize,
-    /// Dropout after the attention and in the feed-forward.
+    /// Dropout on the residual branches: after the attention and in the feed-forward (0.1, as
+    /// Burn's `TransformerEncoder`). The attention weights' own dropout is the attention's (see
+    /// [`AttentionConfig::with_weight_dropout`]).
     #[config(default = 0.1)]
-    pub dropout: f64,
+    pub residual_dropout: f64,
     /// LayerNorm epsilon (Flax's 1e-6, as the LRA reference).
     #[config(default = 1e-6)]
     pub norm_eps: f64,
@@ -47,11 +49,11 @@ impl EncoderBlockConfig {
                 "must be at least 1",
             ));
         }
-        if !(0.0..1.0).contains(&self.dropout) {
+        if !(0.0..1.0).contains(&self.residual_dropout) {
             return Err(AttentionError::field(
                 "encoder",
-                "dropout",
-                format!("must be in [0, 1), got {}", self.dropout),
+                "residual_dropout",
+                format!("must be in [0, 1), got {}", self.residual_dropout),
             ));
         }
         Ok(())
@@ -68,7 +70,7 @@ impl EncoderBlockConfig {
         let settings = BlockSettings {
             d_model: self.attention.d_model(),
             d_ff: self.d_ff,
-            dropout: self.dropout,
+            residual_dropout: self.residual_dropout,
             norm_eps: self.norm_eps,
         };
         EncoderBlock::new(self.attention.init(device), settings, device)
@@ -83,8 +85,8 @@ pub struct BlockSettings {
     pub d_model: usize,
     /// Width of the feed-forward hidden layer.
     pub d_ff: usize,
-    /// Dropout after the attention and in the feed-forward.
-    pub dropout: f64,
+    /// Dropout on the residual branches: after the attention and in the feed-forward.
+    pub residual_dropout: f64,
     /// LayerNorm epsilon.
     pub norm_eps: f64,
 }
@@ -106,7 +108,7 @@ pub struct EncoderBlock<A: Module + AttentionModule = Attention> {
     /// Feed-forward activation: the exact GELU (computed by the library's vectorised kernel on
     /// `flex`, by Burn's elsewhere).
     pub activation: Gelu,
-    /// Residual dropout.
+    /// Dropout on the residual branches (the attention weights' own is the attention's).
     pub dropout: Dropout,
 }
 
@@ -116,7 +118,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let BlockSettings {
             d_model,
             d_ff,
-            dropout,
+            residual_dropout,
             norm_eps,
         } = settings;
         let dense = |i, o| {
@@ -136,8 +138,13 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
             ff_in: dense(d_model, d_ff),
             ff_out: dense(d_ff, d_model),
             activation: Gelu::new(),
-            dropout: DropoutConfig::new(dropout).init(),
+            dropout: DropoutConfig::new(residual_dropout).init(),
         }
+    }
+
+    /// Model width (its first LayerNorm's).
+    pub fn d_model(&self) -> usize {
+        self.norm_attn.gamma.lazy_shape()[0]
     }
 
     /// Applies the block; the input's masks reach the attention.
@@ -207,6 +214,20 @@ impl EncoderConfig {
         let config = Self::new(EncoderBlockConfig::new(attention, d_ff), n_layers);
         config.validate()?;
         Ok(config)
+    }
+
+    /// Sets the dropout on the attention weights, in every layer's attention (see
+    /// [`AttentionConfig::with_weight_dropout`]; 0 by default).
+    pub fn with_weight_dropout(mut self, dropout: f64) -> Self {
+        self.block.attention = self.block.attention.with_weight_dropout(dropout);
+        self
+    }
+
+    /// Sets the dropout on every block's residual branches (see
+    /// [`EncoderBlockConfig::residual_dropout`]; 0.1 by default).
+    pub fn with_residual_dropout(mut self, dropout: f64) -> Self {
+        self.block.residual_dropout = dropout;
+        self
     }
 
     /// Model width.
@@ -288,6 +309,13 @@ fn final_norm(d_model: usize, norm_eps: f64, device: &Device) -> LayerNorm {
     LayerNormConfig::new(d_model)
         .with_epsilon(norm_eps)
         .init(device)
+}
+
+impl EncoderBlock<Attention> {
+    /// Number of heads of the block's attention.
+    pub fn n_heads(&self) -> usize {
+        self.attention.n_heads()
+    }
 }
 
 /// A stack of [`EncoderBlock`]s with a final LayerNorm; holds any projection its layers share.
@@ -388,5 +416,13 @@ impl<A: Module + AttentionModule> Encoder<A> {
             next.push(state);
         }
         Ok((self.norm.forward(x), next))
+    }
+}
+
+impl Encoder<Attention> {
+    /// Number of heads of the blocks' attention (the first block's: an encoder built from a
+    /// configuration repeats one block).
+    pub fn n_heads(&self) -> usize {
+        self.blocks[0].n_heads()
     }
 }

@@ -98,9 +98,9 @@ macro_rules! registry {
                 match self { $(Self::$arm(c) => c.check_input(n_q, n_k, causal),)* }
             }
 
-            /// Sets the dropout on the attention weights, for the variants that have a weight
-            /// matrix (the others are returned unchanged).
-            pub fn with_dropout(self, dropout: f64) -> Self {
+            /// Sets the dropout on the attention weights (each variant's own `dropout`), for the
+            /// variants that have a weight matrix (the others are returned unchanged).
+            pub fn with_weight_dropout(self, dropout: f64) -> Self {
                 match self { $(Self::$arm(c) => Self::$arm(c.with_weight_dropout(dropout)),)* }
             }
 
@@ -129,6 +129,18 @@ macro_rules! registry {
             }
         }
 
+        impl Attention {
+            /// Model width.
+            pub fn d_model(&self) -> usize {
+                match self { $(Self::$arm(m) => m.d_model(),)* }
+            }
+
+            /// Number of heads.
+            pub fn n_heads(&self) -> usize {
+                match self { $(Self::$arm(m) => m.n_heads(),)* }
+            }
+        }
+
         impl AttentionModule for Attention {
             fn name(&self) -> &'static str {
                 match self { $(Self::$arm(m) => m.name(),)* }
@@ -150,6 +162,13 @@ macro_rules! registry {
                 masks: HeadMasks,
             ) -> Result<Tensor<4>, AttentionError> {
                 match self { $(Self::$arm(m) => m.attend(q, k, v, masks),)* }
+            }
+
+            fn try_forward_with_weights(
+                &self,
+                input: AttentionInput,
+            ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+                match self { $(Self::$arm(m) => m.try_forward_with_weights(input),)* }
             }
 
             fn decode(

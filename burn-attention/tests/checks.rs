@@ -1185,7 +1185,7 @@ fn user_attention_runs_in_encoder() {
     let settings = BlockSettings {
         d_model: D_MODEL,
         d_ff: 32,
-        dropout: 0.0,
+        residual_dropout: 0.0,
         norm_eps: 1e-6,
     };
     let encoder = |device: &Device| {

@@ -31,7 +31,7 @@ fn constructors_by_name_drop_no_attention_weights() {
         // And where one is asked for, it is set.
         let mut set = Vec::new();
         dropouts(
-            &serde_json::to_value(config.with_dropout(0.25)).unwrap(),
+            &serde_json::to_value(config.with_weight_dropout(0.25)).unwrap(),
             &mut set,
         );
         assert_eq!(
@@ -92,4 +92,40 @@ fn named_constructors_ask_for_n_max_only_where_it_matters() {
     let encoder = flat.init(&Device::flex());
     assert_eq!(encoder.d_model(), 32);
     assert!(EncoderConfig::named("performer", 32, 4, 64, 0).is_err());
+}
+
+/// Every registered module answers its width and head count (read from its parameters' shapes,
+/// not from its configuration), and so do a block and an encoder built around it; the two
+/// dropouts are set by their names.
+#[test]
+fn modules_report_their_shape_and_dropouts_are_named() {
+    use burn::prelude::*;
+    use burn_attention_zoo::EncoderConfig;
+    let device = Device::flex();
+    for v in VARIANTS {
+        // Widths and head counts that no default shares, so a value read from the wrong place
+        // shows.
+        let config = AttentionConfig::from_name(v.name, 48, 3, 96).unwrap();
+        let attention = config.init(&device);
+        assert_eq!(
+            (attention.d_model(), attention.n_heads()),
+            (48, 3),
+            "{}",
+            v.name
+        );
+    }
+    let encoder = EncoderConfig::named("softmax", 40, 5, 64, 2)
+        .unwrap()
+        .with_residual_dropout(0.3)
+        .with_weight_dropout(0.2);
+    assert_eq!(encoder.block.residual_dropout, 0.3);
+    let weight_dropout = serde_json::to_value(&encoder.block.attention).unwrap();
+    assert_eq!(
+        weight_dropout["Softmax"]["dropout"], 0.2,
+        "{weight_dropout}"
+    );
+    let encoder = encoder.init(&device);
+    assert_eq!((encoder.d_model(), encoder.n_heads()), (40, 5));
+    assert_eq!(encoder.blocks[1].d_model(), 40);
+    assert_eq!(encoder.blocks[0].dropout.prob, 0.3);
 }

@@ -12,22 +12,24 @@ const END: &str = "<!-- end variants -->";
 fn table() -> String {
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let mut md = String::from(
-        "| name | paper | time | memory | padding mask | causal | cross-attention | fixed max length | weights sum to one |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| name | paper | time | memory | padding mask | attention mask | causal | cross-attention | fixed max length | weights sum to one | returns weights |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for v in VARIANTS {
         let c = &v.capabilities;
         md.push_str(&format!(
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             v.name,
             v.paper,
             v.time,
             v.memory,
             yes_no(c.padding_mask),
+            yes_no(c.attention_mask),
             yes_no(c.causal),
             yes_no(c.cross_attention),
             yes_no(c.fixed_max_len),
             yes_no(c.weights_sum_to_one),
+            yes_no(c.returns_weights),
         ));
     }
     md
@@ -50,5 +52,40 @@ fn the_readme_lists_every_variant_as_the_registry_does() {
         expected,
         "burn-attention/README.md's variant table differs from VARIANTS; \
          `BLESS=1 cargo test -p burn-attention-zoo --test docs_tables` rewrites it"
+    );
+}
+
+/// The features table of the README names every feature of Cargo.toml's `[features]` (save
+/// `default`), once, in the order the manifest lists them.
+#[test]
+fn the_readme_documents_every_feature() {
+    let manifest = include_str!("../Cargo.toml");
+    let section = manifest
+        .split("\n[features]\n")
+        .nth(1)
+        .expect("Cargo.toml has a [features] table");
+    let section = section.split("\n[").next().unwrap_or(section);
+    let features: Vec<&str> = section
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(" = ["))
+        .filter_map(|l| l.split(" = ").next())
+        .filter(|&name| name != "default")
+        .collect();
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("<!-- features:")
+        .expect("the README's features marker");
+    let end = start
+        + readme[start..]
+            .find("<!-- end features -->")
+            .expect("the README's features end marker");
+    let documented: Vec<&str> = readme[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    assert_eq!(
+        documented, features,
+        "burn-attention/README.md's features table against Cargo.toml's [features]"
     );
 }

@@ -109,7 +109,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
         .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
     let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
         .with_params(&params)?
-        .with_dropout(0.0);
+        .with_weight_dropout(0.0);
     config.check_input(args.n, args.n, args.causal)?;
     let device = args.backend.device()?.autodiff();
     device.seed(0);

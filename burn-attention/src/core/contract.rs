@@ -59,6 +59,24 @@ pub trait AttentionModule: Module {
         ))
     }
 
+    /// Applies attention and returns its weights too, for the variants that form them
+    /// ([`Capabilities::returns_weights`]; the others return an error): the weights before
+    /// dropout, each query's row summing to one over the keys the variant documents
+    /// (`[batch, heads, n_q, n_k]` for softmax).
+    ///
+    /// # Shapes
+    /// - as [`try_forward`](Self::try_forward); weights `[batch, heads, n_q, keys]`
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let _ = input;
+        Err(AttentionError::unsupported(
+            self.name(),
+            "returning its attention weights",
+        ))
+    }
+
     /// One step of autoregressive decoding: `x: [batch, 1, d_model]`, the token that follows
     /// those `state` has seen (start from [`DecodingState::default`]). Returns the token's
     /// output, equal to the causal forward pass over the whole prefix at its position, and the
@@ -96,6 +114,13 @@ pub trait AttentionModule: Module {
 pub struct Capabilities {
     /// Honours a key padding mask.
     pub padding_mask: bool,
+    /// Honours an arbitrary boolean attention mask `[batch, n_q, n_k]`
+    /// ([`AttentionInput::mask_attn`](crate::AttentionInput::mask_attn)); the others refuse an
+    /// input that carries one.
+    pub attention_mask: bool,
+    /// Returns its attention weights
+    /// ([`AttentionModule::try_forward_with_weights`]).
+    pub returns_weights: bool,
     /// Supports causal masking, and decoding token by token.
     pub causal: bool,
     /// Supports cross-attention: queries and keys from sequences of different lengths.

@@ -75,6 +75,17 @@ impl QkvoProjection {
         }
     }
 
+    /// Model width (the output projection's; read from its shape, so a lazily built module
+    /// stays unallocated).
+    pub fn d_model(&self) -> usize {
+        self.output.weight.lazy_shape()[1]
+    }
+
+    /// Number of heads.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
+    }
+
     /// Projects `x: [batch, n, d_model]` to per-head `(Q, K, V)`, each `[batch, h, n, d]`.
     pub fn qkv(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         self.project_each(x.clone(), x.clone(), x)
@@ -125,3 +136,22 @@ impl QkvoProjection {
         self.output.forward(merge_heads(o))
     }
 }
+
+/// `d_model()` and `n_heads()` on a variant's module built on a [`QkvoProjection`] in its `proj`
+/// field.
+macro_rules! projection_shape {
+    ($module:ty) => {
+        impl $module {
+            /// Model width.
+            pub fn d_model(&self) -> usize {
+                self.proj.d_model()
+            }
+
+            /// Number of heads.
+            pub fn n_heads(&self) -> usize {
+                self.proj.n_heads()
+            }
+        }
+    };
+}
+pub(crate) use projection_shape;

@@ -5,6 +5,9 @@
 
 use burn::prelude::*;
 
+use super::error::AttentionError;
+use super::variant::VariantInfo;
+
 /// The value written over masked scores before a softmax (Burn's own `min_float`): its
 /// exponential underflows to 0 against any real score, yet a row with every key masked stays
 /// finite.
@@ -42,6 +45,7 @@ pub struct AttentionInput {
     memory: Option<(Tensor<3>, Tensor<3>)>,
     key_pad: Option<Tensor<2, Bool>>,
     query_pad: Option<Tensor<2, Bool>>,
+    attn_mask: Option<Tensor<3, Bool>>,
     causal: bool,
     shared_projection: Option<Tensor<3>>,
 }
@@ -54,6 +58,7 @@ impl AttentionInput {
             memory: None,
             key_pad: None,
             query_pad: None,
+            attn_mask: None,
             causal: false,
             shared_projection: None,
         }
@@ -80,6 +85,17 @@ impl AttentionInput {
     /// landmarks) read it, so that padding never moves a real output.
     pub fn mask_pad_query(mut self, mask_pad: Tensor<2, Bool>) -> Self {
         self.query_pad = Some(mask_pad);
+        self
+    }
+
+    /// Registers an arbitrary attention mask, `[batch, n_q, n_k]` (`true` = query `i` must not
+    /// see key `j`), applied on top of the padding and causal masks, as Burn's
+    /// `MhaInput::mask_attn`. Only the variants whose
+    /// [`Capabilities::attention_mask`](crate::Capabilities::attention_mask) says so take it; the
+    /// others return an error. A query whose every key is masked gets the mean of the values,
+    /// as a fully padded row does.
+    pub fn mask_attn(mut self, mask: Tensor<3, Bool>) -> Self {
+        self.attn_mask = Some(mask);
         self
     }
 
@@ -138,6 +154,11 @@ impl AttentionInput {
         self.key_pad.as_ref()
     }
 
+    /// The arbitrary attention mask, if any.
+    pub fn attention_mask(&self) -> Option<&Tensor<3, Bool>> {
+        self.attn_mask.as_ref()
+    }
+
     /// Whether causal masking is on.
     pub fn is_causal(&self) -> bool {
         self.causal
@@ -165,6 +186,7 @@ impl AttentionInput {
         HeadMasks {
             key_pad: self.key_pad.clone(),
             query_pad,
+            attn: self.attn_mask.clone(),
             causal: self.causal,
         }
     }
@@ -180,6 +202,8 @@ pub struct HeadMasks {
     pub key_pad: Option<Tensor<2, Bool>>,
     /// Query padding `[batch, n_q]`.
     pub query_pad: Option<Tensor<2, Bool>>,
+    /// An arbitrary attention mask `[batch, n_q, n_k]`.
+    pub attn: Option<Tensor<3, Bool>>,
     /// Causal masking.
     pub causal: bool,
 }
@@ -190,6 +214,7 @@ impl HeadMasks {
         Self {
             key_pad: mask_pad.clone(),
             query_pad: mask_pad,
+            attn: None,
             causal,
         }
     }
@@ -199,8 +224,43 @@ impl HeadMasks {
         Self {
             key_pad,
             query_pad,
+            attn: None,
             causal: false,
         }
+    }
+}
+
+impl HeadMasks {
+    /// Refuses an attention mask where `info`'s capabilities exclude one, and one whose shape is
+    /// not `[batch, n_q, n_k]` for queries `[batch, heads, n_q, d]` over `n_k` keys.
+    pub fn check_attention_mask(
+        &self,
+        info: &VariantInfo,
+        q: &Tensor<4>,
+        n_k: usize,
+    ) -> Result<(), AttentionError> {
+        let Some(mask) = &self.attn else {
+            return Ok(());
+        };
+        if !info.capabilities.attention_mask {
+            return Err(AttentionError::unsupported(
+                info.name,
+                "an arbitrary attention mask (`mask_attn`)",
+            ));
+        }
+        let [batch, _, n_q, _] = q.dims();
+        if mask.dims() != [batch, n_q, n_k] {
+            return Err(AttentionError::unsupported(
+                info.name,
+                format!(
+                    "an attention mask of shape {:?} over {batch} × {n_q} queries and {n_k} keys \
+                     (it must be [batch, n_q, n_k] = {:?})",
+                    mask.dims(),
+                    [batch, n_q, n_k]
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

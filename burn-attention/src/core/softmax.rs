@@ -10,7 +10,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 
 use super::dropout::WeightDropout;
 use super::flash;
-use super::input::{MASK_FILL, causal_mask};
+use super::input::{HeadMasks, MASK_FILL, causal_mask};
 
 /// Softmax attention with optional dropout on the weights. The softmax runs over the keys (the
 /// last axis of the scores); padded keys and, with `causal`, keys `j > i` get [`MASK_FILL`].
@@ -57,8 +57,6 @@ fn composed_softmax_attention(
     scale: f32,
     dropout: WeightDropout<'_>,
 ) -> Tensor<4> {
-    let [batch, _, n_q, _] = q.dims();
-    let n_k = k.dims()[2];
     if !dropout.is_on() && key_pad.is_none() {
         // Without dropout the fused operation computes the same.
         // Padding masks take the composed path: Burn's masks mean `true` = masked, and
@@ -71,18 +69,62 @@ fn composed_softmax_attention(
         };
         return attention(q, k, v, None, None, options);
     }
+    let masks = HeadMasks {
+        key_pad,
+        causal,
+        ..HeadMasks::default()
+    };
+    let weights = dropout.apply(softmax_weights(q, k, &masks, scale));
+    weights.matmul(v)
+}
+
+/// The weights of softmax attention, `softmax(scale · Q Kᵀ + M)` `[batch, heads, n_q, n_k]`,
+/// composed (the `n × n` scores are formed): `M` is [`MASK_FILL`] on padded keys, with
+/// `causal` on keys `j > i`, and where the arbitrary attention mask `masks.attn`
+/// (`[batch, n_q, n_k]`) is `true`. A row with every key masked is uniform over the keys.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`: `[batch, heads, n_k, d]`
+/// - output: `[batch, heads, n_q, n_k]`, each row summing to one
+pub fn softmax_weights(q: Tensor<4>, k: Tensor<4>, masks: &HeadMasks, scale: f32) -> Tensor<4> {
+    let [batch, _, n_q, _] = q.dims();
+    let n_k = k.dims()[2];
     let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-    if let Some(mask) = key_pad {
-        scores = scores.mask_fill(mask.reshape([batch, 1, 1, n_k]), MASK_FILL);
+    if let Some(mask) = &masks.key_pad {
+        scores = scores.mask_fill(mask.clone().reshape([batch, 1, 1, n_k]), MASK_FILL);
     }
-    if causal {
+    if masks.causal {
         let mask = causal_mask(n_q.max(n_k), &scores.device())
             .slice([0..n_q, 0..n_k])
             .reshape([1, 1, n_q, n_k]);
         scores = scores.mask_fill(mask, MASK_FILL);
     }
-    let weights = dropout.apply(softmax(scores, 3));
-    weights.matmul(v)
+    if let Some(mask) = &masks.attn {
+        scores = scores.mask_fill(mask.clone().reshape([batch, 1, n_q, n_k]), MASK_FILL);
+    }
+    softmax(scores, 3)
+}
+
+/// Softmax attention with an arbitrary attention mask (see [`softmax_weights`]), its weights
+/// before dropout and the output after it: the composed steps, which keep the `n × n` weights
+/// (the fused kernels take padding and causal masks only). `dropout` as in
+/// [`exact_softmax_attention`].
+///
+/// # Shapes
+/// - `q`: `[batch, heads, n_q, d]`; `k`, `v`: `[batch, heads, n_k, d]`
+/// - output: `([batch, heads, n_q, d], [batch, heads, n_q, n_k])`
+pub fn softmax_attention_with_weights(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    masks: &HeadMasks,
+    dropout: Option<&Dropout>,
+) -> (Tensor<4>, Tensor<4>) {
+    let scale = 1.0 / (q.dims()[3] as f32).sqrt();
+    let dropout = WeightDropout::new(&q, dropout);
+    let weights = softmax_weights(q, k, masks, scale);
+    let out = dropout.apply(weights.clone()).matmul(v);
+    (out, weights)
 }
 
 #[cfg(all(test, feature = "flex"))]

@@ -27,7 +27,7 @@ use burn::tensor::Distribution;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::params::lazy_param;
@@ -46,6 +46,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (5 + r) b)",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: false,
         fixed_max_len: true,
@@ -157,6 +159,8 @@ pub struct BigBirdAttention {
     pub n_max: usize,
 }
 
+projection_shape!(BigBirdAttention);
+
 impl BigBirdAttention {
     /// The key blocks query block `beta` attends to among `blocks` real ones, for head `head`
     /// (`priorities`: the head's `[n_max/b, n_max/b]` table, row-major), sorted.
@@ -220,6 +224,7 @@ impl AttentionModule for BigBirdAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         // A block at least as long as the sequence is the whole sequence, whatever its size.
         let b = self.block_size.min(n.max(1));
         let padding = padding_flags(&masks.key_pad, batch, n);

@@ -13,7 +13,7 @@ use burn::prelude::*;
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
@@ -27,6 +27,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n d + d²)",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: true,
         fixed_max_len: false,
@@ -96,6 +98,8 @@ pub struct EfficientAttention {
     pub proj: QkvoProjection,
 }
 
+projection_shape!(EfficientAttention);
+
 impl AttentionModule for EfficientAttention {
     fn name(&self) -> &'static str {
         INFO.name
@@ -118,6 +122,7 @@ impl AttentionModule for EfficientAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_input(q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         Ok(efficient_attention(q, k, v, masks.key_pad))
     }
 }

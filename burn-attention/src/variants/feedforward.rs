@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
 use crate::core::params::lazy_param;
@@ -38,6 +38,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: true,
     cross_attention: true,
     fixed_max_len: false,
@@ -316,6 +318,8 @@ pub struct FeedForwardKernelAttention {
     pub ortho_penalty: f64,
 }
 
+projection_shape!(FeedForwardKernelAttention);
+
 impl AttentionModule for FeedForwardKernelAttention {
     fn name(&self) -> &'static str {
         self.kernel.name()
@@ -338,6 +342,7 @@ impl AttentionModule for FeedForwardKernelAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.kernel.info(), &q, k.dims()[2])?;
         Ok(kernelized_attention(
             self.feature_map(q),
             self.feature_map(k),

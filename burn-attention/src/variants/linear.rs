@@ -16,7 +16,7 @@ use burn::prelude::*;
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
 use crate::core::variant::{
@@ -31,6 +31,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: true,
         cross_attention: true,
         fixed_max_len: false,
@@ -86,6 +88,8 @@ pub struct LinearAttention {
     pub proj: QkvoProjection,
 }
 
+projection_shape!(LinearAttention);
+
 impl AttentionModule for LinearAttention {
     fn name(&self) -> &'static str {
         INFO.name
@@ -108,6 +112,7 @@ impl AttentionModule for LinearAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
     }
 

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
@@ -40,6 +40,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: false,
     cross_attention: true,
     fixed_max_len: true,
@@ -261,6 +263,8 @@ pub struct LinformerAttention {
     pub scoring: LinformerScoring,
 }
 
+projection_shape!(LinformerAttention);
+
 impl LinformerAttention {
     /// The attention on per-head tensors with the projection shared by every layer
     /// (`layerwise` sharing, `[1, k, n_max]`), or why it cannot be applied: causal masking,
@@ -279,6 +283,7 @@ impl LinformerAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let info = self.scoring.info();
         check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(info, &q, k.dims()[2])?;
         let e = match (&self.e, shared_projection) {
             (Some(e), _) => e.val(),
             (None, Some(shared)) => shared,

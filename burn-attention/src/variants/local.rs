@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
@@ -35,6 +35,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: true,
     cross_attention: false,
     fixed_max_len: false,
@@ -184,6 +186,8 @@ pub struct LocalAttention {
     pub window: usize,
 }
 
+projection_shape!(LocalAttention);
+
 impl AttentionModule for LocalAttention {
     fn name(&self) -> &'static str {
         self.form.info().name
@@ -207,6 +211,7 @@ impl AttentionModule for LocalAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
         let slots = match self.form {
             LocalForm::Blocks => block_slots(n, self.block_size, masks.causal, &padding),

@@ -23,7 +23,7 @@ use burn::prelude::*;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, split_heads};
+use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, pick_rows, with_full_rows};
@@ -39,6 +39,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (w + g))",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: false,
         fixed_max_len: false,
@@ -141,6 +143,8 @@ pub struct LongformerAttention {
     pub global_tokens: Vec<usize>,
 }
 
+projection_shape!(LongformerAttention);
+
 impl LongformerAttention {
     /// The window attention with the global keys, `[batch, heads, n, d]` per head; the global
     /// rows are left to [`with_full_rows`].
@@ -194,6 +198,7 @@ impl AttentionModule for LongformerAttention {
         let heads = self.proj.n_heads;
         let rows = self.global_rows(n, &padding);
         let (q, k, v) = self.proj.project(input);
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         let out = self.window_attention([q, k, v], &padding);
         if rows.iter().all(Vec::is_empty) {
             return Ok(self.proj.out(out));
@@ -222,6 +227,7 @@ impl AttentionModule for LongformerAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, _] = q.dims();
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
         let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding);
         let rows = self.global_rows(n, &padding);

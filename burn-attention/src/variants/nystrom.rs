@@ -42,7 +42,7 @@ use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::variant::{
@@ -59,6 +59,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n m + m²); O(n d + m²) fused",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: true,
         fixed_max_len: false,
@@ -177,6 +179,8 @@ pub struct NystromAttention {
     pub pinv_iterations: usize,
 }
 
+projection_shape!(NystromAttention);
+
 impl AttentionModule for NystromAttention {
     fn name(&self) -> &'static str {
         NAME
@@ -203,6 +207,7 @@ impl AttentionModule for NystromAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_input(q.dims()[2], k.dims()[2], masks.causal, self.conv.is_some())?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         let mut o = nystrom_cross_attention(
             q,
             k,

@@ -53,7 +53,7 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState, Recurr
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::orthogonal_features;
 use crate::core::flash;
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
 use crate::core::params::lazy_param;
@@ -63,6 +63,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: true,
     cross_attention: true,
     fixed_max_len: false,
@@ -208,6 +210,8 @@ pub struct PerformerAttention {
     pub kernel: PerformerKernel,
 }
 
+projection_shape!(PerformerAttention);
+
 impl AttentionModule for PerformerAttention {
     fn name(&self) -> &'static str {
         self.kernel.info().name
@@ -231,6 +235,7 @@ impl AttentionModule for PerformerAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.kernel.info(), &q, k.dims()[2])?;
         let (key_pad, causal) = (masks.key_pad, masks.causal);
         Ok(match &self.features {
             Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),

@@ -55,6 +55,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(r n c)",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: false,
         fixed_max_len: false,
@@ -184,6 +186,18 @@ pub struct ReformerAttention {
     /// Positions per chunk.
     #[module(skip)]
     pub chunk_len: usize,
+}
+
+impl ReformerAttention {
+    /// Model width (the output projection's, read from its shape).
+    pub fn d_model(&self) -> usize {
+        self.output.weight.lazy_shape()[1]
+    }
+
+    /// Number of heads.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
+    }
 }
 
 /// One hash round of one (batch, head): the sorted positions and each position's chunk.
@@ -358,6 +372,7 @@ impl AttentionModule for ReformerAttention {
         let x = input.query().clone();
         let qk = split_heads(self.query_key.forward(x.clone()), self.n_heads);
         let v = split_heads(self.value.forward(x), self.n_heads);
+        masks.check_attention_mask(&INFO, &qk, qk.dims()[2])?;
         let out = self.lsh_attention(qk.clone(), qk, v, masks);
         Ok(self.output.forward(merge_heads(out)))
     }
@@ -373,6 +388,7 @@ impl AttentionModule for ReformerAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         Ok(self.lsh_attention(q, k, v, masks))
     }
 }

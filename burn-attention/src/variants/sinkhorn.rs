@@ -31,7 +31,7 @@ use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
@@ -47,6 +47,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n b + (n/b)²)",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
         causal: false,
         cross_attention: false,
         fixed_max_len: true,
@@ -165,6 +167,8 @@ pub struct SinkhornAttention {
     pub n_max: usize,
 }
 
+projection_shape!(SinkhornAttention);
+
 /// `x - logsumexp(x, dim)`, masked entries re-filled with [`MASK_FILL`].
 fn normalise(x: Tensor<4>, dim: usize, masked: &Tensor<4, Bool>) -> Tensor<4> {
     let max = x.clone().max_dim(dim).detach();
@@ -216,6 +220,7 @@ impl AttentionModule for SinkhornAttention {
         let [batch, heads, n, d] = q.dims();
         let d_v = v.dims()[3];
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         let device = q.device();
         let b = self.block_size.min(n.max(1));
         let blocks = n.div_ceil(b);

@@ -2,17 +2,18 @@
 //!
 //! `O = softmax(Q Kᵀ / √d + M) V` (Vaswani et al. 2017, arXiv 1706.03762), the softmax over the
 //! keys, `M` a large negative fill on padded or future keys. Cost: O(n² d) time and O(n²) memory
-//! per head (O(n) on the fused kernels of `flex` and `tch`). Masks: padding and causal;
-//! cross-attention; decoding with a key/value cache.
+//! per head (O(n) on the fused kernels of `flex` and `tch`). Masks: padding, causal, and an
+//! arbitrary `[batch, n_q, n_k]` attention mask (on the composed steps, which keep the `n × n`
+//! weights); cross-attention; its weights on request; decoding with a key/value cache.
 
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::softmax::exact_softmax_attention;
+use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
 };
@@ -25,6 +26,8 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n²); O(n) fused",
     capabilities: Capabilities {
         padding_mask: true,
+        attention_mask: true,
+        returns_weights: true,
         causal: true,
         cross_attention: true,
         fixed_max_len: false,
@@ -92,6 +95,8 @@ pub struct SoftmaxAttention {
     pub dropout: Dropout,
 }
 
+projection_shape!(SoftmaxAttention);
+
 impl AttentionModule for SoftmaxAttention {
     fn name(&self) -> &'static str {
         INFO.name
@@ -115,6 +120,10 @@ impl AttentionModule for SoftmaxAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
         check_capabilities(&INFO, n_q, n_k, masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        if masks.attn.is_some() {
+            return Ok(softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout)).0);
+        }
         Ok(exact_softmax_attention(
             q,
             k,
@@ -123,6 +132,20 @@ impl AttentionModule for SoftmaxAttention {
             masks.causal,
             Some(&self.dropout),
         ))
+    }
+
+    /// The weights `[batch, heads, n_q, n_k]`, formed by the composed steps (which keep them;
+    /// the output is the same as [`try_forward`](AttentionModule::try_forward)'s).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        let (o, weights) = softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout));
+        Ok((self.proj.out(o), weights))
     }
 
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at

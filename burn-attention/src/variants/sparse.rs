@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::QkvoProjection;
+use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
@@ -40,6 +40,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: true,
     cross_attention: false,
     fixed_max_len: false,
@@ -193,6 +195,8 @@ pub struct SparseAttention {
     pub summary: usize,
 }
 
+projection_shape!(SparseAttention);
+
 impl AttentionModule for SparseAttention {
     fn name(&self) -> &'static str {
         self.pattern.info().name
@@ -216,6 +220,7 @@ impl AttentionModule for SparseAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.pattern.info(), &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);

@@ -46,6 +46,8 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
+    attention_mask: false,
+    returns_weights: false,
     causal: true,
     cross_attention: false,
     fixed_max_len: true,
@@ -261,6 +263,18 @@ pub struct SynthesizerAttention {
 }
 
 impl SynthesizerAttention {
+    /// Model width (the output projection's, read from its shape).
+    pub fn d_model(&self) -> usize {
+        self.output.weight.lazy_shape()[1]
+    }
+
+    /// Number of heads.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
+    }
+}
+
+impl SynthesizerAttention {
     /// The synthesized scores of queries `rows` over keys `0..n_k`, `[batch or 1, heads, rows,
     /// n_k]`; `hidden` the dense form's per-head hidden layer before its ReLU.
     fn scores(
@@ -335,6 +349,7 @@ impl AttentionModule for SynthesizerAttention {
             k.dims()[2],
             masks.causal,
         )?;
+        masks.check_attention_mask(self.mode.info(), &q, k.dims()[2])?;
         if let (SynthesizerMode::Random, [r1, r2]) = (self.mode, self.random.as_slice()) {
             // softmax(R₁ R₂ᵀ) V is softmax attention with R₁ as queries and R₂ as keys, without
             // the 1/√k the kernel applies. Broadcast over the batch, then cut to n positions:

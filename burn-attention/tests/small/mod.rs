@@ -11,7 +11,7 @@ use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, Synthes
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
-        .with_dropout(0.0);
+        .with_weight_dropout(0.0);
     match config {
         AttentionConfig::Linformer(c) => AttentionConfig::Linformer(c.with_k(5)),
         AttentionConfig::Performer(c) => AttentionConfig::Performer(c.with_n_features(24)),

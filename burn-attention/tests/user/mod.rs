@@ -36,6 +36,8 @@ impl AttentionModule for UserAttention {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             padding_mask: true,
+            attention_mask: false,
+            returns_weights: false,
             causal: true,
             cross_attention: true,
             fixed_max_len: false,

@@ -218,7 +218,7 @@ impl RunConfig {
         let m = &self.model;
         let mut config =
             AttentionConfig::from_name(name, m.d_model, m.n_heads, self.encoder_len())?
-                .with_dropout(m.attention_dropout);
+                .with_weight_dropout(m.attention_dropout);
         if let Some(params) = self.attention.get(name) {
             config = config.with_params(params)?;
         }
@@ -230,8 +230,8 @@ impl RunConfig {
     /// The encoder around the attention called `name`.
     pub fn encoder_config(&self, name: &str) -> Result<EncoderConfig> {
         let m = &self.model;
-        let block =
-            EncoderBlockConfig::new(self.attention_config(name)?, m.d_ff).with_dropout(m.dropout);
+        let block = EncoderBlockConfig::new(self.attention_config(name)?, m.d_ff)
+            .with_residual_dropout(m.dropout);
         Ok(EncoderConfig::new(block, m.n_layers))
     }
 }

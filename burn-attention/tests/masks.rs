@@ -1,0 +1,313 @@
+//! Arbitrary attention masks (`AttentionInput::mask_attn`) and attention weights
+//! (`try_forward_with_weights`): against a float64 reference of masked softmax attention written
+//! from the formula, with the invariants any masked attention obeys, and the refusals of the
+//! variants whose capabilities exclude them.
+
+mod reference;
+
+use burn::prelude::*;
+use burn_attention_zoo::{
+    Attention, AttentionConfig, AttentionInput, AttentionModule, EncoderConfig, HeadMasks,
+    VARIANTS, padding_mask_from_lengths,
+};
+use reference::{normal_tensor, to_heads};
+
+fn device() -> Device {
+    Device::flex()
+}
+
+/// A `[batch, n_q, n_k]` mask with about a third of its entries `true`, drawn from `seed`,
+/// never masking key 0 of a row (so every row keeps a key unless a test wants otherwise).
+fn random_mask(shape: [usize; 3], seed: u64, device: &Device) -> (Tensor<3, Bool>, Vec<bool>) {
+    let [b, n_q, n_k] = shape;
+    let draws = normal_tensor([b, n_q, n_k], seed, device)
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let flags: Vec<bool> = draws
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| i % n_k != 0 && x > 0.43)
+        .collect();
+    let mask = Tensor::<3, Bool>::from_data(TensorData::new(flags.clone(), shape), device);
+    (mask, flags)
+}
+
+/// Softmax weights of one head in float64, `softmax(q kᵀ / √d)` over the keys `masked(i, j)`
+/// leaves, 0 on the others.
+fn weights_f64(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    masked: impl Fn(usize, usize) -> bool,
+) -> Vec<Vec<f64>> {
+    let d = q[0].len() as f64;
+    q.iter()
+        .enumerate()
+        .map(|(i, qi)| {
+            let scores: Vec<Option<f64>> = k
+                .iter()
+                .enumerate()
+                .map(|(j, kj)| {
+                    (!masked(i, j))
+                        .then(|| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / d.sqrt())
+                })
+                .collect();
+            let max = scores
+                .iter()
+                .flatten()
+                .cloned()
+                .fold(f64::NEG_INFINITY, f64::max);
+            let exps: Vec<f64> = scores
+                .iter()
+                .map(|s| s.map_or(0.0, |s| (s - max).exp()))
+                .collect();
+            let sum: f64 = exps.iter().sum();
+            exps.iter().map(|e| e / sum).collect()
+        })
+        .collect()
+}
+
+fn matmul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    a.iter()
+        .map(|row| {
+            (0..b[0].len())
+                .map(|c| row.iter().zip(b).map(|(x, r)| x * r[c]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+/// The softmax module of the registry and its per-head queries, keys and values for `x`
+/// (queries) over `memory` (keys and values).
+fn softmax_heads(
+    d_model: usize,
+    heads: usize,
+    x: &Tensor<3>,
+    memory: &Tensor<3>,
+) -> (Attention, Tensor<4>, Tensor<4>, Tensor<4>) {
+    let attention = AttentionConfig::named("softmax", d_model, heads)
+        .unwrap()
+        .init(&device());
+    let Attention::Softmax(module) = &attention else {
+        unreachable!("the registry's softmax")
+    };
+    let input = AttentionInput::cross(x.clone(), memory.clone(), memory.clone());
+    let (q, k, v) = module.proj.project(input);
+    (attention, q, k, v)
+}
+
+/// Masked softmax attention (attention mask, key padding and causal masks together, in self-
+/// and cross-attention) and its weights against the float64 reference, at the input scale of a
+/// trained model's normalised activations (unit variance) and at four times it (peaked weights).
+#[test]
+fn attention_mask_matches_float64_reference() {
+    let device = device();
+    let (batch, heads, d_model) = (2, 2, 32);
+    for (case, (n_q, n_k, causal, padded, scale)) in [
+        (24, 24, false, false, 1.0),
+        (24, 24, true, true, 1.0),
+        (7, 31, false, true, 1.0),
+        (40, 40, true, false, 4.0),
+        (9, 50, false, true, 4.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 100 * case as u64;
+        let x = normal_tensor([batch, n_q, d_model], seed, &device).mul_scalar(scale);
+        let memory = if n_q == n_k {
+            x.clone()
+        } else {
+            normal_tensor([batch, n_k, d_model], seed + 1, &device).mul_scalar(scale)
+        };
+        let (attention, q, k, v) = softmax_heads(d_model, heads, &x, &memory);
+        let (mask, flags) = random_mask([batch, n_q, n_k], seed + 2, &device);
+        let lengths = [n_k, n_k - n_k / 3];
+        let pad = padded.then(|| padding_mask_from_lengths(&lengths, n_k, &device));
+        let masks = HeadMasks {
+            key_pad: pad.clone(),
+            attn: Some(mask.clone()),
+            causal,
+            ..HeadMasks::default()
+        };
+        let out = to_heads(
+            &attention
+                .attend(q.clone(), k.clone(), v.clone(), masks)
+                .unwrap(),
+        );
+        // The weights, through the module's whole forward pass with the same masks.
+        let mut input = if n_q == n_k {
+            AttentionInput::new(x.clone())
+        } else {
+            AttentionInput::cross(x.clone(), memory.clone(), memory.clone())
+        }
+        .mask_attn(mask)
+        .causal(causal);
+        if let Some(pad) = pad {
+            input = input.mask_pad(pad);
+        }
+        let (_, weights) = attention.try_forward_with_weights(input).unwrap();
+        let weights = to_heads(&weights);
+        let (q, k, v) = (to_heads(&q), to_heads(&k), to_heads(&v));
+        for b in 0..batch {
+            for h in 0..heads {
+                let masked = |i: usize, j: usize| {
+                    flags[(b * n_q + i) * n_k + j]
+                        || (padded && j >= lengths[b])
+                        || (causal && j > i)
+                };
+                let expected_w = weights_f64(&q[b][h], &k[b][h], masked);
+                let expected_o = matmul(&expected_w, &v[b][h]);
+                // Relative to the output's scale (elements near zero make an element-wise
+                // relative error meaningless).
+                let size = expected_o
+                    .iter()
+                    .flatten()
+                    .fold(0.0f64, |m, x| m.max(x.abs()));
+                let err_o = max_abs_err(&out[b][h], &expected_o) / size;
+                let err_w = max_abs_err(&weights[b][h], &expected_w);
+                assert!(
+                    err_o < 1e-5,
+                    "case {case} b {b} h {h}: output error {err_o}"
+                );
+                assert!(
+                    err_w < 1e-5,
+                    "case {case} b {b} h {h}: weight error {err_w}"
+                );
+            }
+        }
+    }
+}
+
+fn max_abs_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Invariants: a mask that masks nothing changes nothing (the fused path without it gives the
+/// same output); the weights' output is the forward pass's; every row of weights sums to one
+/// and is zero on masked keys; a mask that hides all keys but one returns that key's value; and
+/// an encoder hands the mask to every block.
+#[test]
+fn attention_mask_invariants() {
+    let device = device();
+    let (batch, heads, d_model, n) = (2, 4, 32, 33);
+    let x = normal_tensor([batch, n, d_model], 7, &device);
+    let (attention, _, _, _) = softmax_heads(d_model, heads, &x, &x);
+    let nothing = Tensor::<3, Bool>::from_data(
+        TensorData::new(vec![false; batch * n * n], [batch, n, n]),
+        &device,
+    );
+    let plain = attention.forward(AttentionInput::new(x.clone()).causal(true));
+    let with_mask = attention.forward(
+        AttentionInput::new(x.clone())
+            .causal(true)
+            .mask_attn(nothing.clone()),
+    );
+    with_mask.into_data().assert_approx_eq::<f32>(
+        &plain.clone().into_data(),
+        burn::tensor::Tolerance::absolute(1e-5),
+    );
+
+    let (mask, flags) = random_mask([batch, n, n], 8, &device);
+    let input = AttentionInput::new(x.clone()).mask_attn(mask.clone());
+    let forward = attention.forward(input.clone());
+    let (out, weights) = attention.try_forward_with_weights(input).unwrap();
+    out.into_data().assert_approx_eq::<f32>(
+        &forward.into_data(),
+        burn::tensor::Tolerance::absolute(1e-5),
+    );
+    let weights = to_heads(&weights);
+    for (b, per_head) in weights.iter().enumerate() {
+        for (h, rows) in per_head.iter().enumerate() {
+            for (i, row) in rows.iter().enumerate() {
+                let sum: f64 = row.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-5, "row sum {sum}");
+                for (j, &w) in row.iter().enumerate() {
+                    if flags[(b * n + i) * n + j] {
+                        assert_eq!(w, 0.0, "masked weight b {b} h {h} ({i}, {j})");
+                    }
+                }
+            }
+        }
+    }
+
+    // Every key hidden but key 3: each query reads v_3.
+    let only: Vec<bool> = (0..batch * n * n).map(|i| i % n != 3).collect();
+    let only = Tensor::<3, Bool>::from_data(TensorData::new(only, [batch, n, n]), &device);
+    let Attention::Softmax(module) = &attention else {
+        unreachable!()
+    };
+    let (q, k, v) = module.proj.qkv(x.clone());
+    let masks = HeadMasks {
+        attn: Some(only),
+        ..HeadMasks::default()
+    };
+    let out = attention.attend(q, k, v.clone(), masks).unwrap();
+    let v3 = v.slice(s![.., .., 3..4, ..]).repeat_dim(2, n);
+    out.into_data()
+        .assert_approx_eq::<f32>(&v3.into_data(), burn::tensor::Tolerance::absolute(1e-5));
+
+    // Through an encoder: the mask reaches every block.
+    let encoder = EncoderConfig::named("softmax", d_model, heads, 64, 2)
+        .unwrap()
+        .init(&device);
+    let plain = encoder.forward(AttentionInput::new(x.clone()));
+    let masked = encoder.forward(AttentionInput::new(x.clone()).mask_attn(mask));
+    let unmasked = encoder.forward(AttentionInput::new(x).mask_attn(nothing));
+    unmasked.into_data().assert_approx_eq::<f32>(
+        &plain.clone().into_data(),
+        burn::tensor::Tolerance::absolute(1e-5),
+    );
+    let moved = (masked - plain).abs().max().into_scalar::<f32>();
+    assert!(
+        moved > 1e-3,
+        "the mask changed nothing through the encoder ({moved})"
+    );
+}
+
+/// Every registered variant takes an attention mask and returns weights exactly where its
+/// capabilities say so; elsewhere the error names what was asked. A mask of the wrong shape is
+/// refused.
+#[test]
+fn masks_and_weights_are_refused_where_the_capabilities_exclude_them() {
+    let device = device();
+    let (batch, n, d_model) = (2, 16, 16);
+    let x = normal_tensor([batch, n, d_model], 3, &device);
+    let (mask, _) = random_mask([batch, n, n], 4, &device);
+    for v in VARIANTS {
+        let attention = AttentionConfig::from_name(v.name, d_model, 2, n)
+            .unwrap()
+            .init(&device);
+        let masked = attention.try_forward(AttentionInput::new(x.clone()).mask_attn(mask.clone()));
+        match (v.capabilities.attention_mask, masked) {
+            (true, Ok(out)) => assert_eq!(out.dims(), [batch, n, d_model], "{}", v.name),
+            (false, Err(err)) => assert!(
+                err.to_string().contains("attention mask"),
+                "{}: {err}",
+                v.name
+            ),
+            (said, got) => panic!("{}: capability {said}, got {got:?}", v.name),
+        }
+        let weighed = attention.try_forward_with_weights(AttentionInput::new(x.clone()));
+        match (v.capabilities.returns_weights, weighed) {
+            (true, Ok((out, w))) => {
+                assert_eq!(out.dims(), [batch, n, d_model], "{}", v.name);
+                assert_eq!(w.dims()[..3], [batch, 2, n], "{}", v.name);
+            }
+            (false, Err(err)) => assert!(err.to_string().contains("weights"), "{}: {err}", v.name),
+            (said, got) => panic!("{}: capability {said}, got {:?}", v.name, got.map(|_| ())),
+        }
+    }
+    let attention = AttentionConfig::named("softmax", d_model, 2)
+        .unwrap()
+        .init(&device);
+    let (wrong, _) = random_mask([batch, n, n - 1], 5, &device);
+    let err = attention
+        .try_forward(AttentionInput::new(x).mask_attn(wrong))
+        .unwrap_err();
+    assert!(err.to_string().contains("[2, 16, 16]"), "{err}");
+}
