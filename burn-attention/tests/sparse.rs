@@ -40,6 +40,34 @@ fn check(
     );
 }
 
+/// [`check`] with an arbitrary attention mask on top of the pattern: about a third of the pairs
+/// hidden, never a query's own position (which every pattern keeps, so no row loses every key),
+/// drawn per batch element; the reference masks them too.
+fn check_masked(
+    config: &AttentionConfig,
+    n: usize,
+    causal: bool,
+    excluded: impl Fn(usize, usize, usize) -> bool,
+) {
+    let flags: Vec<bool> = (0..2 * n * n)
+        .map(|x| {
+            let (i, j) = (x / n % n, x % n);
+            let hash = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
+            i != j && hash < 5
+        })
+        .collect();
+    let attention = config.init(&Device::flex());
+    let masked = |b: usize, i: usize, j: usize| flags[(b * n + i) * n + j];
+    check_module_with(
+        &attention,
+        n,
+        causal,
+        1.0,
+        Some(&flags),
+        |b, _, len, i, j| masked(b, i, j) || excluded(len, i, j),
+    );
+}
+
 /// [`check`] for a module already built; `excluded(head, len, i, j)`.
 fn check_module(
     attention: &Attention,
@@ -48,6 +76,21 @@ fn check_module(
     scale: f32,
     excluded: impl Fn(usize, usize, usize, usize) -> bool,
 ) {
+    check_module_with(attention, n, causal, scale, None, |_, h, len, i, j| {
+        excluded(h, len, i, j)
+    });
+}
+
+/// [`check_module`] with an optional attention mask `attn` (`[2, n, n]` flattened);
+/// `excluded(batch, head, len, i, j)`.
+fn check_module_with(
+    attention: &Attention,
+    n: usize,
+    causal: bool,
+    scale: f32,
+    attn: Option<&[bool]>,
+    excluded: impl Fn(usize, usize, usize, usize, usize) -> bool,
+) {
     let device = Device::flex();
     device.seed(n as u64);
     let lengths = [n, (2 * n).div_ceil(3)];
@@ -55,20 +98,21 @@ fn check_module(
         .map(|_| Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device));
     let (q, k) = (q.mul_scalar(scale), k.mul_scalar(scale));
     let mask = padding_mask_from_lengths(&lengths, n, &device);
+    let masks = HeadMasks {
+        attn: attn.map(|flags| {
+            Tensor::<3, Bool>::from_data(TensorData::new(flags.to_vec(), [2, n, n]), &device)
+        }),
+        ..HeadMasks::new(Some(mask), causal)
+    };
     let out = attention
-        .attend(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            HeadMasks::new(Some(mask), causal),
-        )
+        .attend(q.clone(), k.clone(), v.clone(), masks)
         .unwrap();
     let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
     for b in 0..2 {
         let len = lengths[b];
         for h in 0..HEADS {
             let expected = softmax_head(&q[b][h], &k[b][h], &v[b][h], |i, j| {
-                j >= len || (causal && j > i) || excluded(h, len, i, j)
+                j >= len || (causal && j > i) || excluded(b, h, len, i, j)
             });
             let err = max_rel_err(&out[b][h][..len], &expected[..len], 1e-2);
             // f32 round-off of the scores grows with them: about 9 times larger at 3√d, where
@@ -96,6 +140,7 @@ fn local_blocks_match_dense_masked_reference() {
                 for scale in [1.0, 3.0] {
                     check(&config, n, causal, scale, |_, i, j| i / block != j / block);
                 }
+                check_masked(&config, n, causal, |_, i, j| i / block != j / block);
             }
         }
     }
@@ -116,6 +161,7 @@ fn local_window_matches_dense_masked_reference() {
                 for scale in [1.0, 3.0] {
                     check(&config, n, causal, scale, |_, i, j| i.abs_diff(j) > window);
                 }
+                check_masked(&config, n, causal, |_, i, j| i.abs_diff(j) > window);
             }
         }
     }
@@ -132,12 +178,14 @@ fn sparse_fixed_matches_dense_masked_reference() {
         );
         for n in [1, 3, 13, 20] {
             for causal in [false, true] {
+                let excluded = |_, i: usize, j: usize| {
+                    let summary = j.is_multiple_of(l) || j % l >= l - c;
+                    !(i / l == j / l || summary)
+                };
                 for scale in [1.0, 3.0] {
-                    check(&config, n, causal, scale, |_, i, j| {
-                        let summary = j % l == 0 || j % l >= l - c;
-                        !(i / l == j / l || summary)
-                    });
+                    check(&config, n, causal, scale, excluded);
                 }
+                check_masked(&config, n, causal, excluded);
             }
         }
     }
@@ -154,11 +202,12 @@ fn sparse_strided_matches_dense_masked_reference() {
         );
         for n in [1, 3, 13, 20] {
             for causal in [false, true] {
+                let excluded =
+                    |_, i: usize, j: usize| !(i.abs_diff(j) < l || i.abs_diff(j).is_multiple_of(l));
                 for scale in [1.0, 3.0] {
-                    check(&config, n, causal, scale, |_, i, j| {
-                        !(i.abs_diff(j) < l || i.abs_diff(j) % l == 0)
-                    });
+                    check(&config, n, causal, scale, excluded);
                 }
+                check_masked(&config, n, causal, excluded);
             }
         }
     }

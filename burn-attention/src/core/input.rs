@@ -231,6 +231,14 @@ impl HeadMasks {
 }
 
 impl HeadMasks {
+    /// The attention mask's flags on the host, `[batch, n_q, n_k]` flattened, with its shape.
+    pub fn attention_flags(&self) -> Option<(Vec<bool>, [usize; 3])> {
+        self.attn.as_ref().map(|mask| {
+            let flags = mask.clone().into_data().iter::<bool>().collect();
+            (flags, mask.dims())
+        })
+    }
+
     /// Refuses an attention mask where `info`'s capabilities exclude one, and one whose shape is
     /// not `[batch, n_q, n_k]` for queries `[batch, heads, n_q, d]` over `n_k` keys.
     pub fn check_attention_mask(

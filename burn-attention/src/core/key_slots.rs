@@ -125,8 +125,55 @@ impl KeySlots {
         first..first + self.block * self.slots
     }
 
+    /// Also masks the pairs an arbitrary attention mask hides: `attn` is `[batch, n_q, n_k]`
+    /// flattened (`true` = query `i` does not see key `j`). Slots shared by every batch element
+    /// are first given one group per batch element.
+    pub fn mask_attention(&mut self, attn: &[bool], [batch, n_q, n_k]: [usize; 3]) {
+        if self.groups[0] == 1 && batch > 1 {
+            self.per_batch(batch);
+        }
+        let rows = self.n_blocks * self.block;
+        for b in 0..self.groups[0] {
+            for h in 0..self.groups[1] {
+                let g = self.group(b, h);
+                for beta in 0..self.n_blocks {
+                    for r in 0..self.block {
+                        let row = beta * self.block + r;
+                        let i = match &self.query_order {
+                            Some(order) => order[g * rows + row] as usize,
+                            None => row,
+                        };
+                        if i >= n_q {
+                            continue;
+                        }
+                        for s in 0..self.slots {
+                            let j =
+                                self.index[(g * self.n_blocks + beta) * self.slots + s] as usize;
+                            let at = self.pair(g, beta, r, s);
+                            self.mask[at] |= attn[(b * n_q + i) * n_k + j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same slots with one group per batch element (`batch` copies of each head group).
+    fn per_batch(&mut self, batch: usize) {
+        self.index = repeat(&self.index, batch);
+        self.mask = repeat(&self.mask, batch);
+        self.bias = self.bias.as_ref().map(|b| repeat(b, batch));
+        self.query_order = self.query_order.as_ref().map(|o| repeat(o, batch));
+        self.groups[0] = batch;
+    }
+
     /// Number of (query, key) pairs left unmasked, over all groups.
     pub fn attended_pairs(&self) -> usize {
         self.mask.iter().filter(|&&m| !m).count()
     }
+}
+
+/// `times` copies of `values`, one after another.
+fn repeat<T: Clone>(values: &[T], times: usize) -> Vec<T> {
+    (0..times).flat_map(|_| values.iter().cloned()).collect()
 }

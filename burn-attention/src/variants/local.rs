@@ -14,8 +14,9 @@
 //!
 //! Cost per head: blocks O(n b d) time and O(n b) memory; the window O(n w d) and O(n w): the
 //! queries go in blocks of ⌈w/2⌉ that score the ⌈w/2⌉ + 2w positions around them (w + ⌈w/2⌉
-//! causal), about 1.25 times the pairs attended. Masks: padding, causal; decoding token by
-//! token with a cache of the neighbourhood only. No cross-attention (the pattern relates query
+//! causal), about 1.25 times the pairs attended. Masks: padding, causal, an arbitrary
+//! attention mask (hiding pairs of the pattern, at the same cost); decoding token by token with
+//! a cache of the neighbourhood only. No cross-attention (the pattern relates query
 //! and key positions).
 
 use burn::nn::{Dropout, DropoutConfig};
@@ -35,7 +36,7 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
-    attention_mask: false,
+    attention_mask: true,
     returns_weights: false,
     causal: true,
     cross_attention: false,
@@ -213,10 +214,13 @@ impl AttentionModule for LocalAttention {
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
         masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let slots = match self.form {
+        let mut slots = match self.form {
             LocalForm::Blocks => block_slots(n, self.block_size, masks.causal, &padding),
             LocalForm::SlidingWindow => window_slots(n, self.window, masks.causal, &padding),
         };
+        if let Some((flags, shape)) = masks.attention_flags() {
+            slots.mask_attention(&flags, shape);
+        }
         let scale = 1.0 / (d as f32).sqrt();
         Ok(gathered_attention(q, k, v, slots, scale, Some(&self.dropout)).out)
     }

@@ -18,7 +18,8 @@
 //! Cost per head: fixed O(n (l + n (c + 1)/l) d) time and O(n (l + n (c + 1)/l)) memory (the
 //! summaries are a fixed fraction `(c + 1)/l` of the keys, so the pattern stays quadratic, 4.5
 //! times sparser than softmax at LRA's setting); strided O(n (l + n/l) d), O(n (l + n/l)),
-//! which is O(n √n) at `l ≈ √n`. Masks: padding, causal. No cross-attention.
+//! which is O(n √n) at `l ≈ √n`. Masks: padding, causal, an arbitrary attention mask (hiding
+//! pairs of the pattern, at the same cost). No cross-attention.
 //!
 //! The strided pattern is computed as two attentions merged by their log-sum-exp: the band over
 //! blocks of consecutive queries, and the stride over queries grouped by their residue mod `l`.
@@ -40,7 +41,7 @@ use crate::core::variant::{
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
-    attention_mask: false,
+    attention_mask: true,
     returns_weights: false,
     causal: true,
     cross_attention: false,
@@ -225,17 +226,30 @@ impl AttentionModule for SparseAttention {
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let (l, causal) = (self.block_size, masks.causal);
+        let attention_flags = masks.attention_flags();
+        let masked = |mut slots: KeySlots| {
+            if let Some((flags, shape)) = &attention_flags {
+                slots.mask_attention(flags, *shape);
+            }
+            slots
+        };
         Ok(match self.pattern {
             SparsePattern::Fixed => {
-                let slots = fixed_slots(n, l, self.summary, causal, &padding);
+                let slots = masked(fixed_slots(n, l, self.summary, causal, &padding));
                 gathered_attention(q, k, v, slots, scale, dropout).out
             }
             SparsePattern::Strided => {
                 // A band of l >= n keys holds every key: the same slots as one of n.
                 let band_l = l.min(n.max(1));
                 let after = if causal { 0 } else { band_l - 1 };
-                let band = KeySlots::band(n, band_l, [band_l - 1, after], &[], &padding);
-                let stride = stride_slots(n, l, causal, &padding);
+                let band = masked(KeySlots::band(
+                    n,
+                    band_l,
+                    [band_l - 1, after],
+                    &[],
+                    &padding,
+                ));
+                let stride = masked(stride_slots(n, l, causal, &padding));
                 merge_by_log_sum_exp(vec![
                     gathered_attention(q.clone(), k.clone(), v.clone(), band, scale, dropout),
                     gathered_attention(q, k, v, stride, scale, dropout),
