@@ -311,3 +311,79 @@ fn masks_and_weights_are_refused_where_the_capabilities_exclude_them() {
         .unwrap_err();
     assert!(err.to_string().contains("[2, 16, 16]"), "{err}");
 }
+
+/// Linformer's weights, the softmax over its `k` projected keys `[batch, heads, n_q, k]`,
+/// against float64 from the paper's formula `softmax(Q (E K)ᵀ / √d)`, padded keys left out of
+/// the projection, and its per-head output against `weights · (F V)`; at unit and four times
+/// unit input scale. The output returned with the weights is the forward pass's.
+#[test]
+fn linformer_weights_match_float64_reference() {
+    use burn_attention_zoo::{LinformerConfig, LinformerSharing};
+    use reference::{project, scale, softmax_rows, transpose};
+    let device = device();
+    let (batch, heads, d_model, n, k_len, n_max) = (2, 2, 32, 13, 6, 20);
+    for (sharing, input_scale) in [
+        (LinformerSharing::None, 1.0),
+        (LinformerSharing::KeyValue, 4.0),
+    ] {
+        let attention = AttentionConfig::Linformer(
+            LinformerConfig::new(d_model, heads, n_max)
+                .with_k(k_len)
+                .with_sharing(sharing),
+        )
+        .init(&device);
+        let Attention::Linformer(module) = &attention else {
+            unreachable!()
+        };
+        let x = normal_tensor([batch, n, d_model], 11, &device).mul_scalar(input_scale);
+        let lengths = [n, 8];
+        let pad = padding_mask_from_lengths(&lengths, n, &device);
+        let input = AttentionInput::new(x.clone()).mask_pad(pad.clone());
+        let (out, weights) = attention.try_forward_with_weights(input.clone()).unwrap();
+        assert_eq!(weights.dims(), [batch, heads, n, k_len]);
+        out.into_data().assert_approx_eq::<f32>(
+            &attention.forward(input).into_data(),
+            burn::tensor::Tolerance::absolute(1e-5),
+        );
+        let (q4, k4, v4) = module.proj.qkv(x);
+        let per_head = attention
+            .attend(
+                q4.clone(),
+                k4.clone(),
+                v4.clone(),
+                HeadMasks::new(Some(pad), false),
+            )
+            .unwrap();
+        let (q, k, v) = (to_heads(&q4), to_heads(&k4), to_heads(&v4));
+        let (weights, per_head) = (to_heads(&weights), to_heads(&per_head));
+        let projection =
+            |p: &burn::module::Param<Tensor<3>>| to_heads(&p.val().unsqueeze::<4>()).remove(0);
+        let e = projection(module.e.as_ref().unwrap());
+        let f = module
+            .f
+            .as_ref()
+            .map(projection)
+            .unwrap_or_else(|| e.clone());
+        let cut =
+            |p: &[Vec<f64>]| -> Vec<Vec<f64>> { p.iter().map(|row| row[..n].to_vec()).collect() };
+        for b in 0..batch {
+            for h in 0..heads {
+                let padded = |j: usize| j >= lengths[b];
+                let kp = project(&cut(&e[h % e.len()]), &k[b][h], padded);
+                let vp = project(&cut(&f[h % f.len()]), &v[b][h], padded);
+                let d = q[b][h][0].len() as f64;
+                let expected =
+                    softmax_rows(&scale(&matmul(&q[b][h], &transpose(&kp)), 1.0 / d.sqrt()));
+                let err = max_abs_err(&weights[b][h], &expected);
+                assert!(err < 1e-5, "{sharing:?} b {b} h {h}: weight error {err}");
+                let expected_o = matmul(&expected, &vp);
+                let size = expected_o
+                    .iter()
+                    .flatten()
+                    .fold(0.0f64, |m, x| m.max(x.abs()));
+                let err = max_abs_err(&per_head[b][h], &expected_o) / size;
+                assert!(err < 1e-5, "{sharing:?} b {b} h {h}: output error {err}");
+            }
+        }
+    }
+}

@@ -33,7 +33,7 @@ use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
-use crate::core::softmax::exact_softmax_attention;
+use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
 };
@@ -55,7 +55,11 @@ pub const INFO: VariantInfo = VariantInfo {
     paper: "Wang et al. 2020, arXiv 2006.04768",
     time: "O(n k d)",
     memory: "O(n k)",
-    capabilities: CAPABILITIES,
+    // Its weights are the softmax over the k projected keys.
+    capabilities: Capabilities {
+        returns_weights: true,
+        ..CAPABILITIES
+    },
 };
 
 /// The registry entry of Linformer with linear-complexity attention.
@@ -284,6 +288,23 @@ impl LinformerAttention {
         let info = self.scoring.info();
         check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
         masks.check_attention_mask(info, &q, k.dims()[2])?;
+        let (e, f) = self.projections(info, shared_projection)?;
+        let key_pad = masks.key_pad;
+        Ok(match self.scoring {
+            LinformerScoring::Softmax => attend(q, k, v, e, f, key_pad, Some(&self.dropout)),
+            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, key_pad),
+        })
+    }
+}
+
+impl LinformerAttention {
+    /// The sequence projections `E` and `F` (`F = E` where keys and values share one), or why
+    /// there are none: `layerwise` sharing without the encoder's shared projection.
+    fn projections(
+        &self,
+        info: &VariantInfo,
+        shared_projection: Option<Tensor<3>>,
+    ) -> Result<(Tensor<3>, Tensor<3>), AttentionError> {
         let e = match (&self.e, shared_projection) {
             (Some(e), _) => e.val(),
             (None, Some(shared)) => shared,
@@ -300,11 +321,7 @@ impl LinformerAttention {
             .as_ref()
             .map(|f| f.val())
             .unwrap_or_else(|| e.clone());
-        let key_pad = masks.key_pad;
-        Ok(match self.scoring {
-            LinformerScoring::Softmax => attend(q, k, v, e, f, key_pad, Some(&self.dropout)),
-            LinformerScoring::Linear => linformer_linear_attention(q, k, v, e, f, key_pad),
-        })
+        Ok((e, f))
     }
 }
 
@@ -314,7 +331,33 @@ impl AttentionModule for LinformerAttention {
     }
 
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        self.scoring.info().capabilities
+    }
+
+    /// The weights of the softmax over the `k` projected keys, `[batch, heads, n_q, k]` (the
+    /// linear-complexity scoring forms none, and refuses).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let info = self.scoring.info();
+        if self.scoring != LinformerScoring::Softmax {
+            return Err(AttentionError::unsupported(
+                info.name,
+                "returning its attention weights (its scoring forms none)",
+            ));
+        }
+        let shared = input.shared().cloned();
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(info, &q, k.dims()[2])?;
+        let (e, f) = self.projections(info, shared)?;
+        let k = project_sequence(e, zero_padded(k, &masks.key_pad));
+        let v = project_sequence(f, zero_padded(v, &masks.key_pad));
+        let no_masks = HeadMasks::default();
+        let (o, weights) = softmax_attention_with_weights(q, k, v, &no_masks, Some(&self.dropout));
+        Ok((self.proj.out(o), weights))
     }
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
