@@ -387,3 +387,45 @@ fn linformer_weights_match_float64_reference() {
         }
     }
 }
+
+/// Over the registry, for every variant that returns its weights: the output returned with them
+/// is the forward pass's, every row is a distribution (non-negative, summing to one), and where
+/// the variant also takes an attention mask, the masked pairs weigh nothing.
+#[test]
+fn returned_weights_are_distributions_over_the_unmasked_keys() {
+    let device = device();
+    let (batch, n, d_model, heads) = (2, 12, 16, 2);
+    let x = normal_tensor([batch, n, d_model], 21, &device);
+    let (mask, flags) = random_mask([batch, n, n], 22, &device);
+    for v in VARIANTS.iter().filter(|v| v.capabilities.returns_weights) {
+        let attention = AttentionConfig::from_name(v.name, d_model, heads, n)
+            .unwrap()
+            .init(&device);
+        let mut input = AttentionInput::new(x.clone());
+        if v.capabilities.attention_mask {
+            input = input.mask_attn(mask.clone());
+        }
+        let (out, weights) = attention.try_forward_with_weights(input.clone()).unwrap();
+        out.into_data().assert_approx_eq::<f32>(
+            &attention.forward(input).into_data(),
+            burn::tensor::Tolerance::absolute(1e-5),
+        );
+        let keys = weights.dims()[3];
+        for (b, per_head) in to_heads(&weights).iter().enumerate() {
+            for rows in per_head {
+                for (i, row) in rows.iter().enumerate() {
+                    let sum: f64 = row.iter().sum();
+                    assert!((sum - 1.0).abs() < 1e-5, "{}: row sum {sum}", v.name);
+                    assert!(row.iter().all(|&w| w >= 0.0), "{}: {row:?}", v.name);
+                    if v.capabilities.attention_mask && keys == n {
+                        for (j, &w) in row.iter().enumerate() {
+                            if flags[(b * n + i) * n + j] {
+                                assert_eq!(w, 0.0, "{}: masked ({i}, {j}) weighs {w}", v.name);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

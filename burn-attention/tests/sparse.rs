@@ -40,22 +40,15 @@ fn check(
     );
 }
 
-/// [`check`] with an arbitrary attention mask on top of the pattern: about a third of the pairs
-/// hidden, never a query's own position (which every pattern keeps, so no row loses every key),
-/// drawn per batch element; the reference masks them too.
+/// [`check`] with an arbitrary attention mask on top of the pattern ([`attention_flags`]); the
+/// reference masks its pairs too.
 fn check_masked(
     config: &AttentionConfig,
     n: usize,
     causal: bool,
     excluded: impl Fn(usize, usize, usize) -> bool,
 ) {
-    let flags: Vec<bool> = (0..2 * n * n)
-        .map(|x| {
-            let (i, j) = (x / n % n, x % n);
-            let hash = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
-            i != j && hash < 5
-        })
-        .collect();
+    let flags = attention_flags(n);
     let attention = config.init(&Device::flex());
     let masked = |b: usize, i: usize, j: usize| flags[(b * n + i) * n + j];
     check_module_with(
@@ -66,6 +59,18 @@ fn check_masked(
         Some(&flags),
         |b, _, len, i, j| masked(b, i, j) || excluded(len, i, j),
     );
+}
+
+/// An attention mask `[2, n, n]` flattened over about a third of the pairs, never a query's own
+/// position (which every pattern keeps, so no row loses every key).
+fn attention_flags(n: usize) -> Vec<bool> {
+    (0..2 * n * n)
+        .map(|x| {
+            let (i, j) = (x / n % n, x % n);
+            let hash = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
+            i != j && hash < 5
+        })
+        .collect()
 }
 
 /// [`check`] for a module already built; `excluded(head, len, i, j)`.
@@ -342,23 +347,34 @@ fn synthesizer_matches_float64_reference() {
             }
         };
         for n in [1usize, 7, 20] {
-            for causal in [false, true] {
+            for (causal, masked) in [(false, false), (true, false), (false, true), (true, true)] {
                 let lengths = [n, (2 * n).div_ceil(3)];
                 let [q, k, v] = [0, 1, 2].map(|_| {
                     Tensor::<4>::random([2, HEADS, n, D], Distribution::Normal(0.0, 1.0), &device)
                 });
                 let mask = padding_mask_from_lengths(&lengths, n, &device);
-                let out = attention
-                    .attend(q.clone(), k, v.clone(), HeadMasks::new(Some(mask), causal))
-                    .unwrap();
+                // An attention mask on about a third of the pairs, never a query's own key.
+                let flags = attention_flags(n);
+                let hidden = |b: usize, i: usize, j: usize| masked && flags[(b * n + i) * n + j];
+                let masks = HeadMasks {
+                    attn: masked.then(|| {
+                        Tensor::<3, Bool>::from_data(
+                            TensorData::new(flags.clone(), [2, n, n]),
+                            &device,
+                        )
+                    }),
+                    ..HeadMasks::new(Some(mask), causal)
+                };
+                let out = attention.attend(q.clone(), k, v.clone(), masks).unwrap();
                 let (q, v, out) = (to_heads(&q), to_heads(&v), to_heads(&out));
                 for b in 0..2 {
                     let len = lengths[b];
                     for h in 0..HEADS {
                         let expected: Vec<Vec<f64>> = (0..len)
                             .map(|i| {
-                                let keys: Vec<usize> =
-                                    (0..len).filter(|&j| !causal || j <= i).collect();
+                                let keys: Vec<usize> = (0..len)
+                                    .filter(|&j| (!causal || j <= i) && !hidden(b, i, j))
+                                    .collect();
                                 let scores: Vec<f64> =
                                     keys.iter().map(|&j| score(h, &q[b][h][i], i, j)).collect();
                                 let w = softmax_rows(&[scores]).remove(0);
@@ -372,8 +388,8 @@ fn synthesizer_matches_float64_reference() {
                         let err = max_rel_err(&out[b][h][..len], &expected, 1e-2);
                         assert!(
                             err < 1e-4,
-                            "{mode:?} factorized {factorized} n {n} causal {causal} batch {b} \
-                             head {h}: relative error {err}"
+                            "{mode:?} factorized {factorized} n {n} causal {causal} masked \
+                             {masked} batch {b} head {h}: relative error {err}"
                         );
                     }
                 }

@@ -87,9 +87,16 @@ fn composed_softmax_attention(
 /// - `q`: `[batch, heads, n_q, d]`; `k`: `[batch, heads, n_k, d]`
 /// - output: `[batch, heads, n_q, n_k]`, each row summing to one
 pub fn softmax_weights(q: Tensor<4>, k: Tensor<4>, masks: &HeadMasks, scale: f32) -> Tensor<4> {
-    let [batch, _, n_q, _] = q.dims();
-    let n_k = k.dims()[2];
-    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    masked_softmax(q.matmul(k.swap_dims(2, 3)).mul_scalar(scale), masks)
+}
+
+/// The softmax over the keys of `scores` `[batch, heads, n_q, n_k]` after [`MASK_FILL`] on
+/// padded keys, with `masks.causal` on keys `j > i`, and where the attention mask `masks.attn`
+/// is `true`: the weights of any attention that forms its scores (see [`softmax_weights`]). A
+/// row with every key masked is uniform over the keys.
+pub fn masked_softmax(scores: Tensor<4>, masks: &HeadMasks) -> Tensor<4> {
+    let [batch, _, n_q, n_k] = scores.dims();
+    let mut scores = scores;
     if let Some(mask) = &masks.key_pad {
         scores = scores.mask_fill(mask.clone().reshape([batch, 1, 1, n_k]), MASK_FILL);
     }

@@ -19,8 +19,9 @@
 //! softmax attention with `R₁` as queries and `R₂` as keys and runs on the fused kernels (O(n) on
 //! `flex` and `tch`). Parameters: the unfactorised random form holds `h n_max²`, which at LRA's
 //! lengths is far more than the rest of a model (LRA's 10% rule cannot hold); the dense form
-//! `d² + d n_max / h`. Masks: padding, causal (decoding with a cache of values). No
-//! cross-attention.
+//! `d² + d n_max / h`. Masks: padding, causal (decoding with a cache of values), an arbitrary
+//! attention mask (on the composed steps, which keep the `n × n` weights); its weights on
+//! request. No cross-attention.
 //!
 //! The per-head form ([`AttentionModule::attend`]) ignores the keys; the random form ignores the
 //! queries too, and the dense form reads its queries as the hidden layer `W₁ x` split into heads,
@@ -37,17 +38,17 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, causal_mask};
+use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::params::lazy_param;
-use crate::core::softmax::exact_softmax_attention;
+use crate::core::softmax::{exact_softmax_attention, masked_softmax};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
-    attention_mask: false,
-    returns_weights: false,
+    attention_mask: true,
+    returns_weights: true,
     causal: true,
     cross_attention: false,
     fixed_max_len: true,
@@ -311,6 +312,25 @@ impl SynthesizerAttention {
     }
 }
 
+impl SynthesizerAttention {
+    /// The per-head values of `x` and what the weights read from it: the dense form's hidden
+    /// layer input (its queries), the values again for the random form (which reads nothing).
+    fn queries_and_values(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let v = split_heads(self.value.forward(x.clone()), self.n_heads);
+        let q = match &self.hidden {
+            Some(hidden) => split_heads(hidden.forward(x), self.n_heads),
+            None => v.clone(),
+        };
+        (q, v)
+    }
+
+    /// The synthesized weights over `n` positions, `[batch, heads, n, n]`, under `masks`.
+    fn weights(&self, q: Tensor<4>, [batch, heads, n]: [usize; 3], masks: &HeadMasks) -> Tensor<4> {
+        let scores = self.scores(Some(q), 0..n, n).expand([batch, heads, n, n]);
+        masked_softmax(scores, masks)
+    }
+}
+
 impl AttentionModule for SynthesizerAttention {
     fn name(&self) -> &'static str {
         self.mode.info().name
@@ -324,12 +344,7 @@ impl AttentionModule for SynthesizerAttention {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, input.is_causal())?;
         let masks = input.head_masks();
-        let x = input.query().clone();
-        let v = split_heads(self.value.forward(x.clone()), self.n_heads);
-        let q = match &self.hidden {
-            Some(hidden) => split_heads(hidden.forward(x), self.n_heads),
-            None => v.clone(),
-        };
+        let (q, v) = self.queries_and_values(input.query().clone());
         let o = self.attend(q, v.clone(), v, masks)?;
         Ok(self.output.forward(merge_heads(o)))
     }
@@ -350,6 +365,10 @@ impl AttentionModule for SynthesizerAttention {
             masks.causal,
         )?;
         masks.check_attention_mask(self.mode.info(), &q, k.dims()[2])?;
+        if masks.attn.is_some() {
+            let weights = self.weights(q, [batch, heads, n], &masks);
+            return Ok(dropout(&self.dropout, weights).matmul(v));
+        }
         if let (SynthesizerMode::Random, [r1, r2]) = (self.mode, self.random.as_slice()) {
             // softmax(R₁ R₂ᵀ) V is softmax attention with R₁ as queries and R₂ as keys, without
             // the 1/√k the kernel applies. Broadcast over the batch, then cut to n positions:
@@ -373,16 +392,23 @@ impl AttentionModule for SynthesizerAttention {
                 Some(&self.dropout),
             ));
         }
-        let mut scores = self.scores(Some(q), 0..n, n).expand([batch, heads, n, n]);
-        if let Some(mask) = masks.key_pad {
-            scores = scores.mask_fill(mask.reshape([batch, 1, 1, n]), MASK_FILL);
-        }
-        if masks.causal {
-            let mask = causal_mask(n, &scores.device()).reshape([1, 1, n, n]);
-            scores = scores.mask_fill(mask, MASK_FILL);
-        }
-        let weights = dropout(&self.dropout, softmax(scores, 3));
-        Ok(weights.matmul(v))
+        let weights = self.weights(q, [batch, heads, n], &masks);
+        Ok(dropout(&self.dropout, weights).matmul(v))
+    }
+
+    /// The synthesized weights `[batch, heads, n, n]`, before dropout.
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, v) = self.queries_and_values(input.query().clone());
+        let [batch, heads, n, _] = v.dims();
+        check_within_max_len(self.mode.info(), self.n_max, n, n, masks.causal)?;
+        masks.check_attention_mask(self.mode.info(), &q, n)?;
+        let weights = self.weights(q, [batch, heads, n], &masks);
+        let o = dropout(&self.dropout, weights.clone()).matmul(v);
+        Ok((self.output.forward(merge_heads(o)), weights))
     }
 
     /// Appends the token's value to the cache and weighs the cached values with the token's
