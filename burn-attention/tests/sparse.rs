@@ -237,13 +237,15 @@ fn longformer_matches_dense_masked_reference() {
                 .with_dropout(0.0),
         );
         let (before, after) = (window.div_ceil(2) - 1, window / 2);
+        let excluded = |_, i: usize, j: usize| {
+            let in_window = j + before >= i && j <= i + after;
+            !(in_window || globals.contains(&i) || globals.contains(&j))
+        };
         for n in [1, 3, 13, 20] {
             for scale in [1.0, 3.0] {
-                check(&config, n, false, scale, |_, i, j| {
-                    let in_window = j + before >= i && j <= i + after;
-                    !(in_window || globals.contains(&i) || globals.contains(&j))
-                });
+                check(&config, n, false, scale, excluded);
             }
+            check_masked(&config, n, false, excluded);
         }
     }
 }
@@ -281,19 +283,30 @@ fn bigbird_matches_dense_masked_reference() {
             others.sort_by(|&x, &y| priority(y).total_cmp(&priority(x)));
             others.into_iter().take(r).collect()
         };
+        let excluded = |h: usize, len: usize, i: usize, j: usize| {
+            let blocks = len.div_ceil(b);
+            let (bi, bj) = (i / b, j / b);
+            let global = |x: usize| x == 0 || x + 1 == blocks;
+            let sees = global(bi)
+                || global(bj)
+                || bi.abs_diff(bj) <= 1
+                || random(h, bi, blocks).contains(&bj);
+            !sees
+        };
         for n in [1, 5, 13, 24] {
             for scale in [1.0, 3.0] {
-                check_module(&attention, n, false, scale, |h, len, i, j| {
-                    let blocks = len.div_ceil(b);
-                    let (bi, bj) = (i / b, j / b);
-                    let global = |x: usize| x == 0 || x + 1 == blocks;
-                    let sees = global(bi)
-                        || global(bj)
-                        || bi.abs_diff(bj) <= 1
-                        || random(h, bi, blocks).contains(&bj);
-                    !sees
-                });
+                check_module(&attention, n, false, scale, excluded);
             }
+            // With an attention mask on top, global rows included.
+            let flags = attention_flags(n);
+            check_module_with(
+                &attention,
+                n,
+                false,
+                1.0,
+                Some(&flags),
+                |e, h, len, i, j| flags[(e * n + i) * n + j] || excluded(h, len, i, j),
+            );
         }
     }
 }

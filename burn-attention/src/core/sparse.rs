@@ -21,7 +21,7 @@ use burn::prelude::*;
 
 use super::dropout::WeightDropout;
 use super::flash;
-use super::input::MASK_FILL;
+use super::input::{HeadMasks, MASK_FILL};
 use super::key_slots::KeySlots;
 
 /// The output and log-sum-exp of softmax attention over gathered keys.
@@ -224,8 +224,8 @@ pub fn pick_rows(x: Tensor<4>, rows: &[Vec<usize>]) -> Tensor<4> {
 }
 
 /// `out` with the rows `rows[b]` of each batch element `b` replaced by exact softmax attention
-/// of those queries over every key (padded keys masked): the rows of global tokens (Longformer)
-/// and global blocks (BigBird). `q_rows` holds those rows' queries ([`pick_rows`]); they and
+/// of those queries over every key (padded keys masked, and the pairs an attention mask in
+/// `masks` hides): the rows of global tokens (Longformer) and global blocks (BigBird). `q_rows` holds those rows' queries ([`pick_rows`]); they and
 /// `k`, `v` may come from other projections than those that made `out`.
 ///
 /// # Shapes
@@ -235,7 +235,7 @@ pub fn with_full_rows(
     out: Tensor<4>,
     [q_rows, k, v]: [Tensor<4>; 3],
     rows: &[Vec<usize>],
-    key_pad: Option<Tensor<2, Bool>>,
+    masks: &HeadMasks,
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
     let [batch, heads, n, d_v] = out.dims();
@@ -258,7 +258,29 @@ pub fn with_full_rows(
     }
     let len = back.len();
     let back = Tensor::<1, Int>::from_data(TensorData::new(back, [len]), &device);
-    let full = super::softmax::exact_softmax_attention(q_rows, k, v, key_pad, false, dropout);
+    let full = match &masks.attn {
+        None => super::softmax::exact_softmax_attention(
+            q_rows,
+            k,
+            v,
+            masks.key_pad.clone(),
+            false,
+            dropout,
+        ),
+        Some(attn) => {
+            // The mask's rows of the global queries, `[batch, count, n_k]`.
+            let n_k = attn.dims()[2];
+            let picked = pick_rows(attn.clone().float().reshape([batch, 1, n, n_k]), rows)
+                .greater_elem(0.5)
+                .reshape([batch, count, n_k]);
+            let row_masks = HeadMasks {
+                key_pad: masks.key_pad.clone(),
+                attn: Some(picked),
+                ..HeadMasks::default()
+            };
+            super::softmax::softmax_attention_with_weights(q_rows, k, v, &row_masks, dropout).0
+        }
+    };
     let spread = full
         .reshape([batch * heads * count, d_v])
         .select(0, back)

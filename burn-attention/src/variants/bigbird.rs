@@ -17,8 +17,9 @@
 //! counted on each sequence's real length, so the last global block is the sequence's last real
 //! block and padding changes nothing.
 //!
-//! Cost per head: O(n (5 + r) b d + 2 b n d) time, O(n (5 + r) b) memory. Masks: padding. No
-//! causal form, no cross-attention; sequences up to `n_max`.
+//! Cost per head: O(n (5 + r) b d + 2 b n d) time, O(n (5 + r) b) memory. Masks: padding, an
+//! arbitrary attention mask (on the pattern's pairs and the global rows). No causal form, no
+//! cross-attention; sequences up to `n_max`.
 
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
@@ -46,7 +47,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (5 + r) b)",
     capabilities: Capabilities {
         padding_mask: true,
-        attention_mask: false,
+        attention_mask: true,
         returns_weights: false,
         causal: false,
         cross_attention: false,
@@ -268,6 +269,9 @@ impl AttentionModule for BigBirdAttention {
                     .collect::<Vec<_>>(),
             );
         }
+        if let Some((flags, shape)) = masks.attention_flags() {
+            slots.mask_attention(&flags, shape);
+        }
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let out = gathered_attention(q.clone(), k.clone(), v.clone(), slots, scale, dropout).out;
@@ -278,7 +282,7 @@ impl AttentionModule for BigBirdAttention {
             out,
             [pick_rows(q, &global_rows), k, v],
             &global_rows,
-            masks.key_pad,
+            &masks,
             dropout,
         ))
     }

@@ -16,7 +16,8 @@
 //! (the LRA harness with CLS pooling); padded ones are ignored.
 //!
 //! Cost per head: O(n (w + g) d + g n d) time and O(n (w + g)) memory, `g` global positions.
-//! Masks: padding. No causal form (LRA's Longformer has none either), no cross-attention.
+//! Masks: padding, an arbitrary attention mask (on the window's pairs and the global rows). No
+//! causal form (LRA's Longformer has none either), no cross-attention.
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
@@ -39,7 +40,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (w + g))",
     capabilities: Capabilities {
         padding_mask: true,
-        attention_mask: false,
+        attention_mask: true,
         returns_weights: false,
         causal: false,
         cross_attention: false,
@@ -148,7 +149,12 @@ projection_shape!(LongformerAttention);
 impl LongformerAttention {
     /// The window attention with the global keys, `[batch, heads, n, d]` per head; the global
     /// rows are left to [`with_full_rows`].
-    fn window_attention(&self, [q, k, v]: [Tensor<4>; 3], padding: &[Vec<bool>]) -> Tensor<4> {
+    fn window_attention(
+        &self,
+        [q, k, v]: [Tensor<4>; 3],
+        padding: &[Vec<bool>],
+        masks: &HeadMasks,
+    ) -> Tensor<4> {
         let [_, _, n, d] = q.dims();
         let globals: Vec<usize> = self
             .global_tokens
@@ -160,7 +166,10 @@ impl LongformerAttention {
         let window = self.window.min(2 * n);
         let (before, after) = (window.div_ceil(2) - 1, window / 2);
         let block = window.div_ceil(4).max(1);
-        let slots = KeySlots::band(n, block, [before, after], &globals, padding);
+        let mut slots = KeySlots::band(n, block, [before, after], &globals, padding);
+        if let Some((flags, shape)) = masks.attention_flags() {
+            slots.mask_attention(&flags, shape);
+        }
         gathered_attention(q, k, v, slots, 1.0 / (d as f32).sqrt(), Some(&self.dropout)).out
     }
 
@@ -199,7 +208,7 @@ impl AttentionModule for LongformerAttention {
         let rows = self.global_rows(n, &padding);
         let (q, k, v) = self.proj.project(input);
         masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
-        let out = self.window_attention([q, k, v], &padding);
+        let out = self.window_attention([q, k, v], &padding, &masks);
         if rows.iter().all(Vec::is_empty) {
             return Ok(self.proj.out(out));
         }
@@ -211,7 +220,7 @@ impl AttentionModule for LongformerAttention {
             (&self.value_global, x),
         ]
         .map(|(linear, x)| split_heads(linear.forward(x), heads));
-        let out = with_full_rows(out, global, &rows, masks.key_pad, Some(&self.dropout));
+        let out = with_full_rows(out, global, &rows, &masks, Some(&self.dropout));
         Ok(self.proj.out(out))
     }
 
@@ -229,7 +238,7 @@ impl AttentionModule for LongformerAttention {
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
         masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding);
+        let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding, &masks);
         let rows = self.global_rows(n, &padding);
         if rows.iter().all(Vec::is_empty) {
             return Ok(out);
@@ -238,7 +247,7 @@ impl AttentionModule for LongformerAttention {
             out,
             [pick_rows(q, &rows), k, v],
             &rows,
-            masks.key_pad,
+            &masks,
             Some(&self.dropout),
         ))
     }
