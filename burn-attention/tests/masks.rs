@@ -7,8 +7,9 @@ mod reference;
 
 use burn::prelude::*;
 use burn_attention_zoo::{
-    Attention, AttentionConfig, AttentionInput, AttentionModule, EncoderConfig, HeadMasks,
-    VARIANTS, padding_mask_from_lengths,
+    Attention, AttentionConfig, AttentionInput, AttentionModule, BigBirdConfig, EncoderConfig,
+    HeadMasks, LocalAttentionConfig, LocalForm, SparseAttentionConfig, SparsePattern, VARIANTS,
+    padding_mask_from_lengths,
 };
 use reference::{normal_tensor, to_heads};
 
@@ -17,7 +18,8 @@ fn device() -> Device {
 }
 
 /// A `[batch, n_q, n_k]` mask with about a third of its entries `true`, drawn from `seed`,
-/// never masking key 0 of a row (so every row keeps a key unless a test wants otherwise).
+/// never masking key 0 or a query's own position (which every pattern keeps), so that every
+/// row keeps a key unless a test wants otherwise.
 fn random_mask(shape: [usize; 3], seed: u64, device: &Device) -> (Tensor<3, Bool>, Vec<bool>) {
     let [b, n_q, n_k] = shape;
     let draws = normal_tensor([b, n_q, n_k], seed, device)
@@ -27,7 +29,10 @@ fn random_mask(shape: [usize; 3], seed: u64, device: &Device) -> (Tensor<3, Bool
     let flags: Vec<bool> = draws
         .iter()
         .enumerate()
-        .map(|(i, &x)| i % n_k != 0 && x > 0.43)
+        .map(|(i, &x)| {
+            let (row, j) = (i / n_k % n_q, i % n_k);
+            j != 0 && j != row && x > 0.43
+        })
         .collect();
     let mask = Tensor::<3, Bool>::from_data(TensorData::new(flags.clone(), shape), device);
     (mask, flags)
@@ -388,19 +393,49 @@ fn linformer_weights_match_float64_reference() {
     }
 }
 
-/// Over the registry, for every variant that returns its weights: the output returned with them
+/// Over the registry, for every variant that returns its weights (for the patterns, weights
+/// formed densely over the pattern's pairs, where the forward pass gathers them): the output returned with them
 /// is the forward pass's, every row is a distribution (non-negative, summing to one), and where
 /// the variant also takes an attention mask, the masked pairs weigh nothing.
 #[test]
 fn returned_weights_are_distributions_over_the_unmasked_keys() {
     let device = device();
-    let (batch, n, d_model, heads) = (2, 12, 16, 2);
+    let (batch, n, d_model, heads) = (2, 13, 16, 2);
     let x = normal_tensor([batch, n, d_model], 21, &device);
     let (mask, flags) = random_mask([batch, n, n], 22, &device);
-    for v in VARIANTS.iter().filter(|v| v.capabilities.returns_weights) {
-        let attention = AttentionConfig::from_name(v.name, d_model, heads, n)
-            .unwrap()
-            .init(&device);
+    // Every variant that returns weights, with its defaults, and the patterns again with blocks
+    // and windows short enough for several of them to fit in the sequence.
+    let mut configs: Vec<AttentionConfig> = VARIANTS
+        .iter()
+        .filter(|v| v.capabilities.returns_weights)
+        .map(|v| AttentionConfig::from_name(v.name, d_model, heads, n).unwrap())
+        .collect();
+    configs.extend([
+        AttentionConfig::Local(LocalAttentionConfig::new(d_model, heads).with_block_size(4)),
+        AttentionConfig::Local(
+            LocalAttentionConfig::new(d_model, heads)
+                .with_form(LocalForm::SlidingWindow)
+                .with_window(5),
+        ),
+        AttentionConfig::Sparse(
+            SparseAttentionConfig::new(d_model, heads)
+                .with_block_size(4)
+                .with_summary(1),
+        ),
+        AttentionConfig::Sparse(
+            SparseAttentionConfig::new(d_model, heads)
+                .with_pattern(SparsePattern::Strided)
+                .with_block_size(3),
+        ),
+        AttentionConfig::BigBird(
+            BigBirdConfig::new(d_model, heads, n)
+                .with_block_size(2)
+                .with_random_blocks(1),
+        ),
+    ]);
+    for config in configs {
+        let v = config.info();
+        let attention = config.init(&device);
         let mut input = AttentionInput::new(x.clone());
         if v.capabilities.attention_mask {
             input = input.mask_attn(mask.clone());

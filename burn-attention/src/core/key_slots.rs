@@ -158,6 +158,35 @@ impl KeySlots {
         }
     }
 
+    /// Marks in `kept` (`[batch, heads, n_q, n_k]` flattened) the pairs these slots let a query
+    /// see: the pattern as a dense mask, for forming its weights.
+    pub fn mark_kept(&self, kept: &mut [bool], [batch, heads, n_q, n_k]: [usize; 4]) {
+        let rows = self.n_blocks * self.block;
+        for b in 0..batch {
+            for h in 0..heads {
+                let g = self.group(b, h);
+                for beta in 0..self.n_blocks {
+                    for r in 0..self.block {
+                        let row = beta * self.block + r;
+                        let i = match &self.query_order {
+                            Some(order) => order[g * rows + row] as usize,
+                            None => row,
+                        };
+                        if i >= n_q {
+                            continue;
+                        }
+                        for s in 0..self.slots {
+                            if !self.mask[self.pair(g, beta, r, s)] {
+                                let j = self.index[(g * self.n_blocks + beta) * self.slots + s];
+                                kept[((b * heads + h) * n_q + i) * n_k + j as usize] = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The same slots with one group per batch element (`batch` copies of each head group).
     fn per_batch(&mut self, batch: usize) {
         self.index = repeat(&self.index, batch);

@@ -291,6 +291,46 @@ pub fn with_full_rows(
     out.mask_where(mask, spread)
 }
 
+/// The weights of a pattern's softmax attention as a dense `[batch, heads, n_q, n_k]` tensor:
+/// `softmax(scale · q kᵀ)` over the pairs its `slots` score (several key sets: their union)
+/// and, for the queries of `full_rows[b]`, over every real key the attention mask leaves
+/// (`masks`); 0 elsewhere. The composed steps, `n × n` scores formed: for analysis and plots,
+/// not for training at length.
+pub fn pattern_weights(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    slots: &[&KeySlots],
+    full_rows: &[Vec<usize>],
+    masks: &HeadMasks,
+    scale: f32,
+) -> Tensor<4> {
+    let [batch, heads, n_q, _] = q.dims();
+    let n_k = k.dims()[2];
+    let shape = [batch, heads, n_q, n_k];
+    let mut kept = vec![false; batch * heads * n_q * n_k];
+    for slots in slots {
+        slots.mark_kept(&mut kept, shape);
+    }
+    let padding = padding_flags(&masks.key_pad, batch, n_k);
+    let attention = masks.attention_flags();
+    for (b, rows) in full_rows.iter().enumerate() {
+        for h in 0..heads {
+            for &i in rows {
+                for j in (0..n_k).filter(|&j| !padding[b][j]) {
+                    let hidden = attention
+                        .as_ref()
+                        .is_some_and(|(flags, _)| flags[(b * n_q + i) * n_k + j]);
+                    kept[((b * heads + h) * n_q + i) * n_k + j] = !hidden;
+                }
+            }
+        }
+    }
+    let dropped =
+        Tensor::<4, Bool>::from_data(TensorData::new(kept, shape), &q.device()).bool_not();
+    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    burn::tensor::activation::softmax(scores.mask_fill(dropped, MASK_FILL), 3)
+}
+
 /// Per batch element, one past the last real (unpadded) position of its padding flags (see
 /// [`padding_flags`]): the sequence's length when padding is a suffix.
 pub fn real_lengths(padding: &[Vec<bool>]) -> Vec<usize> {

@@ -27,13 +27,14 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 
 use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::params::lazy_param;
 use crate::core::sparse::{
-    gathered_attention, padding_flags, pick_rows, real_lengths, with_full_rows,
+    gathered_attention, padding_flags, pattern_weights, pick_rows, real_lengths, with_full_rows,
 };
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
@@ -48,7 +49,7 @@ pub const INFO: VariantInfo = VariantInfo {
     capabilities: Capabilities {
         padding_mask: true,
         attention_mask: true,
-        returns_weights: false,
+        returns_weights: true,
         causal: false,
         cross_attention: false,
         fixed_max_len: true,
@@ -202,30 +203,15 @@ fn attended_blocks(
     fixed
 }
 
-impl AttentionModule for BigBirdAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
-
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
+impl BigBirdAttention {
+    /// The pattern's key slots for the non-global query blocks (neighbours and random blocks,
+    /// less padding and what an attention mask hides), and each batch element's global rows
+    /// (the first and last blocks of its real length), which attend to every key.
+    fn pattern(
         &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        let [batch, heads, n, d] = q.dims();
-        check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        [batch, heads, n]: [usize; 3],
+        masks: &HeadMasks,
+    ) -> (KeySlots, Vec<Vec<usize>>) {
         // A block at least as long as the sequence is the whole sequence, whatever its size.
         let b = self.block_size.min(n.max(1));
         let padding = padding_flags(&masks.key_pad, batch, n);
@@ -272,6 +258,35 @@ impl AttentionModule for BigBirdAttention {
         if let Some((flags, shape)) = masks.attention_flags() {
             slots.mask_attention(&flags, shape);
         }
+        (slots, global_rows)
+    }
+}
+
+impl AttentionModule for BigBirdAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, heads, n, d] = q.dims();
+        check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let out = gathered_attention(q.clone(), k.clone(), v.clone(), slots, scale, dropout).out;
@@ -285,5 +300,23 @@ impl AttentionModule for BigBirdAttention {
             &masks,
             dropout,
         ))
+    }
+
+    /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it; the global
+    /// rows over every key).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        let [batch, heads, n, d] = q.dims();
+        check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
+        let scale = 1.0 / (d as f32).sqrt();
+        let weights = pattern_weights(q, k, &[&slots], &global_rows, &masks, scale);
+        let o = dropout(&self.dropout, weights.clone()).matmul(v);
+        Ok((self.proj.out(o), weights))
     }
 }

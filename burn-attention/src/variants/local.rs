@@ -24,12 +24,13 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::sparse::{gathered_attention, padding_flags};
+use crate::core::sparse::{gathered_attention, padding_flags, pattern_weights};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
 };
@@ -37,7 +38,7 @@ use crate::core::variant::{
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
     attention_mask: true,
-    returns_weights: false,
+    returns_weights: true,
     causal: true,
     cross_attention: false,
     fixed_max_len: false,
@@ -189,6 +190,22 @@ pub struct LocalAttention {
 
 projection_shape!(LocalAttention);
 
+impl LocalAttention {
+    /// The keys each block of queries scores: the block or window, less padding, future keys
+    /// (causal) and what an attention mask hides.
+    fn slots(&self, batch: usize, n: usize, masks: &HeadMasks) -> KeySlots {
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let mut slots = match self.form {
+            LocalForm::Blocks => block_slots(n, self.block_size, masks.causal, &padding),
+            LocalForm::SlidingWindow => window_slots(n, self.window, masks.causal, &padding),
+        };
+        if let Some((flags, shape)) = masks.attention_flags() {
+            slots.mask_attention(&flags, shape);
+        }
+        slots
+    }
+}
+
 impl AttentionModule for LocalAttention {
     fn name(&self) -> &'static str {
         self.form.info().name
@@ -213,16 +230,25 @@ impl AttentionModule for LocalAttention {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
         masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
-        let padding = padding_flags(&masks.key_pad, batch, n);
-        let mut slots = match self.form {
-            LocalForm::Blocks => block_slots(n, self.block_size, masks.causal, &padding),
-            LocalForm::SlidingWindow => window_slots(n, self.window, masks.causal, &padding),
-        };
-        if let Some((flags, shape)) = masks.attention_flags() {
-            slots.mask_attention(&flags, shape);
-        }
+        let slots = self.slots(batch, n, &masks);
         let scale = 1.0 / (d as f32).sqrt();
         Ok(gathered_attention(q, k, v, slots, scale, Some(&self.dropout)).out)
+    }
+
+    /// The weights over the keys of the block or window, `[batch, heads, n, n]` (0 outside it).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        let [batch, _, n, d] = q.dims();
+        check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
+        let slots = self.slots(batch, n, &masks);
+        let weights = pattern_weights(q, k, &[&slots], &[], &masks, 1.0 / (d as f32).sqrt());
+        let o = dropout(&self.dropout, weights.clone()).matmul(v);
+        Ok((self.proj.out(o), weights))
     }
 
     /// Attends over a key/value cache that holds only the neighbourhood: the current block's

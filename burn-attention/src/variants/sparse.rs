@@ -29,12 +29,15 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::sparse::{gathered_attention, merge_by_log_sum_exp, padding_flags};
+use crate::core::sparse::{
+    gathered_attention, merge_by_log_sum_exp, padding_flags, pattern_weights,
+};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
 };
@@ -42,7 +45,7 @@ use crate::core::variant::{
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
     attention_mask: true,
-    returns_weights: false,
+    returns_weights: true,
     causal: true,
     cross_attention: false,
     fixed_max_len: false,
@@ -198,6 +201,34 @@ pub struct SparseAttention {
 
 projection_shape!(SparseAttention);
 
+impl SparseAttention {
+    /// The key sets the queries score, less padding, future keys (causal) and what an attention
+    /// mask hides: the fixed pattern's one, or the strided pattern's band and stride (whose
+    /// attentions merge into the softmax over their union).
+    fn slots(&self, batch: usize, n: usize, masks: &HeadMasks) -> Vec<KeySlots> {
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let (l, causal) = (self.block_size, masks.causal);
+        let mut sets = match self.pattern {
+            SparsePattern::Fixed => vec![fixed_slots(n, l, self.summary, causal, &padding)],
+            SparsePattern::Strided => {
+                // A band of l >= n keys holds every key: the same slots as one of n.
+                let band_l = l.min(n.max(1));
+                let after = if causal { 0 } else { band_l - 1 };
+                vec![
+                    KeySlots::band(n, band_l, [band_l - 1, after], &[], &padding),
+                    stride_slots(n, l, causal, &padding),
+                ]
+            }
+        };
+        if let Some((flags, shape)) = masks.attention_flags() {
+            for slots in &mut sets {
+                slots.mask_attention(&flags, shape);
+            }
+        }
+        sets
+    }
+}
+
 impl AttentionModule for SparseAttention {
     fn name(&self) -> &'static str {
         self.pattern.info().name
@@ -222,41 +253,33 @@ impl AttentionModule for SparseAttention {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
         masks.check_attention_mask(self.pattern.info(), &q, k.dims()[2])?;
-        let padding = padding_flags(&masks.key_pad, batch, n);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
-        let (l, causal) = (self.block_size, masks.causal);
-        let attention_flags = masks.attention_flags();
-        let masked = |mut slots: KeySlots| {
-            if let Some((flags, shape)) = &attention_flags {
-                slots.mask_attention(flags, *shape);
-            }
-            slots
-        };
-        Ok(match self.pattern {
-            SparsePattern::Fixed => {
-                let slots = masked(fixed_slots(n, l, self.summary, causal, &padding));
-                gathered_attention(q, k, v, slots, scale, dropout).out
-            }
-            SparsePattern::Strided => {
-                // A band of l >= n keys holds every key: the same slots as one of n.
-                let band_l = l.min(n.max(1));
-                let after = if causal { 0 } else { band_l - 1 };
-                let band = masked(KeySlots::band(
-                    n,
-                    band_l,
-                    [band_l - 1, after],
-                    &[],
-                    &padding,
-                ));
-                let stride = masked(stride_slots(n, l, causal, &padding));
-                merge_by_log_sum_exp(vec![
-                    gathered_attention(q.clone(), k.clone(), v.clone(), band, scale, dropout),
-                    gathered_attention(q, k, v, stride, scale, dropout),
-                ])
-                .out
-            }
+        let mut parts = self.slots(batch, n, &masks).into_iter().map(|slots| {
+            gathered_attention(q.clone(), k.clone(), v.clone(), slots, scale, dropout)
+        });
+        Ok(match (parts.next(), parts.next()) {
+            (Some(one), None) => one.out,
+            (Some(band), Some(stride)) => merge_by_log_sum_exp(vec![band, stride]).out,
+            _ => unreachable!("a pattern has one or two key sets"),
         })
+    }
+
+    /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        let [batch, _, n, d] = q.dims();
+        check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
+        masks.check_attention_mask(self.pattern.info(), &q, k.dims()[2])?;
+        let slots = self.slots(batch, n, &masks);
+        let slots: Vec<&KeySlots> = slots.iter().collect();
+        let weights = pattern_weights(q, k, &slots, &[], &masks, 1.0 / (d as f32).sqrt());
+        let o = dropout(&self.dropout, weights.clone()).matmul(v);
+        Ok((self.proj.out(o), weights))
     }
 
     /// Appends the token's key and value to a cache of every key so far and attends over the
