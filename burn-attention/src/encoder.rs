@@ -180,6 +180,17 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         ))
     }
 
+    /// A whole prompt `x: [batch, n, d_model]` through the block at once, its attention
+    /// prefilling its decoding state (see [`AttentionModule::prefill`]): the causal output and
+    /// the state from which [`decode`](Self::decode) goes on.
+    pub fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (attended, state) = self.attention.prefill(self.norm_attn.forward(x.clone()))?;
+        Ok((
+            self.feed_forward(x + dropout(&self.dropout, attended)),
+            state,
+        ))
+    }
+
     /// The block's second half: `x + FF(LN(x))`.
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         // The exact GELU `activation` stands for, vectorised on `flex`.
@@ -396,6 +407,20 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = block.try_forward(input.clone().with_query(x))?;
         }
         Ok(self.norm.forward(x))
+    }
+
+    /// A whole prompt `x: [batch, n, d_model]` through every block at once: the causal forward
+    /// pass's output and each block's decoding state after the prompt, from which
+    /// [`decode`](Self::decode) goes on (equal to decoding the prompt token by token).
+    pub fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
+        let mut x = x;
+        let mut states = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            let (y, state) = block.prefill(x)?;
+            x = y;
+            states.push(state);
+        }
+        Ok((self.norm.forward(x), states))
     }
 
     /// One token through every block, each block's attention decoding from its own state:

@@ -179,6 +179,13 @@ macro_rules! registry {
                 match self { $(Self::$arm(m) => m.decode(x, state),)* }
             }
 
+            fn prefill(
+                &self,
+                x: Tensor<3>,
+            ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+                match self { $(Self::$arm(m) => m.prefill(x),)* }
+            }
+
             fn redraw(self) -> Self {
                 match self { $(Self::$arm(m) => Self::$arm(m.redraw()),)* }
             }

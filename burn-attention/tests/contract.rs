@@ -337,6 +337,72 @@ fn decoding_equals_causal_forward() {
     }
 }
 
+/// Prefilling a prompt in one pass equals decoding it token by token, for every causal
+/// variant: the prompt's outputs are the causal forward pass's, and decoding goes on from the
+/// prefilled state exactly as from the token-by-token one (prompts of 1, 69 and 70 positions:
+/// one token, and both sides of a chunk and of the local blocks' boundaries; input norms √d_model
+/// and 3√d_model).
+#[test]
+fn prefill_equals_token_by_token_decoding() {
+    let device = device();
+    device.seed(16);
+    let (n, more) = (70, 5);
+    for config in causal_configs() {
+        let attention = config.init(&device);
+        for (prompt_len, norm) in [(1, 1.0), (n - 1, 3.0), (n, 1.0)] {
+            let x = random([2, prompt_len + more, D_MODEL], &device).mul_scalar(norm);
+            let full = attention.forward(AttentionInput::new(x.clone()).causal(true));
+            let prompt = x.clone().slice(s![.., 0..prompt_len]);
+            let (prefilled, state) = attention.prefill(prompt.clone()).unwrap();
+            let tolerance = Tolerance::absolute(1e-5).set_relative(2e-4);
+            prefilled.into_data().assert_approx_eq::<f32>(
+                &full.clone().slice(s![.., 0..prompt_len]).into_data(),
+                tolerance,
+            );
+            let (_, stepped) = decode_all(&prompt, DecodingState::default(), |x, state| {
+                attention.decode(x, state).unwrap()
+            });
+            let rest = x.slice(s![.., prompt_len..]);
+            let step = |x, state| attention.decode(x, state).unwrap();
+            let (after_prefill, _) = decode_all(&rest, state, step);
+            let (after_steps, _) = decode_all(&rest, stepped, step);
+            let expected = full.slice(s![.., prompt_len..]).into_data();
+            after_prefill
+                .into_data()
+                .assert_approx_eq::<f32>(&expected, tolerance);
+            after_steps
+                .into_data()
+                .assert_approx_eq::<f32>(&expected, tolerance);
+        }
+    }
+}
+
+/// An encoder prefills every block's state from a prompt in one pass and decodes on from it as
+/// the causal forward pass does.
+#[test]
+fn encoder_prefill_then_decoding_equals_causal_forward() {
+    let device = device();
+    device.seed(17);
+    for name in ["softmax", "linear", "performer", "local", "ff-glu"] {
+        let block = EncoderBlockConfig::new(config_for(name), 32);
+        let encoder = EncoderConfig::new(block, 2).init(&device);
+        let x = random([2, 45, D_MODEL], &device);
+        let full = encoder.forward(AttentionInput::new(x.clone()).causal(true));
+        let (prefilled, states) = encoder.prefill(x.clone().slice(s![.., 0..40])).unwrap();
+        assert_eq!(states.len(), 2);
+        let (decoded, _) = decode_all(&x.slice(s![.., 40..]), states, |x, states| {
+            encoder.decode(x, states).unwrap()
+        });
+        let tolerance = Tolerance::absolute(1e-5).set_relative(2e-4);
+        prefilled
+            .into_data()
+            .assert_approx_eq::<f32>(&full.clone().slice(s![.., 0..40]).into_data(), tolerance);
+        decoded
+            .into_data()
+            .assert_approx_eq::<f32>(&full.slice(s![.., 40..]).into_data(), tolerance);
+    }
+}
+
 /// A two-layer encoder decoding token by token equals its causal forward pass (the LM use).
 #[test]
 fn encoder_decoding_equals_causal_forward() {

@@ -93,6 +93,24 @@ pub trait AttentionModule: Module {
         ))
     }
 
+    /// Feeds a whole prompt `x: [batch, n, d_model]` (`n` at least 1) at once: the causal
+    /// forward pass's output at every position, and the decoding state after the last one,
+    /// equal (to f32 round-off) to decoding the prompt token by token from
+    /// [`DecodingState::default`]. The default does exactly that, one [`decode`](Self::decode)
+    /// per token; the registered variants override it with one parallel pass (the causal
+    /// forward pass and the state read from the prompt's keys and values).
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let n = x.dims()[1];
+        let mut state = DecodingState::default();
+        let mut outputs = Vec::with_capacity(n);
+        for t in 0..n {
+            let (y, next) = self.decode(x.clone().slice([0..x.dims()[0], t..t + 1]), state)?;
+            outputs.push(y);
+            state = next;
+        }
+        Ok((Tensor::cat(outputs, 1), state))
+    }
+
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are
     /// returned unchanged. Training loops call this every N steps; `forward` never does.
     fn redraw(self) -> Self

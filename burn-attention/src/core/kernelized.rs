@@ -171,6 +171,21 @@ pub fn kernelized_step(
     (normalise(num, den), RecurrentState { s, z, key_max })
 }
 
+/// The recurrent state after a whole prompt, read at once from its key features and values:
+/// `S = Σ_j φ(K_j) V_jᵀ`, `z = Σ_j φ(K_j)` (what [`kernelized_step`] sums token by token), with
+/// `key_max` for features computed in log space.
+///
+/// # Shapes
+/// - `phi_k`: `[batch, heads, n, m]`; `v`: `[batch, heads, n, d]`
+pub fn prompt_state(phi_k: Tensor<4>, v: Tensor<4>, key_max: Option<Tensor<4>>) -> RecurrentState {
+    let z = phi_k.clone().sum_dim(2).swap_dims(2, 3); // [b, h, m, 1]
+    RecurrentState {
+        s: phi_k.swap_dims(2, 3).matmul(v),
+        z,
+        key_max,
+    }
+}
+
 /// The recurrent state inside a decoding state: `None` before the first token; an error if the
 /// state was made by an attention of another kind.
 pub fn recurrent_state(

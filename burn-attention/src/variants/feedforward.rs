@@ -30,7 +30,9 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::kernelized::{
+    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+};
 use crate::core::params::lazy_param;
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
@@ -350,6 +352,14 @@ impl AttentionModule for FeedForwardKernelAttention {
             masks.key_pad,
             masks.causal,
         ))
+    }
+
+    /// The chunked causal form over the prompt; the state summed from its keys and values.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        let state = prompt_state(self.feature_map(k), v, None);
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
     fn decode(

@@ -18,7 +18,9 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::kernelized::{
+    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
 };
@@ -114,6 +116,14 @@ impl AttentionModule for LinearAttention {
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
         masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
         Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
+    }
+
+    /// The chunked causal form over the prompt; the state summed from its keys and values.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        let state = prompt_state(elu_feature_map(k), v, None);
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
     fn decode(

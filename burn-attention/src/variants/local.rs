@@ -251,6 +251,26 @@ impl AttentionModule for LocalAttention {
         Ok((self.proj.out(o), weights))
     }
 
+    /// The causal forward pass over the prompt; the cache is its neighbourhood of the last
+    /// position, as decoding leaves it: the last block's keys so far, or the last `window`.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        let n = k.dims()[2];
+        let kept = match self.form {
+            LocalForm::Blocks => (n - 1) % self.block_size + 1,
+            LocalForm::SlidingWindow => n.min(self.window),
+        };
+        let recent = |x: Tensor<4>| x.slice(s![.., .., n - kept..]);
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys: recent(k),
+                values: recent(v),
+            },
+        ))
+    }
+
     /// Attends over a key/value cache that holds only the neighbourhood: the current block's
     /// keys so far (emptied when a block is full), or the last `window` keys. A step costs
     /// O(b d) or O(w d) and the state stays that size, however long the sequence.

@@ -55,7 +55,9 @@ use crate::core::features::orthogonal_features;
 use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::kernelized::{kernelized_attention, kernelized_step, recurrent_state};
+use crate::core::kernelized::{
+    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+};
 use crate::core::params::lazy_param;
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
@@ -241,6 +243,24 @@ impl AttentionModule for PerformerAttention {
             Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),
             None => kernelized_attention(relu_features(q), relu_features(k), v, key_pad, causal),
         })
+    }
+
+    /// The chunked causal form over the prompt; the state summed from its keys and values
+    /// (FAVOR+'s features stabilised by their largest log-feature over the prompt, as
+    /// decoding keeps them).
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        let state = match &self.features {
+            Some(w) => {
+                let log_k = key_log_features(k.clone(), scaled_features(&w.val(), &k));
+                let key_max = log_k.clone().max_dim(2); // [b, h, 1, m]
+                let phi_k = (log_k - key_max.clone()).exp();
+                prompt_state(phi_k, v, Some(key_max))
+            }
+            None => prompt_state(relu_features(k), v, None),
+        };
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
     fn decode(

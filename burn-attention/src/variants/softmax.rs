@@ -148,6 +148,16 @@ impl AttentionModule for SoftmaxAttention {
         Ok((self.proj.out(o), weights))
     }
 
+    /// The causal forward pass over the prompt; its keys and values are the cache.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = exact_softmax_attention(q, k.clone(), v.clone(), None, true, None);
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache { keys: k, values: v },
+        ))
+    }
+
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
     /// position t.
     fn decode(

@@ -282,6 +282,16 @@ impl AttentionModule for SparseAttention {
         Ok((self.proj.out(o), weights))
     }
 
+    /// The causal forward pass over the prompt; its keys and values are the cache.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache { keys: k, values: v },
+        ))
+    }
+
     /// Appends the token's key and value to a cache of every key so far and attends over the
     /// cached keys its pattern keeps: O(|A(t)| d) at position t.
     fn decode(

@@ -411,6 +411,19 @@ impl AttentionModule for SynthesizerAttention {
         Ok((self.output.forward(merge_heads(o)), weights))
     }
 
+    /// The causal forward pass over the prompt; its values are the cache.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, v) = self.queries_and_values(x);
+        let o = self.attend(q, v.clone(), v.clone(), HeadMasks::new(None, true))?;
+        Ok((
+            self.output.forward(merge_heads(o)),
+            DecodingState::KeyValueCache {
+                keys: v.clone(),
+                values: v,
+            },
+        ))
+    }
+
     /// Appends the token's value to the cache and weighs the cached values with the token's
     /// synthesized row (the row of its position `t`, the number of values cached before it).
     fn decode(
