@@ -191,6 +191,21 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         ))
     }
 
+    /// [`prefill`](Self::prefill) for prompts of different lengths, padded by `mask_pad`
+    /// (see [`AttentionModule::prefill_padded`]).
+    pub fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let normed = self.norm_attn.forward(x.clone());
+        let (attended, state) = self.attention.prefill_padded(normed, mask_pad)?;
+        Ok((
+            self.feed_forward(x + dropout(&self.dropout, attended)),
+            state,
+        ))
+    }
+
     /// The block's second half: `x + FF(LN(x))`.
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         // The exact GELU `activation` stands for, vectorised on `flex`.
@@ -417,6 +432,25 @@ impl<A: Module + AttentionModule> Encoder<A> {
         let mut states = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
             let (y, state) = block.prefill(x)?;
+            x = y;
+            states.push(state);
+        }
+        Ok((self.norm.forward(x), states))
+    }
+
+    /// [`prefill`](Self::prefill) for prompts of different lengths, padded to the longest and
+    /// marked by `mask_pad: [batch, n]` (`true` = padding): decoding then goes on for every
+    /// prompt from its own end, one new token per prompt a step (see
+    /// [`AttentionModule::prefill_padded`] for the attentions that can).
+    pub fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
+        let mut x = x;
+        let mut states = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            let (y, state) = block.prefill_padded(x, mask_pad.clone())?;
             x = y;
             states.push(state);
         }

@@ -186,6 +186,14 @@ macro_rules! registry {
                 match self { $(Self::$arm(m) => m.prefill(x),)* }
             }
 
+            fn prefill_padded(
+                &self,
+                x: Tensor<3>,
+                mask_pad: Tensor<2, Bool>,
+            ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+                match self { $(Self::$arm(m) => m.prefill_padded(x, mask_pad),)* }
+            }
+
             fn redraw(self) -> Self {
                 match self { $(Self::$arm(m) => Self::$arm(m.redraw()),)* }
             }

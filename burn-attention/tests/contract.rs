@@ -377,6 +377,91 @@ fn prefill_equals_token_by_token_decoding() {
     }
 }
 
+/// Prompts of different lengths in one batch: prefilled padded to the longest, each goes on
+/// decoding from its own end (one new token per prompt a step) exactly as when it is alone;
+/// for softmax (its cache's padding masked) and every kernelized variant (padding left out of
+/// the sums). The position-dependent patterns (local, sparse, Synthesizer) refuse, saying so.
+#[test]
+fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
+    let device = device();
+    device.seed(18);
+    let (longest, shorter, more) = (70, 45, 5);
+    for config in causal_configs() {
+        let attention = config.init(&device);
+        let name = config.name();
+        // Two sequences, each with `more` tokens after its prompt.
+        let seqs = [
+            random([1, longest + more, D_MODEL], &device),
+            random([1, shorter + more, D_MODEL], &device),
+        ];
+        let lengths = [longest, shorter];
+        // The batch of prompts: the shorter one padded with unrelated values.
+        let padded_short = Tensor::cat(
+            vec![
+                seqs[1].clone().slice(s![.., 0..shorter]),
+                random([1, longest - shorter, D_MODEL], &device).mul_scalar(5.0),
+            ],
+            1,
+        );
+        let prompts = Tensor::cat(
+            vec![seqs[0].clone().slice(s![.., 0..longest]), padded_short],
+            0,
+        );
+        let mask = padding_mask_from_lengths(&lengths, longest, &device);
+        let result = attention.prefill_padded(prompts, mask);
+        let position_dependent = ["local", "sparse", "synthesizer"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        if position_dependent {
+            let err = result.unwrap_err();
+            assert!(
+                err.to_string().contains("different lengths"),
+                "{name}: {err}"
+            );
+            continue;
+        }
+        let (prefilled, mut state) = result.unwrap();
+        let tolerance = Tolerance::absolute(1e-5).set_relative(2e-4);
+        let alone: Vec<Tensor<3>> = seqs
+            .iter()
+            .map(|x| attention.forward(AttentionInput::new(x.clone()).causal(true)))
+            .collect();
+        for (b, len) in lengths.into_iter().enumerate() {
+            prefilled
+                .clone()
+                .slice(s![b..b + 1, 0..len])
+                .into_data()
+                .assert_approx_eq::<f32>(
+                    &alone[b].clone().slice(s![.., 0..len]).into_data(),
+                    tolerance,
+                );
+        }
+        for t in 0..more {
+            let tokens = Tensor::cat(
+                vec![
+                    seqs[0].clone().slice(s![.., longest + t..longest + t + 1]),
+                    seqs[1].clone().slice(s![.., shorter + t..shorter + t + 1]),
+                ],
+                0,
+            );
+            let (y, next) = attention.decode(tokens, state).unwrap();
+            state = next;
+            for (b, len) in lengths.into_iter().enumerate() {
+                y.clone()
+                    .slice(s![b..b + 1])
+                    .into_data()
+                    .assert_approx_eq::<f32>(
+                        &alone[b]
+                            .clone()
+                            .slice(s![.., len + t..len + t + 1])
+                            .into_data(),
+                        tolerance,
+                    );
+            }
+        }
+    }
+}
+
 /// An encoder prefills every block's state from a prompt in one pass and decodes on from it as
 /// the causal forward pass does.
 #[test]

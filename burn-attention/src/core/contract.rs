@@ -111,6 +111,24 @@ pub trait AttentionModule: Module {
         Ok((Tensor::cat(outputs, 1), state))
     }
 
+    /// [`prefill`](Self::prefill) for a batch of prompts of different lengths: `x` holds them
+    /// padded to the longest, `mask_pad: [batch, n]` marks the padding (`true`). Outputs at
+    /// padded positions are unspecified; the state leaves the padding out, so that decoding goes
+    /// on for every prompt from its own end, one new token per prompt a step. The attentions
+    /// whose state does not depend on where a token sits (softmax's cache, the kernelized sums)
+    /// do this; the default, and the position-dependent patterns, return an error.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let _ = (x, mask_pad);
+        Err(AttentionError::unsupported(
+            self.name(),
+            "prefilling prompts of different lengths",
+        ))
+    }
+
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are
     /// returned unchanged. Training loops call this every N steps; `forward` never does.
     fn redraw(self) -> Self
@@ -165,6 +183,9 @@ pub enum DecodingState {
         keys: Tensor<4>,
         /// Values so far.
         values: Tensor<4>,
+        /// The cached positions that pad a prompt shorter than the batch's longest
+        /// ([`AttentionModule::prefill_padded`]), `[batch, t]`, `true` = padding; `None`: none.
+        padding: Option<Tensor<2, Bool>>,
     },
     /// Kernelized attention: the sums over the keys so far, so that a step costs O(m d)
     /// wherever it is in the sequence.
@@ -174,19 +195,50 @@ pub enum DecodingState {
 impl DecodingState {
     /// The key/value cache with this token's `k` and `v` (`[batch, heads, 1, d]`) appended,
     /// starting one from [`Empty`](Self::Empty): the state of the attentions that decode over
-    /// cached keys. A recurrent state is an error naming `variant`.
+    /// cached keys. A recurrent state, or a cache of prompts of different lengths, is an error
+    /// naming `variant`.
     pub fn append_to_cache(
         self,
         variant: &'static str,
         k: Tensor<4>,
         v: Tensor<4>,
     ) -> Result<(Tensor<4>, Tensor<4>), AttentionError> {
-        match self {
-            Self::Empty => Ok((k, v)),
-            Self::KeyValueCache { keys, values } => Ok((
-                Tensor::cat(vec![keys, k], 2),
-                Tensor::cat(vec![values, v], 2),
+        match self.append_to_padded_cache(variant, k, v)? {
+            (keys, values, None) => Ok((keys, values)),
+            (_, _, Some(_)) => Err(AttentionError::unsupported(
+                variant,
+                "decoding prompts of different lengths",
             )),
+        }
+    }
+
+    /// [`append_to_cache`](Self::append_to_cache) for a cache that may hold padding: also its
+    /// padding flags, the new token's `false`.
+    pub fn append_to_padded_cache(
+        self,
+        variant: &'static str,
+        k: Tensor<4>,
+        v: Tensor<4>,
+    ) -> Result<(Tensor<4>, Tensor<4>, Option<Tensor<2, Bool>>), AttentionError> {
+        match self {
+            Self::Empty => Ok((k, v, None)),
+            Self::KeyValueCache {
+                keys,
+                values,
+                padding,
+            } => {
+                let padding = padding.map(|pad| {
+                    let batch = pad.dims()[0];
+                    let real = TensorData::new(vec![false; batch], [batch, 1]);
+                    let real = Tensor::<2, Bool>::from_data(real, &pad.device());
+                    Tensor::cat(vec![pad, real], 1)
+                });
+                Ok((
+                    Tensor::cat(vec![keys, k], 2),
+                    Tensor::cat(vec![values, v], 2),
+                    padding,
+                ))
+            }
             Self::Recurrent(_) => Err(AttentionError::unsupported(
                 variant,
                 "a recurrent decoding state (it carries a key/value cache)",

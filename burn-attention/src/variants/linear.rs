@@ -17,7 +17,7 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
@@ -92,6 +92,22 @@ pub struct LinearAttention {
 
 projection_shape!(LinearAttention);
 
+impl LinearAttention {
+    /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
+    /// summed from their real keys and values.
+    fn prefill_with(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let masks = HeadMasks::new(mask_pad.clone(), true);
+        let o = self.attend(q, k.clone(), v.clone(), masks)?;
+        let state = prompt_state(zero_padded(elu_feature_map(k), &mask_pad), v, None);
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+    }
+}
+
 impl AttentionModule for LinearAttention {
     fn name(&self) -> &'static str {
         INFO.name
@@ -120,10 +136,16 @@ impl AttentionModule for LinearAttention {
 
     /// The chunked causal form over the prompt; the state summed from its keys and values.
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
-        let state = prompt_state(elu_feature_map(k), v, None);
-        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+        self.prefill_with(x, None)
+    }
+
+    /// As [`prefill`](Self::prefill), the padding left out of the state's sums.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        self.prefill_with(x, Some(mask_pad))
     }
 
     fn decode(

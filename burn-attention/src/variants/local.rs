@@ -267,6 +267,7 @@ impl AttentionModule for LocalAttention {
             DecodingState::KeyValueCache {
                 keys: recent(k),
                 values: recent(v),
+                padding: None,
             },
         ))
     }
@@ -304,7 +305,11 @@ impl AttentionModule for LocalAttention {
         };
         Ok((
             self.proj.out(o),
-            DecodingState::KeyValueCache { keys, values },
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding: None,
+            },
         ))
     }
 }

@@ -54,7 +54,7 @@ use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::orthogonal_features;
 use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
@@ -214,6 +214,35 @@ pub struct PerformerAttention {
 
 projection_shape!(PerformerAttention);
 
+impl PerformerAttention {
+    /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
+    /// summed from their real keys and values.
+    fn prefill_with(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let masks = HeadMasks::new(mask_pad.clone(), true);
+        let o = self.attend(q, k.clone(), v.clone(), masks)?;
+        let state = match &self.features {
+            Some(w) => {
+                let mut log_k = key_log_features(k.clone(), scaled_features(&w.val(), &k));
+                if let Some(mask) = &mask_pad {
+                    let [batch, n] = mask.dims();
+                    log_k =
+                        log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
+                }
+                let key_max = log_k.clone().max_dim(2); // [b, h, 1, m]
+                let phi_k = (log_k - key_max.clone()).exp();
+                prompt_state(phi_k, v, Some(key_max))
+            }
+            None => prompt_state(zero_padded(relu_features(k), &mask_pad), v, None),
+        };
+        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+    }
+}
+
 impl AttentionModule for PerformerAttention {
     fn name(&self) -> &'static str {
         self.kernel.info().name
@@ -249,18 +278,17 @@ impl AttentionModule for PerformerAttention {
     /// (FAVOR+'s features stabilised by their largest log-feature over the prompt, as
     /// decoding keeps them).
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
-        let state = match &self.features {
-            Some(w) => {
-                let log_k = key_log_features(k.clone(), scaled_features(&w.val(), &k));
-                let key_max = log_k.clone().max_dim(2); // [b, h, 1, m]
-                let phi_k = (log_k - key_max.clone()).exp();
-                prompt_state(phi_k, v, Some(key_max))
-            }
-            None => prompt_state(relu_features(k), v, None),
-        };
-        Ok((self.proj.out(o), DecodingState::Recurrent(state)))
+        self.prefill_with(x, None)
+    }
+
+    /// As [`prefill`](Self::prefill), the padding left out of the state's sums (and of
+    /// FAVOR+'s stabiliser).
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        self.prefill_with(x, Some(mask_pad))
     }
 
     fn decode(

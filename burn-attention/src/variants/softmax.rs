@@ -154,8 +154,30 @@ impl AttentionModule for SoftmaxAttention {
         let o = exact_softmax_attention(q, k.clone(), v.clone(), None, true, None);
         Ok((
             self.proj.out(o),
-            DecodingState::KeyValueCache { keys: k, values: v },
+            DecodingState::KeyValueCache {
+                keys: k,
+                values: v,
+                padding: None,
+            },
         ))
+    }
+
+    /// The causal forward pass over the padded prompts; their keys and values are the cache,
+    /// its padding masked in every later step.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let o =
+            exact_softmax_attention(q, k.clone(), v.clone(), Some(mask_pad.clone()), true, None);
+        let state = DecodingState::KeyValueCache {
+            keys: k,
+            values: v,
+            padding: Some(mask_pad),
+        };
+        Ok((self.proj.out(o), state))
     }
 
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
@@ -166,11 +188,22 @@ impl AttentionModule for SoftmaxAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
-        let (keys, values) = state.append_to_cache(INFO.name, k, v)?;
-        let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
+        let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
+        let o = exact_softmax_attention(
+            q,
+            keys.clone(),
+            values.clone(),
+            padding.clone(),
+            false,
+            None,
+        );
         Ok((
             self.proj.out(o),
-            DecodingState::KeyValueCache { keys, values },
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding,
+            },
         ))
     }
 }

@@ -288,7 +288,11 @@ impl AttentionModule for SparseAttention {
         let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
         Ok((
             self.proj.out(o),
-            DecodingState::KeyValueCache { keys: k, values: v },
+            DecodingState::KeyValueCache {
+                keys: k,
+                values: v,
+                padding: None,
+            },
         ))
     }
 
@@ -318,7 +322,11 @@ impl AttentionModule for SparseAttention {
         );
         Ok((
             self.proj.out(o),
-            DecodingState::KeyValueCache { keys, values },
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding: None,
+            },
         ))
     }
 }

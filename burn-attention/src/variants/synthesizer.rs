@@ -420,6 +420,7 @@ impl AttentionModule for SynthesizerAttention {
             DecodingState::KeyValueCache {
                 keys: v.clone(),
                 values: v,
+                padding: None,
             },
         ))
     }
@@ -453,6 +454,7 @@ impl AttentionModule for SynthesizerAttention {
             DecodingState::KeyValueCache {
                 keys: values.clone(),
                 values,
+                padding: None,
             },
         ))
     }
