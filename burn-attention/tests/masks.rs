@@ -8,8 +8,8 @@ mod reference;
 use burn::prelude::*;
 use burn_attention_zoo::{
     Attention, AttentionConfig, AttentionInput, AttentionModule, BigBirdConfig, EncoderConfig,
-    HeadMasks, LocalAttentionConfig, LocalForm, SparseAttentionConfig, SparsePattern, VARIANTS,
-    padding_mask_from_lengths,
+    HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig, SparseAttentionConfig,
+    SparsePattern, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{normal_tensor, to_heads};
 
@@ -431,6 +431,11 @@ fn returned_weights_are_distributions_over_the_unmasked_keys() {
             BigBirdConfig::new(d_model, heads, n)
                 .with_block_size(2)
                 .with_random_blocks(1),
+        ),
+        AttentionConfig::Longformer(
+            LongformerConfig::new(d_model, heads)
+                .with_window(3)
+                .with_global_tokens(vec![0, 6]),
         ),
     ]);
     for config in configs {

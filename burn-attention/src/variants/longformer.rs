@@ -16,18 +16,23 @@
 //! (the LRA harness with CLS pooling); padded ones are ignored.
 //!
 //! Cost per head: O(n (w + g) d + g n d) time and O(n (w + g)) memory, `g` global positions.
-//! Masks: padding, an arbitrary attention mask (on the window's pairs and the global rows). No
-//! causal form (LRA's Longformer has none either), no cross-attention.
+//! Masks: padding, an arbitrary attention mask (on the window's pairs and the global rows). Its
+//! weights on request (a window row's over its window and the global keys, a global row's over
+//! every key, from the global projections). No causal form (LRA's Longformer has none either), no cross-attention.
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
 use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
-use crate::core::sparse::{gathered_attention, padding_flags, pick_rows, with_full_rows};
+use crate::core::softmax::softmax_weights;
+use crate::core::sparse::{
+    gathered_attention, padding_flags, pattern_weights, pick_rows, with_full_rows,
+};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
 };
@@ -41,7 +46,7 @@ pub const INFO: VariantInfo = VariantInfo {
     capabilities: Capabilities {
         padding_mask: true,
         attention_mask: true,
-        returns_weights: false,
+        returns_weights: true,
         causal: false,
         cross_attention: false,
         fixed_max_len: false,
@@ -155,7 +160,14 @@ impl LongformerAttention {
         padding: &[Vec<bool>],
         masks: &HeadMasks,
     ) -> Tensor<4> {
-        let [_, _, n, d] = q.dims();
+        let d = q.dims()[3];
+        let slots = self.window_slots(q.dims()[2], padding, masks);
+        gathered_attention(q, k, v, slots, 1.0 / (d as f32).sqrt(), Some(&self.dropout)).out
+    }
+
+    /// The keys each block of window queries scores: the window and the global positions, less
+    /// padding and what an attention mask hides.
+    fn window_slots(&self, n: usize, padding: &[Vec<bool>], masks: &HeadMasks) -> KeySlots {
         let globals: Vec<usize> = self
             .global_tokens
             .iter()
@@ -170,7 +182,7 @@ impl LongformerAttention {
         if let Some((flags, shape)) = masks.attention_flags() {
             slots.mask_attention(&flags, shape);
         }
-        gathered_attention(q, k, v, slots, 1.0 / (d as f32).sqrt(), Some(&self.dropout)).out
+        slots
     }
 
     /// The global rows of each batch element: the global positions that are not padding.
@@ -227,6 +239,47 @@ impl AttentionModule for LongformerAttention {
     /// The window attention alone, with the global keys: per-head tensors carry one projection,
     /// so the global rows here use the window's (use [`try_forward`](Self::try_forward) for
     /// the paper's separate global projections).
+    /// The weights `[batch, heads, n, n]`: a window row's over its window and the global keys
+    /// (0 elsewhere), a global row's over every key, from the global projections (its output
+    /// reads the global values, as in the forward pass).
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let [n_q, n_k] = [input.query_len(), input.key_len()];
+        check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
+        let masks = input.head_masks();
+        let x = input.query().clone();
+        let [batch, n, _] = x.dims();
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let heads = self.proj.n_heads;
+        let (q, k, v) = self.proj.project(input);
+        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        let scale = 1.0 / (q.dims()[3] as f32).sqrt();
+        let slots = self.window_slots(n, &padding, &masks);
+        let window = pattern_weights(q, k, &[&slots], &[], &masks, scale);
+        let [q_g, k_g, v_g] = [&self.query_global, &self.key_global, &self.value_global]
+            .map(|linear| split_heads(linear.forward(x.clone()), heads));
+        let global = softmax_weights(q_g, k_g, &masks, scale);
+        let rows = self.global_rows(n, &padding);
+        let mut is_global = vec![false; batch * n];
+        for (b, rows) in rows.iter().enumerate() {
+            for &i in rows {
+                is_global[b * n + i] = true;
+            }
+        }
+        let is_global =
+            Tensor::<4, Bool>::from_data(TensorData::new(is_global, [batch, 1, n, 1]), &x.device());
+        let out = dropout(&self.dropout, window.clone()).matmul(v).mask_where(
+            is_global
+                .clone()
+                .expand([batch, heads, n, self.proj.d_model() / heads]),
+            dropout(&self.dropout, global.clone()).matmul(v_g),
+        );
+        let weights = window.mask_where(is_global.expand([batch, heads, n, n]), global);
+        Ok((self.proj.out(out), weights))
+    }
+
     fn attend(
         &self,
         q: Tensor<4>,
