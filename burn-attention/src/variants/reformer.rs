@@ -26,7 +26,8 @@
 //! surrounding model; they are not part of the attention and not built here.
 //!
 //! Cost per head: O(r n c d) time and O(r n c) memory, `r` rounds, `c` the chunk length (plus
-//! sorting, on the host). Masks: padding. No causal form (which keys share a query's chunk
+//! sorting, on the host). Masks: padding, an arbitrary attention mask (on the pairs the chunks
+//! hold; a query's own key still counts only when nothing else is left). No causal form (which keys share a query's chunk
 //! depends on where later positions hash; LRA's Reformer has none either), no cross-attention.
 
 use burn::module::Param;
@@ -55,7 +56,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(r n c)",
     capabilities: Capabilities {
         padding_mask: true,
-        attention_mask: false,
+        attention_mask: true,
         returns_weights: false,
         causal: false,
         cross_attention: false,
@@ -274,6 +275,7 @@ impl ReformerAttention {
         let mut slots = KeySlots::masked([batch, heads], rounds * n_chunks, c, 2 * c);
         let mut bias = vec![0.0f32; slots.mask.len()];
         let mut query_order = vec![0i64; batch * heads * rounds * rows];
+        let attention = masks.attention_flags();
         for (b, pad) in padding.iter().enumerate() {
             let live = pad.iter().filter(|&&p| !p).count().div_ceil(c).max(1);
             let previous = |chunk: usize| if chunk == 0 { live - 1 } else { chunk - 1 };
@@ -320,6 +322,9 @@ impl ReformerAttention {
                                     continue;
                                 };
                                 let at = slots.pair(g, block, row, s);
+                                if let Some((flags, _)) = &attention {
+                                    slots.mask[at] |= flags[(b * n + i) * n + j];
+                                }
                                 let self_bias = if i == j { SELF_BIAS } else { 0.0 };
                                 bias[at] = self_bias - (met(i, j) as f32).ln();
                             }
