@@ -23,7 +23,9 @@
 //! at its offset), so padding never changes a real output.
 //!
 //! Cost per head: O(n b d + (n/b)² (d + b d)) time, O(n b + (n/b)²) memory. Masks: padding. No
-//! causal form, no cross-attention; sequences up to `n_max`.
+//! arbitrary attention mask: a query's sorted block holds mixtures of the keys of several
+//! blocks, which a mask over query-key pairs cannot address (it refuses one). No causal form,
+//! no cross-attention; sequences up to `n_max`.
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
