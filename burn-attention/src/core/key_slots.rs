@@ -132,59 +132,52 @@ impl KeySlots {
         if self.groups[0] == 1 && batch > 1 {
             self.per_batch(batch);
         }
-        let rows = self.n_blocks * self.block;
-        for b in 0..self.groups[0] {
-            for h in 0..self.groups[1] {
-                let g = self.group(b, h);
-                for beta in 0..self.n_blocks {
-                    for r in 0..self.block {
-                        let row = beta * self.block + r;
-                        let i = match &self.query_order {
-                            Some(order) => order[g * rows + row] as usize,
-                            None => row,
-                        };
-                        if i >= n_q {
-                            continue;
-                        }
-                        for s in 0..self.slots {
-                            let j =
-                                self.index[(g * self.n_blocks + beta) * self.slots + s] as usize;
-                            let at = self.pair(g, beta, r, s);
-                            self.mask[at] |= attn[(b * n_q + i) * n_k + j];
-                        }
-                    }
-                }
-            }
+        let hidden: Vec<usize> = self
+            .pairs(self.groups, n_q)
+            .filter(|p| attn[(p.group[0] * n_q + p.query) * n_k + p.key])
+            .map(|p| p.at)
+            .collect();
+        for at in hidden {
+            self.mask[at] = true;
         }
     }
 
     /// Marks in `kept` (`[batch, heads, n_q, n_k]` flattened) the pairs these slots let a query
     /// see: the pattern as a dense mask, for forming its weights.
     pub fn mark_kept(&self, kept: &mut [bool], [batch, heads, n_q, n_k]: [usize; 4]) {
-        let rows = self.n_blocks * self.block;
-        for b in 0..batch {
-            for h in 0..heads {
-                let g = self.group(b, h);
-                for beta in 0..self.n_blocks {
-                    for r in 0..self.block {
-                        let row = beta * self.block + r;
-                        let i = match &self.query_order {
-                            Some(order) => order[g * rows + row] as usize,
-                            None => row,
-                        };
-                        if i >= n_q {
-                            continue;
-                        }
-                        for s in 0..self.slots {
-                            if !self.mask[self.pair(g, beta, r, s)] {
-                                let j = self.index[(g * self.n_blocks + beta) * self.slots + s];
-                                kept[((b * heads + h) * n_q + i) * n_k + j as usize] = true;
-                            }
-                        }
-                    }
-                }
+        for p in self.pairs([batch, heads], n_q) {
+            if !self.mask[p.at] {
+                let [b, h] = p.group;
+                kept[((b * heads + h) * n_q + p.query) * n_k + p.key] = true;
             }
         }
+    }
+
+    /// Every (query, slot) pair of the batch elements and heads `0..batch`, `0..heads` (their
+    /// groups' slots), for the queries below `n_q` (rows past it pad the last block).
+    fn pairs(&self, [batch, heads]: [usize; 2], n_q: usize) -> impl Iterator<Item = Pair> + '_ {
+        let rows = self.n_blocks * self.block;
+        let blocks = (0..batch).flat_map(move |b| {
+            (0..heads).flat_map(move |h| (0..self.n_blocks).map(move |beta| ([b, h], beta)))
+        });
+        blocks.flat_map(move |(group, beta)| {
+            let g = self.group(group[0], group[1]);
+            (0..self.block).flat_map(move |r| {
+                let row = beta * self.block + r;
+                let query = match &self.query_order {
+                    Some(order) => order[g * rows + row] as usize,
+                    None => row,
+                };
+                (0..self.slots)
+                    .filter(move |_| query < n_q)
+                    .map(move |s| Pair {
+                        group,
+                        query,
+                        key: self.index[(g * self.n_blocks + beta) * self.slots + s] as usize,
+                        at: self.pair(g, beta, r, s),
+                    })
+            })
+        })
     }
 
     /// The same slots with one group per batch element (`batch` copies of each head group).
@@ -200,6 +193,15 @@ impl KeySlots {
     pub fn attended_pairs(&self) -> usize {
         self.mask.iter().filter(|&&m| !m).count()
     }
+}
+
+/// One (query, slot) pair of [`KeySlots`]: the batch element and head it is read for, the query
+/// and key positions, and its offset in `mask` and `bias`.
+struct Pair {
+    group: [usize; 2],
+    query: usize,
+    key: usize,
+    at: usize,
 }
 
 /// `times` copies of `values`, one after another.
