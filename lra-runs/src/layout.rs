@@ -23,10 +23,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
-
 use crate::names::Task;
-use crate::result::RunResult;
 
 /// The resolved configuration.
 pub const CONFIG: &str = "config.json";
@@ -142,28 +139,4 @@ pub fn find_checkpoint(run_dir: &Path) -> Option<PathBuf> {
         .iter()
         .map(|name| run_dir.join(name))
         .find(|path| std::fs::symlink_metadata(path).is_ok())
-}
-
-/// Where a run stands.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RunState {
-    /// Finished: its `result.json`.
-    Finished(Box<RunResult>),
-    /// Stopped after a checkpoint; `burn-lra train --resume` continues it.
-    Checkpointed,
-    /// Never started, or stopped before its first checkpoint.
-    Fresh,
-}
-
-/// Where the run in `run_dir` stands; an unreadable `result.json` is an error naming it.
-pub fn run_state(run_dir: &Path) -> Result<RunState> {
-    let path = run_dir.join(RESULT);
-    if path.is_file() {
-        let result = crate::files::read_json(&path, "a run result")?;
-        return Ok(RunState::Finished(Box::new(result)));
-    }
-    Ok(match find_checkpoint(run_dir) {
-        Some(_) => RunState::Checkpointed,
-        None => RunState::Fresh,
-    })
 }

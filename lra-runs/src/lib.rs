@@ -30,11 +30,11 @@ pub use files::{
     RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, read_json, refuse_existing,
     remove_owned_dir, staging_dir, write_atomic, write_new,
 };
-pub use layout::{RunState, preset_name, run_dir, run_state, sweep_dir};
+pub use layout::{preset_name, run_dir, sweep_dir};
 pub use metrics::MetricsLine;
 pub use names::{BackendKind, Task};
 pub use record::RunRecord;
-pub use result::{ConfigChange, RunResult, Selection};
+pub use result::{ConfigChange, RunResult, RunState, Selection, run_state};
 pub use state::CheckpointState;
 pub use summary::{AttentionSummary, Summary};
 

@@ -2,10 +2,13 @@
 //! the sweep's summary.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::files::read_json;
+use crate::layout::{RESULT, find_checkpoint};
 use crate::names::{BackendKind, Task};
 
 /// Which weights the reported test accuracy comes from (both are always measured).
@@ -99,4 +102,28 @@ pub struct RunResult {
     /// built outside a git checkout; `unrecorded`: steps trained by a harness that did not record its build). Empty in results written before they were recorded.
     #[serde(default)]
     pub commits: Vec<String>,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunState {
+    /// Finished: its `result.json`.
+    Finished(Box<RunResult>),
+    /// Stopped after a checkpoint; `burn-lra train --resume` continues it.
+    Checkpointed,
+    /// Never started, or stopped before its first checkpoint.
+    Fresh,
+}
+
+/// Where the run in `run_dir` stands; an unreadable `result.json` is an error naming it.
+pub fn run_state(run_dir: &Path) -> anyhow::Result<RunState> {
+    let path = run_dir.join(RESULT);
+    if path.is_file() {
+        let result = read_json(&path, "a run result")?;
+        return Ok(RunState::Finished(Box::new(result)));
+    }
+    Ok(match find_checkpoint(run_dir) {
+        Some(_) => RunState::Checkpointed,
+        None => RunState::Fresh,
+    })
 }
