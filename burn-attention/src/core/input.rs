@@ -5,9 +5,6 @@
 
 use burn::prelude::*;
 
-use super::error::AttentionError;
-use super::variant::VariantInfo;
-
 /// The value written over masked scores before a softmax (Burn's own `min_float`): its
 /// exponential underflows to 0 against any real score, yet a row with every key masked stays
 /// finite.
@@ -228,47 +225,13 @@ impl HeadMasks {
             causal: false,
         }
     }
-}
 
-impl HeadMasks {
     /// The attention mask's flags on the host, `[batch, n_q, n_k]` flattened, with its shape.
     pub fn attention_flags(&self) -> Option<(Vec<bool>, [usize; 3])> {
         self.attn.as_ref().map(|mask| {
             let flags = mask.clone().into_data().iter::<bool>().collect();
             (flags, mask.dims())
         })
-    }
-
-    /// Refuses an attention mask where `info`'s capabilities exclude one, and one whose shape is
-    /// not `[batch, n_q, n_k]` for queries `[batch, heads, n_q, d]` over `n_k` keys.
-    pub fn check_attention_mask(
-        &self,
-        info: &VariantInfo,
-        q: &Tensor<4>,
-        n_k: usize,
-    ) -> Result<(), AttentionError> {
-        let Some(mask) = &self.attn else {
-            return Ok(());
-        };
-        if !info.capabilities.attention_mask {
-            return Err(AttentionError::unsupported(
-                info.name,
-                "an arbitrary attention mask (`mask_attn`)",
-            ));
-        }
-        let [batch, _, n_q, _] = q.dims();
-        if mask.dims() != [batch, n_q, n_k] {
-            return Err(AttentionError::unsupported(
-                info.name,
-                format!(
-                    "an attention mask of shape {:?} over {batch} × {n_q} queries and {n_k} keys \
-                     (it must be [batch, n_q, n_k] = {:?})",
-                    mask.dims(),
-                    [batch, n_q, n_k]
-                ),
-            ));
-        }
-        Ok(())
     }
 }
 

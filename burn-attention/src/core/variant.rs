@@ -4,6 +4,7 @@ use burn::prelude::*;
 
 use super::contract::{AttentionModule, Capabilities};
 use super::error::AttentionError;
+use super::input::HeadMasks;
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +122,38 @@ pub fn check_capabilities(
     }
     if n_q != n_k && !info.capabilities.cross_attention {
         return Err(AttentionError::unsupported(variant, "cross-attention"));
+    }
+    Ok(())
+}
+
+/// Refuses an attention mask in `masks` where `info`'s capabilities exclude one, and one whose
+/// shape is not `[batch, n_q, n_k]` for queries `[batch, heads, n_q, d]` over `n_k` keys.
+pub fn check_attention_mask(
+    info: &VariantInfo,
+    masks: &HeadMasks,
+    q: &Tensor<4>,
+    n_k: usize,
+) -> Result<(), AttentionError> {
+    let Some(mask) = &masks.attn else {
+        return Ok(());
+    };
+    if !info.capabilities.attention_mask {
+        return Err(AttentionError::unsupported(
+            info.name,
+            "an arbitrary attention mask (`mask_attn`)",
+        ));
+    }
+    let [batch, _, n_q, _] = q.dims();
+    if mask.dims() != [batch, n_q, n_k] {
+        return Err(AttentionError::unsupported(
+            info.name,
+            format!(
+                "an attention mask of shape {:?} over {batch} × {n_q} queries and {n_k} keys \
+                 (it must be [batch, n_q, n_k] = {:?})",
+                mask.dims(),
+                [batch, n_q, n_k]
+            ),
+        ));
     }
     Ok(())
 }

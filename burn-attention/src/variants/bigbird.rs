@@ -37,7 +37,8 @@ use crate::core::sparse::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, real_lengths, with_full_rows,
 };
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
+    variant_glue,
 };
 
 /// The registry entry.
@@ -285,7 +286,7 @@ impl AttentionModule for BigBirdAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
@@ -312,7 +313,7 @@ impl AttentionModule for BigBirdAttention {
         let (q, k, v) = self.proj.project(input);
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
         let scale = 1.0 / (d as f32).sqrt();
         let weights = pattern_weights(q, k, &[&slots], &global_rows, &masks, scale);

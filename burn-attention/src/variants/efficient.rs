@@ -16,7 +16,7 @@ use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -122,7 +122,7 @@ impl AttentionModule for EfficientAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_input(q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         Ok(efficient_attention(q, k, v, masks.key_pad))
     }
 }

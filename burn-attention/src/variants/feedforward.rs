@@ -35,7 +35,7 @@ use crate::core::kernelized::{
 };
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -360,7 +360,7 @@ impl AttentionModule for FeedForwardKernelAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.kernel.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.kernel.info(), &masks, &q, k.dims()[2])?;
         Ok(kernelized_attention(
             self.feature_map(q),
             self.feature_map(k),

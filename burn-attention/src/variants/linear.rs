@@ -22,7 +22,7 @@ use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -130,7 +130,7 @@ impl AttentionModule for LinearAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
     }
 

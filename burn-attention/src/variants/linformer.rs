@@ -35,7 +35,8 @@ use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::params::lazy_param;
 use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
+    variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -287,7 +288,7 @@ impl LinformerAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let info = self.scoring.info();
         check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(info, &q, k.dims()[2])?;
+        check_attention_mask(info, &masks, &q, k.dims()[2])?;
         let (e, f) = self.projections(info, shared_projection)?;
         let key_pad = masks.key_pad;
         Ok(match self.scoring {
@@ -351,7 +352,7 @@ impl AttentionModule for LinformerAttention {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         check_input(info, self.n_max, q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(info, &q, k.dims()[2])?;
+        check_attention_mask(info, &masks, &q, k.dims()[2])?;
         let (e, f) = self.projections(info, shared)?;
         let k = project_sequence(e, zero_padded(k, &masks.key_pad));
         let v = project_sequence(f, zero_padded(v, &masks.key_pad));

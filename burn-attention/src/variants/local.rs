@@ -32,7 +32,7 @@ use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{gathered_attention, padding_flags, pattern_weights};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -229,7 +229,7 @@ impl AttentionModule for LocalAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.form.info(), &masks, &q, k.dims()[2])?;
         let slots = self.slots(batch, n, &masks);
         let scale = 1.0 / (d as f32).sqrt();
         Ok(gathered_attention(q, k, v, slots, scale, Some(&self.dropout)).out)
@@ -244,7 +244,7 @@ impl AttentionModule for LocalAttention {
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.form.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.form.info(), &masks, &q, k.dims()[2])?;
         let slots = self.slots(batch, n, &masks);
         let weights = pattern_weights(q, k, &[&slots], &[], &masks, 1.0 / (d as f32).sqrt());
         let o = dropout(&self.dropout, weights.clone()).matmul(v);

@@ -34,7 +34,7 @@ use crate::core::sparse::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, with_full_rows,
 };
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -219,7 +219,7 @@ impl AttentionModule for LongformerAttention {
         let heads = self.proj.n_heads;
         let rows = self.global_rows(n, &padding);
         let (q, k, v) = self.proj.project(input);
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let out = self.window_attention([q, k, v], &padding, &masks);
         if rows.iter().all(Vec::is_empty) {
             return Ok(self.proj.out(out));
@@ -254,7 +254,7 @@ impl AttentionModule for LongformerAttention {
         let padding = padding_flags(&masks.key_pad, batch, n);
         let heads = self.proj.n_heads;
         let (q, k, v) = self.proj.project(input);
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let scale = 1.0 / (q.dims()[3] as f32).sqrt();
         let slots = self.window_slots(n, &padding, &masks);
         let window = pattern_weights(q, k, &[&slots], &[], &masks, scale);
@@ -289,7 +289,7 @@ impl AttentionModule for LongformerAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, _] = q.dims();
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let padding = padding_flags(&masks.key_pad, batch, n);
         let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding, &masks);
         let rows = self.global_rows(n, &padding);

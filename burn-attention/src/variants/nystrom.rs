@@ -46,7 +46,8 @@ use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, check_iterations, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities,
+    check_iterations, variant_glue,
 };
 
 const NAME: &str = "nystrom";
@@ -207,7 +208,7 @@ impl AttentionModule for NystromAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_input(q.dims()[2], k.dims()[2], masks.causal, self.conv.is_some())?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let mut o = nystrom_cross_attention(
             q,
             k,

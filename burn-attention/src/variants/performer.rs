@@ -60,7 +60,7 @@ use crate::core::kernelized::{
 };
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -266,7 +266,7 @@ impl AttentionModule for PerformerAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.kernel.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.kernel.info(), &masks, &q, k.dims()[2])?;
         let (key_pad, causal) = (masks.key_pad, masks.causal);
         Ok(match &self.features {
             Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),

@@ -45,7 +45,7 @@ use crate::core::sparse::{
     GatheredOutput, gathered_attention, merge_by_log_sum_exp, padding_flags,
 };
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -377,7 +377,7 @@ impl AttentionModule for ReformerAttention {
         let x = input.query().clone();
         let qk = split_heads(self.query_key.forward(x.clone()), self.n_heads);
         let v = split_heads(self.value.forward(x), self.n_heads);
-        masks.check_attention_mask(&INFO, &qk, qk.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &qk, qk.dims()[2])?;
         let out = self.lsh_attention(qk.clone(), qk, v, masks);
         Ok(self.output.forward(merge_heads(out)))
     }
@@ -393,7 +393,7 @@ impl AttentionModule for ReformerAttention {
         masks: HeadMasks,
     ) -> Result<Tensor<4>, AttentionError> {
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         Ok(self.lsh_attention(q, k, v, masks))
     }
 }

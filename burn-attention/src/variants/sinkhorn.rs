@@ -38,7 +38,8 @@ use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::key_slots::KeySlots;
 use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_iterations, check_within_max_len, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_iterations,
+    check_within_max_len, variant_glue,
 };
 
 /// The registry entry.
@@ -222,7 +223,7 @@ impl AttentionModule for SinkhornAttention {
         let [batch, heads, n, d] = q.dims();
         let d_v = v.dims()[3];
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let device = q.device();
         let b = self.block_size.min(n.max(1));
         let blocks = n.div_ceil(b);

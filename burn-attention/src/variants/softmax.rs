@@ -15,7 +15,7 @@ use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -120,7 +120,7 @@ impl AttentionModule for SoftmaxAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
         check_capabilities(&INFO, n_q, n_k, masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         if masks.attn.is_some() {
             return Ok(softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout)).0);
         }
@@ -143,7 +143,7 @@ impl AttentionModule for SoftmaxAttention {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(&INFO, &q, k.dims()[2])?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let (o, weights) = softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout));
         Ok((self.proj.out(o), weights))
     }

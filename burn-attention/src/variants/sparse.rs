@@ -39,7 +39,7 @@ use crate::core::sparse::{
     gathered_attention, merge_by_log_sum_exp, padding_flags, pattern_weights,
 };
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -252,7 +252,7 @@ impl AttentionModule for SparseAttention {
     ) -> Result<Tensor<4>, AttentionError> {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.pattern.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.pattern.info(), &masks, &q, k.dims()[2])?;
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let mut parts = self.slots(batch, n, &masks).into_iter().map(|slots| {
@@ -274,7 +274,7 @@ impl AttentionModule for SparseAttention {
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
-        masks.check_attention_mask(self.pattern.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.pattern.info(), &masks, &q, k.dims()[2])?;
         let slots = self.slots(batch, n, &masks);
         let slots: Vec<&KeySlots> = slots.iter().collect();
         let weights = pattern_weights(q, k, &slots, &[], &masks, 1.0 / (d as f32).sqrt());

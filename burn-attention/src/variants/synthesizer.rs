@@ -42,7 +42,8 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::params::lazy_param;
 use crate::core::softmax::{exact_softmax_attention, masked_softmax};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_within_max_len, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
+    variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -364,7 +365,7 @@ impl AttentionModule for SynthesizerAttention {
             k.dims()[2],
             masks.causal,
         )?;
-        masks.check_attention_mask(self.mode.info(), &q, k.dims()[2])?;
+        check_attention_mask(self.mode.info(), &masks, &q, k.dims()[2])?;
         if masks.attn.is_some() {
             let weights = self.weights(q, [batch, heads, n], &masks);
             return Ok(dropout(&self.dropout, weights).matmul(v));
@@ -405,7 +406,7 @@ impl AttentionModule for SynthesizerAttention {
         let (q, v) = self.queries_and_values(input.query().clone());
         let [batch, heads, n, _] = v.dims();
         check_within_max_len(self.mode.info(), self.n_max, n, n, masks.causal)?;
-        masks.check_attention_mask(self.mode.info(), &q, n)?;
+        check_attention_mask(self.mode.info(), &masks, &q, n)?;
         let weights = self.weights(q, [batch, heads, n], &masks);
         let o = dropout(&self.dropout, weights.clone()).matmul(v);
         Ok((self.output.forward(merge_heads(o)), weights))
