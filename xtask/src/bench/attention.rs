@@ -6,9 +6,8 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{
-    Benchmark, Case, Invocation, Session, case_args, quadratic_skip, scores_gib, strings,
-};
+use super::protocol::{Benchmark, Session, case_args, quadratic_skip, scores_gib, strings};
+use super::rounds::{Case, Invocation};
 use super::variants::{has_torch, params};
 
 /// `bench attention` with its settings.

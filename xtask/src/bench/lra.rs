@@ -8,9 +8,8 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{
-    Benchmark, Case, Invocation, Session, case_args, quadratic_skip, run_case, scores_gib, strings,
-};
+use super::protocol::{Benchmark, Session, case_args, quadratic_skip, scores_gib, strings};
+use super::rounds::{Case, Invocation, run_case};
 use super::variants::has_torch;
 
 /// `bench lra` with its settings.

@@ -4,12 +4,13 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::Args;
+use super::rounds::{Case, run_rounds};
 use crate::harness::{Harness, build_harness, resolve_attentions, workspace_root};
 
 /// One benchmark: its cases and how they read; [`run`] does the rest.
@@ -38,8 +39,7 @@ pub(crate) fn run(benchmark: &impl Benchmark, args: &Args) -> Result<()> {
             cases.push(benchmark.case(&session, name, n)?);
         }
     }
-    let cases =
-        super::rounds::run_rounds(cases, args.rounds, session.timeout, |v| benchmark.show(v));
+    let cases = run_rounds(cases, args.rounds, session.timeout, |v| benchmark.show(v));
     finish(args, benchmark.name(), benchmark.setup(), cases)
 }
 
@@ -206,45 +206,6 @@ fn machine() -> Value {
     json!({"cpu": cpu, "cores": cores, "memory_gib": (mem_gib * 10.0).round() / 10.0, "gpu": gpu, "commit": commit})
 }
 
-/// Runs `cmd` with a time limit; its last stdout line parsed as JSON, or why there is none.
-pub(crate) fn run_case(mut cmd: Command, timeout: Duration) -> std::result::Result<Value, String> {
-    let out_path = std::env::temp_dir().join(format!("xtask-bench-{}.out", std::process::id()));
-    let err_path = out_path.with_extension("err");
-    let stdout = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
-    let stderr = std::fs::File::create(&err_path).map_err(|e| e.to_string())?;
-    let mut child = cmd
-        .stdout(stdout)
-        .stderr(stderr)
-        .spawn()
-        .map_err(|e| format!("cannot start: {e}"))?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("timed out after {} s", timeout.as_secs()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-    if !status.success() {
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(format!("failed ({status}): {last}"));
-    }
-    out.lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| "printed no result".to_string())
-}
-
 /// The arguments both sides of every case take: the attention, the length, the batch and the
 /// warm-up; each benchmark adds its own after them.
 pub(crate) fn case_args(name: &str, n: usize, args: &Args) -> Vec<String> {
@@ -263,46 +224,6 @@ pub(crate) fn case_args(name: &str, n: usize, args: &Args) -> Vec<String> {
 /// Owned copies of command-line arguments.
 pub(crate) fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|a| a.to_string()).collect()
-}
-
-/// One side of a case as a command line, kept as data: each round starts a fresh process.
-pub(crate) struct Invocation {
-    program: PathBuf,
-    args: Vec<String>,
-}
-
-impl Invocation {
-    /// `program` with `args`, then the arguments `common` to both sides of the case.
-    pub(crate) fn new(program: &std::ffi::OsStr, args: &[&str], common: &[String]) -> Self {
-        let mut all = strings(args);
-        all.extend_from_slice(common);
-        Invocation {
-            program: program.into(),
-            args: all,
-        }
-    }
-
-    /// The command of one run of it.
-    pub(crate) fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args);
-        cmd
-    }
-}
-
-/// One benchmark case: an attention at one length, our side (or why it is skipped) and
-/// PyTorch's.
-pub(crate) struct Case {
-    /// The attention.
-    pub name: String,
-    /// The length.
-    pub n: usize,
-    /// The attention's parameters, as both sides use them.
-    pub params: Value,
-    /// Our side, or why it is skipped.
-    pub ours: std::result::Result<Invocation, String>,
-    /// PyTorch's side, where it has one.
-    pub torch: Option<Invocation>,
 }
 
 #[cfg(test)]
