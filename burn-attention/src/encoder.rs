@@ -161,7 +161,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let x = input.query().clone();
         let normed = self.norm_attn.forward(x.clone());
         let attended = self.attention.try_forward(input.with_query(normed))?;
-        Ok(self.feed_forward(x + dropout(&self.dropout, attended)))
+        Ok(self.residual_then_feed_forward(x, attended))
     }
 
     /// One token through the block, its attention decoding from `state` (see
@@ -174,21 +174,14 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let (attended, state) = self
             .attention
             .decode(self.norm_attn.forward(x.clone()), state)?;
-        Ok((
-            self.feed_forward(x + dropout(&self.dropout, attended)),
-            state,
-        ))
+        Ok((self.residual_then_feed_forward(x, attended), state))
     }
 
     /// A whole prompt `x: [batch, n, d_model]` through the block at once, its attention
     /// prefilling its decoding state (see [`AttentionModule::prefill`]): the causal output and
     /// the state from which [`decode`](Self::decode) goes on.
     pub fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (attended, state) = self.attention.prefill(self.norm_attn.forward(x.clone()))?;
-        Ok((
-            self.feed_forward(x + dropout(&self.dropout, attended)),
-            state,
-        ))
+        self.prefill_with(x, None)
     }
 
     /// [`prefill`](Self::prefill) for prompts of different lengths, padded by `mask_pad`
@@ -198,12 +191,27 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        self.prefill_with(x, Some(mask_pad))
+    }
+
+    /// The prompt through the block, its attention prefilling (padded prompts where `mask_pad`).
+    fn prefill_with(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let normed = self.norm_attn.forward(x.clone());
-        let (attended, state) = self.attention.prefill_padded(normed, mask_pad)?;
-        Ok((
-            self.feed_forward(x + dropout(&self.dropout, attended)),
-            state,
-        ))
+        let (attended, state) = match mask_pad {
+            None => self.attention.prefill(normed)?,
+            Some(mask_pad) => self.attention.prefill_padded(normed, mask_pad)?,
+        };
+        Ok((self.residual_then_feed_forward(x, attended), state))
+    }
+
+    /// The block's output from its input `x` and the attention's output on it:
+    /// `FF-half(x + Dropout(attended))`.
+    fn residual_then_feed_forward(&self, x: Tensor<3>, attended: Tensor<3>) -> Tensor<3> {
+        self.feed_forward(x + dropout(&self.dropout, attended))
     }
 
     /// The block's second half: `x + FF(LN(x))`.
@@ -428,14 +436,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
     /// pass's output and each block's decoding state after the prompt, from which
     /// [`decode`](Self::decode) goes on (equal to decoding the prompt token by token).
     pub fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
-        let mut x = x;
-        let mut states = Vec::with_capacity(self.blocks.len());
-        for block in &self.blocks {
-            let (y, state) = block.prefill(x)?;
-            x = y;
-            states.push(state);
-        }
-        Ok((self.norm.forward(x), states))
+        self.prefill_with(x, None)
     }
 
     /// [`prefill`](Self::prefill) for prompts of different lengths, padded to the longest and
@@ -447,10 +448,18 @@ impl<A: Module + AttentionModule> Encoder<A> {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
-        let mut x = x;
+        self.prefill_with(x, Some(mask_pad))
+    }
+
+    /// The prompt through every block (padded prompts where `mask_pad`), then the final norm.
+    fn prefill_with(
+        &self,
+        mut x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
         let mut states = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
-            let (y, state) = block.prefill_padded(x, mask_pad.clone())?;
+            let (y, state) = block.prefill_with(x, mask_pad.clone())?;
             x = y;
             states.push(state);
         }
