@@ -16,7 +16,7 @@ use crate::run_dir::{
 use lra_runs::CheckpointState;
 use lra_runs::RunResult;
 use lra_runs::layout::{CHECKPOINT_BEST, CONFIG, METRICS, RESULT};
-use lra_runs::layout::{RunState, run_state};
+use lra_runs::result::{RunState, run_state};
 
 /// Whether a run starts afresh or continues what its directory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
