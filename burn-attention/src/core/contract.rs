@@ -114,9 +114,11 @@ pub trait AttentionModule: Module {
     /// [`prefill`](Self::prefill) for a batch of prompts of different lengths: `x` holds them
     /// padded to the longest, `mask_pad: [batch, n]` marks the padding (`true`). Outputs at
     /// padded positions are unspecified; the state leaves the padding out, so that decoding goes
-    /// on for every prompt from its own end, one new token per prompt a step. The attentions
-    /// whose state does not depend on where a token sits (softmax's cache, the kernelized sums)
-    /// do this; the default, and the position-dependent patterns, return an error.
+    /// on for every prompt from its own end, one new token per prompt a step. Every registered
+    /// variant that decodes does this (the default returns an error): softmax's cache and the
+    /// kernelized sums with padding anywhere; the position-dependent patterns (local, sparse,
+    /// Synthesizer), which read each token's position from the padding, with padding after each
+    /// prompt only (an error otherwise).
     fn prefill_padded(
         &self,
         x: Tensor<3>,

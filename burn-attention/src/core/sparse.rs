@@ -20,6 +20,7 @@ use burn::nn::Dropout;
 use burn::prelude::*;
 
 use super::dropout::WeightDropout;
+use super::error::AttentionError;
 use super::flash;
 use super::input::{HeadMasks, MASK_FILL};
 use super::key_slots::KeySlots;
@@ -338,6 +339,54 @@ pub fn real_lengths(padding: &[Vec<bool>]) -> Vec<usize> {
         .iter()
         .map(|row| row.iter().rposition(|&pad| !pad).map_or(0, |last| last + 1))
         .collect()
+}
+
+/// The prompt lengths of a batch padded at the end (`flags` from [`padding_flags`]); an error
+/// naming `variant` when a row has padding before its last real position (a position-dependent
+/// pattern reads each token's position from where it sits).
+pub fn suffix_lengths(
+    variant: &'static str,
+    flags: &[Vec<bool>],
+) -> Result<Vec<usize>, AttentionError> {
+    let lengths = real_lengths(flags);
+    if flags
+        .iter()
+        .zip(&lengths)
+        .any(|(row, &len)| row[..len].contains(&true))
+    {
+        return Err(AttentionError::unsupported(
+            variant,
+            "prompts padded anywhere but after their end (its pattern reads positions)",
+        ));
+    }
+    Ok(lengths)
+}
+
+/// For a key/value cache that holds every key since position 0 with padding among them (a
+/// padded prompt's, [`AttentionModule::prefill_padded`](crate::AttentionModule::prefill_padded)):
+/// each column's position in its sequence, `None` at padding.
+pub fn cache_positions(flags: &[Vec<bool>]) -> Vec<Vec<Option<usize>>> {
+    flags
+        .iter()
+        .map(|row| {
+            let mut next = 0;
+            row.iter()
+                .map(|&pad| {
+                    (!pad).then(|| {
+                        next += 1;
+                        next - 1
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Flags `[batch][n]` as a boolean tensor `[batch, n]` on `device`.
+pub fn flags_tensor(flags: &[Vec<bool>], device: &Device) -> Tensor<2, Bool> {
+    let n = flags.first().map_or(0, Vec::len);
+    let data: Vec<bool> = flags.iter().flatten().copied().collect();
+    Tensor::from_data(TensorData::new(data, [flags.len(), n]), device)
 }
 
 /// The padding flags `[batch][n]` on the host (`true` = padding), all `false` without a mask.

@@ -30,7 +30,9 @@ use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::sparse::{gathered_attention, padding_flags, pattern_weights};
+use crate::core::sparse::{
+    flags_tensor, gathered_attention, padding_flags, pattern_weights, suffix_lengths,
+};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
@@ -272,6 +274,39 @@ impl AttentionModule for LocalAttention {
         ))
     }
 
+    /// Prompts of different lengths, padded at their end: the causal forward pass, and a cache
+    /// whose unmasked keys are, in each row, the ones the prompt's next token sees besides itself
+    /// (the rest marked as padding, the columns no row needs cut off).
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let [batch, n, _] = x.dims();
+        let lengths = suffix_lengths(
+            self.name(),
+            &padding_flags(&Some(mask_pad.clone()), batch, n),
+        )?;
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(
+            q,
+            k.clone(),
+            v.clone(),
+            HeadMasks::new(Some(mask_pad), true),
+        )?;
+        let unseen = lengths
+            .iter()
+            .map(|&len| {
+                let seen = match self.form {
+                    LocalForm::Blocks => len % self.block_size,
+                    LocalForm::SlidingWindow => len.min(self.window),
+                };
+                (0..n).map(|j| j >= len || j + seen < len).collect()
+            })
+            .collect();
+        Ok((self.proj.out(o), trimmed_cache(k, v, unseen)))
+    }
+
     /// Attends over a key/value cache that holds only the neighbourhood: the current block's
     /// keys so far (emptied when a block is full), or the last `window` keys. A step costs
     /// O(b d) or O(w d) and the state stays that size, however long the sequence.
@@ -281,6 +316,13 @@ impl AttentionModule for LocalAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
+        if let DecodingState::KeyValueCache {
+            padding: Some(_), ..
+        } = &state
+        {
+            let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;
+            return Ok(self.decode_padded(q, keys, values, padding));
+        }
         let state = match state {
             // A full block: the token starts the next one.
             DecodingState::KeyValueCache { keys, .. }
@@ -311,6 +353,62 @@ impl AttentionModule for LocalAttention {
                 padding: None,
             },
         ))
+    }
+}
+
+impl LocalAttention {
+    /// A step over the cache of prompts of different lengths ([`prefill_padded`]): the token
+    /// attends to the unmasked keys (and itself), then each row keeps unmasked the keys its next
+    /// token sees: the last `window`, or the block so far (none once the block is full).
+    ///
+    /// [`prefill_padded`]: AttentionModule::prefill_padded
+    fn decode_padded(
+        &self,
+        q: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, DecodingState) {
+        let o = exact_softmax_attention(
+            q,
+            keys.clone(),
+            values.clone(),
+            padding.clone(),
+            false,
+            None,
+        );
+        let [batch, _, columns, _] = keys.dims();
+        let mut unseen = padding_flags(&padding, batch, columns);
+        for row in &mut unseen {
+            let seen: Vec<usize> = (0..columns).filter(|&j| !row[j]).collect();
+            let keep = match self.form {
+                LocalForm::Blocks if seen.len() >= self.block_size => 0,
+                LocalForm::Blocks => seen.len(),
+                LocalForm::SlidingWindow => seen.len().min(self.window),
+            };
+            for &j in &seen[..seen.len() - keep] {
+                row[j] = true;
+            }
+        }
+        (self.proj.out(o), trimmed_cache(keys, values, unseen))
+    }
+}
+
+/// A padded key/value cache (`unseen`: `[batch][columns]`, `true` = masked) less its leading
+/// columns masked in every row (at least one column stays).
+fn trimmed_cache(keys: Tensor<4>, values: Tensor<4>, unseen: Vec<Vec<bool>>) -> DecodingState {
+    let columns = keys.dims()[2];
+    let drop = unseen
+        .iter()
+        .map(|row| row.iter().position(|&masked| !masked).unwrap_or(columns))
+        .min()
+        .unwrap_or(0)
+        .min(columns - 1);
+    let unseen: Vec<Vec<bool>> = unseen.into_iter().map(|row| row[drop..].to_vec()).collect();
+    DecodingState::KeyValueCache {
+        padding: Some(flags_tensor(&unseen, &keys.device())),
+        keys: keys.slice(s![.., .., drop..]),
+        values: values.slice(s![.., .., drop..]),
     }
 }
 

@@ -36,7 +36,8 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{
-    gathered_attention, merge_by_log_sum_exp, padding_flags, pattern_weights,
+    cache_positions, flags_tensor, gathered_attention, merge_by_log_sum_exp, padding_flags,
+    pattern_weights, suffix_lengths,
 };
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
@@ -296,6 +297,35 @@ impl AttentionModule for SparseAttention {
         ))
     }
 
+    /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
+    /// every key, the padding marked.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let [batch, n, _] = x.dims();
+        suffix_lengths(
+            self.name(),
+            &padding_flags(&Some(mask_pad.clone()), batch, n),
+        )?;
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(
+            q,
+            k.clone(),
+            v.clone(),
+            HeadMasks::new(Some(mask_pad.clone()), true),
+        )?;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys: k,
+                values: v,
+                padding: Some(mask_pad),
+            },
+        ))
+    }
+
     /// Appends the token's key and value to a cache of every key so far and attends over the
     /// cached keys its pattern keeps: O(|A(t)| d) at position t.
     fn decode(
@@ -304,6 +334,13 @@ impl AttentionModule for SparseAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
+        if let DecodingState::KeyValueCache {
+            padding: Some(_), ..
+        } = &state
+        {
+            let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;
+            return Ok(self.decode_padded(q, keys, values, padding));
+        }
         let (keys, values) = state.append_to_cache(self.name(), k, v)?;
         let t = keys.dims()[2] - 1;
         let seen: Vec<i64> = (0..=t)
@@ -332,6 +369,46 @@ impl AttentionModule for SparseAttention {
 }
 
 impl SparseAttention {
+    /// A step over the cache of prompts of different lengths ([`prefill_padded`]): each row's
+    /// positions read from its padding, the keys outside the token's pattern masked. O(t d) at
+    /// position t (the whole cache is scored, the pattern as a mask).
+    ///
+    /// [`prefill_padded`]: AttentionModule::prefill_padded
+    fn decode_padded(
+        &self,
+        q: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        padding: Option<Tensor<2, Bool>>,
+    ) -> (Tensor<3>, DecodingState) {
+        let [batch, _, columns, _] = keys.dims();
+        let positions = cache_positions(&padding_flags(&padding, batch, columns));
+        let hidden: Vec<Vec<bool>> = positions
+            .iter()
+            .map(|row| {
+                // The token's own column is the last, never padding.
+                let t = row.last().copied().flatten().unwrap_or(0);
+                row.iter()
+                    .map(|j| j.is_none_or(|j| !self.sees(t, j)))
+                    .collect()
+            })
+            .collect();
+        let o = exact_softmax_attention(
+            q,
+            keys.clone(),
+            values.clone(),
+            Some(flags_tensor(&hidden, &keys.device())),
+            false,
+            None,
+        );
+        let state = DecodingState::KeyValueCache {
+            keys,
+            values,
+            padding,
+        };
+        (self.proj.out(o), state)
+    }
+
     /// Whether query `i` sees key `j <= i` in the causal pattern.
     fn sees(&self, i: usize, j: usize) -> bool {
         let l = self.block_size;

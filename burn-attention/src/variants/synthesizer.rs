@@ -41,6 +41,7 @@ use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::params::lazy_param;
 use crate::core::softmax::{exact_softmax_attention, masked_softmax};
+use crate::core::sparse::{padding_flags, suffix_lengths};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
     variant_glue,
@@ -332,6 +333,51 @@ impl SynthesizerAttention {
     }
 }
 
+impl SynthesizerAttention {
+    /// A step over the cache of prompts of different lengths ([`prefill_padded`]), one sequence
+    /// at a time: its cached values (padding left out) weighed with the synthesized row of its
+    /// own position.
+    ///
+    /// [`prefill_padded`]: AttentionModule::prefill_padded
+    fn decode_padded(
+        &self,
+        x: Tensor<3>,
+        values: Tensor<4>,
+        padding: Option<Tensor<2, Bool>>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let [batch, heads, columns, d_head] = values.dims();
+        let device = values.device();
+        let flags = padding_flags(&padding, batch, columns);
+        let mut outputs = Vec::with_capacity(batch);
+        for (b, row) in flags.iter().enumerate() {
+            let real: Vec<i64> = (0..columns)
+                .filter(|&j| !row[j])
+                .map(|j| j as i64)
+                .collect();
+            let seen = real.len();
+            check_within_max_len(self.mode.info(), self.n_max, seen, seen, true)?;
+            let index = Tensor::<1, Int>::from_data(TensorData::new(real, [seen]), &device);
+            let own = values.clone().slice(s![b..b + 1]).select(2, index);
+            let hidden = self
+                .hidden
+                .as_ref()
+                .map(|hidden| split_heads(hidden.forward(x.clone().slice(s![b..b + 1])), heads));
+            let scores = self
+                .scores(hidden, seen - 1..seen, seen)
+                .expand([1, heads, 1, seen]);
+            outputs.push(softmax(scores, 3).matmul(own));
+        }
+        let o: Tensor<4> = Tensor::cat(outputs, 0);
+        debug_assert_eq!(o.dims(), [batch, heads, 1, d_head]);
+        let state = DecodingState::KeyValueCache {
+            keys: values.clone(),
+            values,
+            padding,
+        };
+        Ok((self.output.forward(merge_heads(o)), state))
+    }
+}
+
 impl AttentionModule for SynthesizerAttention {
     fn name(&self) -> &'static str {
         self.mode.info().name
@@ -426,6 +472,35 @@ impl AttentionModule for SynthesizerAttention {
         ))
     }
 
+    /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
+    /// every value, the padding marked.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let [batch, n, _] = x.dims();
+        suffix_lengths(
+            self.name(),
+            &padding_flags(&Some(mask_pad.clone()), batch, n),
+        )?;
+        let (q, v) = self.queries_and_values(x);
+        let o = self.attend(
+            q,
+            v.clone(),
+            v.clone(),
+            HeadMasks::new(Some(mask_pad.clone()), true),
+        )?;
+        Ok((
+            self.output.forward(merge_heads(o)),
+            DecodingState::KeyValueCache {
+                keys: v.clone(),
+                values: v,
+                padding: Some(mask_pad),
+            },
+        ))
+    }
+
     /// Appends the token's value to the cache and weighs the cached values with the token's
     /// synthesized row (the row of its position `t`, the number of values cached before it).
     fn decode(
@@ -434,6 +509,13 @@ impl AttentionModule for SynthesizerAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
+        if let DecodingState::KeyValueCache {
+            padding: Some(_), ..
+        } = &state
+        {
+            let (_, values, padding) = state.append_to_padded_cache(self.name(), v.clone(), v)?;
+            return self.decode_padded(x, values, padding);
+        }
         // The cache's keys are its values: the weights read no keys.
         let (_, values) = state.append_to_cache(self.name(), v.clone(), v)?;
         let seen = values.dims()[2];
