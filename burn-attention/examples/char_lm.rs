@@ -13,8 +13,6 @@
 //! Decoding carries one `DecodingState` per layer: for the kernelized variants the sums
 //! `S = Σ φ(k) vᵀ` and `z = Σ φ(k)`, so a token costs the same at position 100 and 4,000.
 
-use std::fs::File;
-use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -26,6 +24,9 @@ use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionConfig, AttentionInput, DecodingState, Encoder, EncoderBlockConfig, EncoderConfig,
 };
+
+#[path = "shared/imdb.rs"]
+mod imdb;
 
 const VOCAB: usize = 256;
 const D_MODEL: usize = 128;
@@ -323,25 +324,26 @@ fn report_speed(model: &CharLm, name: &str, generated: &[u8], times: &[f64], dev
     );
 }
 
-/// Reads up to 4 MiB of text: the reviews of an aclImdb folder or `.tar.gz` (train split), any
-/// folder of `.txt` files, or one text file.
+/// Reads up to 4 MiB of text: the reviews of an aclImdb folder or `.tar.gz` (every split but
+/// `test`), any folder of `.txt` files, or one text file.
 fn read_corpus(path: &Path) -> Result<Vec<u8>, String> {
     let mut text = Vec::new();
-    if path.is_file() && path.to_string_lossy().ends_with(".tar.gz") {
-        read_archive(path, &mut text)?;
-    } else if path.is_file() {
+    if path.is_file() && !path.to_string_lossy().ends_with(".tar.gz") {
         text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    } else if path.is_dir() {
-        let archives: Vec<PathBuf> = list(path)?
-            .into_iter()
-            .filter(|p| p.to_string_lossy().ends_with(".tar.gz"))
-            .collect();
-        match archives.first() {
-            Some(archive) => read_archive(archive, &mut text)?,
-            None => read_folder(path, &mut text)?,
-        }
     } else {
-        return Err(format!("{}: no such file or folder", path.display()));
+        imdb::for_each_text(path, &mut |name, bytes| {
+            let name = Path::new(name);
+            let held_out = name.components().any(|c| c.as_os_str() == "test");
+            // aclImdb's `urls_*.txt` list the reviews' web addresses.
+            let links = name
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("urls_"));
+            if !held_out && !links {
+                text.extend(bytes);
+                text.push(b'\n');
+            }
+            text.len() < MAX_TEXT
+        })?;
     }
     text.truncate(MAX_TEXT);
     if text.len() < 10 * CONTEXT {
@@ -353,55 +355,6 @@ fn read_corpus(path: &Path) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(text)
-}
-
-fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    paths.sort();
-    Ok(paths)
-}
-
-fn read_folder(dir: &Path, text: &mut Vec<u8>) -> Result<(), String> {
-    for path in list(dir)? {
-        if text.len() >= MAX_TEXT {
-            break;
-        }
-        if path.is_dir() {
-            read_folder(&path, text)?;
-        } else if path.extension().is_some_and(|e| e == "txt") {
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            text.extend(bytes);
-            text.push(b'\n');
-        }
-    }
-    Ok(())
-}
-
-fn read_archive(path: &Path, text: &mut Vec<u8>) -> Result<(), String> {
-    let unreadable = |e: std::io::Error| format!("{}: unreadable archive ({e})", path.display());
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(BufReader::new(file)));
-    for entry in archive.entries().map_err(unreadable)? {
-        let mut entry = entry.map_err(unreadable)?;
-        let name = entry
-            .path()
-            .map_err(unreadable)?
-            .to_string_lossy()
-            .into_owned();
-        if !(name.contains("train/pos/") || name.contains("train/neg/")) || !name.ends_with(".txt")
-        {
-            continue;
-        }
-        entry.read_to_end(text).map_err(unreadable)?;
-        text.push(b'\n');
-        if text.len() >= MAX_TEXT {
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// Sentences from a small grammar, for when no corpus is given: enough structure (agreement,
