@@ -230,6 +230,7 @@ impl Vocabulary {
             .into_iter()
             .map(|review| {
                 let mut ids: Vec<u32> = words(&review.text)
+                    .into_iter()
                     .take(max_len)
                     .map(|word| self.0.get(&word).copied().unwrap_or(0))
                     .collect();
@@ -247,15 +248,14 @@ impl Vocabulary {
 
 /// A review's words: lower-cased runs of letters, digits and apostrophes; the corpus's `<br />`
 /// line breaks are not words.
-fn words(text: &[u8]) -> impl Iterator<Item = String> {
+fn words(text: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(text)
         .replace("<br />", " ")
         .to_lowercase();
     text.split(|c: char| !(c.is_alphanumeric() || c == '\''))
         .filter(|w| !w.is_empty())
         .map(str::to_string)
-        .collect::<Vec<_>>()
-        .into_iter()
+        .collect()
 }
 
 /// Trains `model` (on an autodiff device) with `Learner` and returns it in validation mode. The
@@ -721,6 +721,25 @@ mod tests {
         let model = train_with_learner(&settings, untrained.clone(), train, valid).unwrap();
         assert_eq!(model.optimizer_steps, 2);
         assert_eq!(first_features(&model), first_features(&untrained));
+    }
+
+    #[test]
+    fn reviews_become_word_ids() {
+        assert_eq!(
+            words(b"It's <br /><br />GREAT, really!"),
+            ["it's", "great", "really"]
+        );
+        let review = |text: &str| Review {
+            text: text.as_bytes().to_vec(),
+            positive: true,
+        };
+        let train = [review("good good fine"), review("bad good")];
+        // "good" (3) first; "bad" and "fine" (1 each) alphabetically; a size of 3 keeps two.
+        let vocabulary = Vocabulary::of(&train, 3);
+        assert_eq!(vocabulary.len(), 3);
+        let encoded = vocabulary.encode_all(vec![review("fine bad good unseen"), review("")], 3);
+        assert_eq!(encoded[0].ids, [0, 2, 1]);
+        assert_eq!(encoded[1].ids, [0]);
     }
 
     #[test]
