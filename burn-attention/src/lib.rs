@@ -52,6 +52,7 @@ pub use variants::performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
 };
 pub use variants::reformer::{ReformerAttention, ReformerConfig};
+pub use variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 pub use variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
 pub use variants::sparse::{SparseAttention, SparseAttentionConfig, SparsePattern};

@@ -25,6 +25,7 @@ use crate::variants::longformer::{LongformerAttention, LongformerConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::reformer::{ReformerAttention, ReformerConfig};
+use crate::variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
@@ -234,6 +235,8 @@ registry! {
     Sinkhorn(SinkhornConfig => SinkhornAttention),
     /// Reformer: LSH attention over sorted chunks.
     Reformer(ReformerConfig => ReformerAttention),
+    /// Set Transformer: induced set attention (ISAB).
+    SetTransformer(SetTransformerConfig => SetTransformerAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -12,6 +12,7 @@ pub mod longformer;
 pub mod nystrom;
 pub mod performer;
 pub mod reformer;
+pub mod set_transformer;
 pub mod sinkhorn;
 pub mod softmax;
 pub mod sparse;
