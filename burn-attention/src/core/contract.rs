@@ -195,6 +195,18 @@ pub enum DecodingState {
 }
 
 impl DecodingState {
+    /// Whether this is the cache of prompts of different lengths (its padding marked), which
+    /// the position-dependent patterns decode on from row by row.
+    pub(crate) fn is_padded_cache(&self) -> bool {
+        matches!(
+            self,
+            Self::KeyValueCache {
+                padding: Some(_),
+                ..
+            }
+        )
+    }
+
     /// The key/value cache with this token's `k` and `v` (`[batch, heads, 1, d]`) appended,
     /// starting one from [`Empty`](Self::Empty): the state of the attentions that decode over
     /// cached keys. A recurrent state, or a cache of prompts of different lengths, is an error

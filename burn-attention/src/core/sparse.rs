@@ -341,14 +341,16 @@ pub fn real_lengths(padding: &[Vec<bool>]) -> Vec<usize> {
         .collect()
 }
 
-/// The prompt lengths of a batch padded at the end (`flags` from [`padding_flags`]); an error
-/// naming `variant` when a row has padding before its last real position (a position-dependent
-/// pattern reads each token's position from where it sits).
+/// The prompt lengths of a batch padded at the end (`mask_pad: [batch, n]`, `true` = padding);
+/// an error naming `variant` when a row has padding before its last real position (a
+/// position-dependent pattern reads each token's position from where it sits).
 pub fn suffix_lengths(
     variant: &'static str,
-    flags: &[Vec<bool>],
+    mask_pad: &Tensor<2, Bool>,
 ) -> Result<Vec<usize>, AttentionError> {
-    let lengths = real_lengths(flags);
+    let [batch, n] = mask_pad.dims();
+    let flags = padding_flags(&Some(mask_pad.clone()), batch, n);
+    let lengths = real_lengths(&flags);
     if flags
         .iter()
         .zip(&lengths)

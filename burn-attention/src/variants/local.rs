@@ -282,11 +282,8 @@ impl AttentionModule for LocalAttention {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let [batch, n, _] = x.dims();
-        let lengths = suffix_lengths(
-            self.name(),
-            &padding_flags(&Some(mask_pad.clone()), batch, n),
-        )?;
+        let lengths = suffix_lengths(self.name(), &mask_pad)?;
+        let n = mask_pad.dims()[1];
         let (q, k, v) = self.proj.qkv(x);
         let o = self.attend(
             q,
@@ -316,10 +313,7 @@ impl AttentionModule for LocalAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
-        if let DecodingState::KeyValueCache {
-            padding: Some(_), ..
-        } = &state
-        {
+        if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;
             return Ok(self.decode_padded(q, keys, values, padding));
         }

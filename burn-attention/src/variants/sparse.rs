@@ -304,11 +304,7 @@ impl AttentionModule for SparseAttention {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let [batch, n, _] = x.dims();
-        suffix_lengths(
-            self.name(),
-            &padding_flags(&Some(mask_pad.clone()), batch, n),
-        )?;
+        suffix_lengths(self.name(), &mask_pad)?;
         let (q, k, v) = self.proj.qkv(x);
         let o = self.attend(
             q,
@@ -334,10 +330,7 @@ impl AttentionModule for SparseAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (q, k, v) = self.proj.qkv(x);
-        if let DecodingState::KeyValueCache {
-            padding: Some(_), ..
-        } = &state
-        {
+        if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;
             return Ok(self.decode_padded(q, keys, values, padding));
         }

@@ -479,11 +479,7 @@ impl AttentionModule for SynthesizerAttention {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let [batch, n, _] = x.dims();
-        suffix_lengths(
-            self.name(),
-            &padding_flags(&Some(mask_pad.clone()), batch, n),
-        )?;
+        suffix_lengths(self.name(), &mask_pad)?;
         let (q, v) = self.queries_and_values(x);
         let o = self.attend(
             q,
@@ -509,10 +505,7 @@ impl AttentionModule for SynthesizerAttention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
-        if let DecodingState::KeyValueCache {
-            padding: Some(_), ..
-        } = &state
-        {
+        if state.is_padded_cache() {
             let (_, values, padding) = state.append_to_padded_cache(self.name(), v.clone(), v)?;
             return self.decode_padded(x, values, padding);
         }
