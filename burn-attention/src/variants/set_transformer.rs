@@ -28,7 +28,7 @@ use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -167,18 +167,13 @@ impl AttentionModule for SetTransformerAttention {
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();
-        check_capabilities(&INFO, input.query_len(), input.key_len(), masks.causal)?;
-        if masks.attn.is_some() {
-            return Err(AttentionError::unsupported(
-                INFO.name,
-                "an arbitrary attention mask (`mask_attn`): queries attend to the inducing \
-                 points' summary, not to keys",
-            ));
-        }
-        let h = self.induced(input.key().clone(), masks.key_pad);
+        let n_k = input.key_len();
+        check_capabilities(&INFO, input.query_len(), n_k, masks.causal)?;
+        let h = self.induced(input.key().clone(), masks.key_pad.clone());
         let (q, k, v) =
             self.proj
                 .project(AttentionInput::cross(input.query().clone(), h.clone(), h));
+        check_attention_mask(&INFO, &masks, &q, n_k)?;
         Ok(self
             .proj
             .out(exact_softmax_attention(q, k, v, None, false, None)))
