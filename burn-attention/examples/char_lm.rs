@@ -27,6 +27,10 @@ use burn_attention_zoo::{
 
 #[path = "shared/imdb.rs"]
 mod imdb;
+#[path = "shared/rng.rs"]
+mod rng;
+
+use rng::Rng;
 
 const VOCAB: usize = 256;
 const D_MODEL: usize = 128;
@@ -401,32 +405,4 @@ fn generated_text(bytes: usize) -> Vec<u8> {
         text.push(b' ');
     }
     text
-}
-
-/// A small deterministic generator (xorshift64*), for windows and sampling.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn sample(&mut self, probs: &[f32]) -> u8 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let mut acc = 0.0;
-        for (i, &p) in probs.iter().enumerate() {
-            acc += p as f64;
-            if u < acc {
-                return i as u8;
-            }
-        }
-        (probs.len() - 1) as u8
-    }
 }

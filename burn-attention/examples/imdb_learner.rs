@@ -46,8 +46,11 @@ use burn_attention_zoo::{AttentionInput, Encoder, EncoderConfig, padding_mask_fr
 
 #[path = "shared/imdb.rs"]
 mod imdb;
+#[path = "shared/rng.rs"]
+mod rng;
 
 use imdb::Review;
+use rng::Rng;
 
 /// What a run trains, on what, and where it writes.
 #[derive(Clone, Debug)]
@@ -600,65 +603,48 @@ fn generated_reviews(count: usize, seed: u64) -> Vec<Review> {
         .collect()
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
-    }
-}
-
-/// A folder of this process's own under the system's temporary folder, removed when dropped.
-#[cfg(test)]
-struct TempDir(PathBuf);
-
-#[cfg(test)]
-use std::path::Path;
-
-#[cfg(test)]
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        Self(std::env::temp_dir().join(format!("{tag}-{}-{nanos}", std::process::id())))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-#[cfg(test)]
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The Performer features of the first layer.
-#[cfg(test)]
-fn first_features(model: &Classifier) -> Vec<f32> {
-    match &model.encoder.blocks[0].attention {
-        burn_attention_zoo::Attention::Performer(p) => p
-            .features
-            .as_ref()
-            .expect("FAVOR+ has features")
-            .val()
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap(),
-        other => panic!("expected Performer, got {other:?}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+
+    /// A folder of this process's own under the system's temporary folder, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            Self(std::env::temp_dir().join(format!("{tag}-{}-{nanos}", std::process::id())))
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The Performer features of the first layer.
+    fn first_features(model: &Classifier) -> Vec<f32> {
+        match &model.encoder.blocks[0].attention {
+            burn_attention_zoo::Attention::Performer(p) => p
+                .features
+                .as_ref()
+                .expect("FAVOR+ has features")
+                .val()
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap(),
+            other => panic!("expected Performer, got {other:?}"),
+        }
+    }
 
     /// Seconds on two CPU cores, dev profile.
     fn short(out: &Path, redraw_every: usize) -> Settings {
