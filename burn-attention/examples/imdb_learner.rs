@@ -42,7 +42,10 @@ use burn::train::renderer::{
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
-use burn_attention_zoo::{AttentionInput, Encoder, EncoderConfig, padding_mask_from_lengths};
+use burn_attention_zoo::{
+    AttentionConfig, AttentionInput, Encoder, EncoderBlockConfig, EncoderConfig,
+    padding_mask_from_lengths,
+};
 
 #[path = "shared/imdb.rs"]
 mod imdb;
@@ -312,27 +315,20 @@ struct ClassifierConfig {
 
 impl ClassifierConfig {
     fn from_settings(settings: &Settings, vocabulary: usize) -> Result<Self, String> {
-        let encoder = EncoderConfig::named(
+        // The sequence length is known here, so every variant (those whose parameters depend
+        // on it too) is built the same way.
+        let attention = AttentionConfig::from_name(
             &settings.attention,
             settings.d_model,
             settings.n_heads,
-            settings.d_ff,
-            settings.n_layers,
+            settings.max_len,
         )
-        .or_else(|_| {
-            // The variants whose parameters depend on the sequence length take it here.
-            let attention = burn_attention_zoo::AttentionConfig::from_name(
-                &settings.attention,
-                settings.d_model,
-                settings.n_heads,
-                settings.max_len,
-            )?;
-            Ok(EncoderConfig::new(
-                burn_attention_zoo::EncoderBlockConfig::new(attention, settings.d_ff),
-                settings.n_layers,
-            ))
-        })
-        .map_err(|e: burn_attention_zoo::AttentionError| e.to_string())?;
+        .map_err(|e| e.to_string())?;
+        let encoder = EncoderConfig::new(
+            EncoderBlockConfig::new(attention, settings.d_ff),
+            settings.n_layers,
+        );
+        encoder.validate().map_err(|e| e.to_string())?;
         Ok(Self {
             encoder,
             vocabulary,
