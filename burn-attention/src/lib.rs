@@ -16,7 +16,9 @@ mod encoder;
 mod registry;
 pub mod variants;
 
-pub use crate::core::contract::{AttentionModule, Capabilities, DecodingState, RecurrentState};
+pub use crate::core::contract::{
+    AttentionModule, CachedKeys, Capabilities, DecodingState, RecurrentState,
+};
 pub use crate::core::error::AttentionError;
 pub use crate::core::features::{orthogonal_features, random_orthogonal};
 pub use crate::core::heads::{QkvoProjection, merge_heads, split_heads};
@@ -44,6 +46,7 @@ pub use variants::linformer::{
 };
 pub use variants::local::{LocalAttention, LocalAttentionConfig, LocalForm};
 pub use variants::longformer::{LongformerAttention, LongformerConfig};
+pub use variants::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 pub use variants::nystrom::{
     NystromAttention, NystromConfig, iterative_pinv, landmark_segments, nystrom_attention,
     nystrom_cross_attention,

@@ -22,6 +22,7 @@ use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::longformer::{LongformerAttention, LongformerConfig};
+use crate::variants::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::reformer::{ReformerAttention, ReformerConfig};
@@ -237,6 +238,8 @@ registry! {
     Reformer(ReformerConfig => ReformerAttention),
     /// Set Transformer: induced set attention (ISAB).
     SetTransformer(SetTransformerConfig => SetTransformerAttention),
+    /// Memory-compressed attention: keys and values shortened by a strided convolution.
+    MemoryCompressed(MemoryCompressedConfig => MemoryCompressedAttention),
 }
 
 /// Every registered variant, in the order listings show them.

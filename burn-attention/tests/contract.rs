@@ -67,8 +67,9 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// parameters: `q_len` real queries over `k_len` real keys.
 /// The registered variants without a per-head form (their keys and values pass through layers
 /// over all heads), which the per-head references here skip; each has its whole-module float64
-/// test: `set-transformer` in tests/set_transformer.rs.
-const NO_PER_HEAD_FORM: &[&str] = &["set-transformer"];
+/// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
+/// tests/memory_compressed.rs.
+const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed"];
 
 fn cross_f64(
     attention: &Attention,
@@ -342,6 +343,16 @@ fn decoding_equals_causal_forward() {
                     assert!(config.name().starts_with("local"), "{}", config.name());
                     assert!(keys.dims()[2] <= 4, "{}: {:?}", config.name(), keys.dims());
                 }
+                (
+                    DecodingState::Compressed { .. },
+                    DecodingState::Compressed { blocks, current },
+                ) => {
+                    // Memory-compressed attention: the 23 finished blocks of 3, compressed, and
+                    // the 70th position uncompressed.
+                    let blocks = blocks.expect("finished blocks");
+                    assert_eq!(blocks.keys.dims()[2], n / 3, "{}", config.name());
+                    assert_eq!(current.expect("block under way").keys.dims()[2], n % 3);
+                }
                 (_, other) => panic!("{}: unexpected state {other:?}", config.name()),
             }
         }
@@ -391,8 +402,8 @@ fn prefill_equals_token_by_token_decoding() {
 /// Prompts of different lengths in one batch: prefilled padded to the longest, each goes on
 /// decoding from its own end (one new token per prompt a step) exactly as when it is alone:
 /// softmax (its cache's padding masked), every kernelized variant (padding left out of the
-/// sums), and the position-dependent patterns (local, sparse, Synthesizer: positions read from
-/// the padding, which must follow each prompt).
+/// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed:
+/// positions read from the padding, which must follow each prompt).
 #[test]
 fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
     let device = device();
@@ -425,7 +436,7 @@ fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // The patterns read a token's position from where it sits: padding before the end of
         // a prompt is refused.
-        let position_dependent = ["local", "sparse", "synthesizer"]
+        let position_dependent = ["local", "sparse", "synthesizer", "memory-compressed"]
             .iter()
             .any(|p| name.starts_with(p));
         if position_dependent {

@@ -7,15 +7,16 @@
 
 mod reference;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, Linear};
+use burn::nn::LayerNorm;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, QkvoProjection, SetTransformerAttention, SetTransformerConfig,
     padding_mask_from_lengths,
 };
-use reference::{matmul, matrix, max_rel_err, softmax_rows, to_rows, transpose};
+use reference::{
+    linear_f64, matmul, matrix, max_rel_err, softmax_rows, to_rows, transpose, vector,
+};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -23,25 +24,6 @@ const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const INDUCING: usize = 5;
 const EPS: f64 = 1e-5;
-
-fn vector(p: &Param<Tensor<1>>) -> Vec<f64> {
-    let data = p.val().into_data().convert::<f32>();
-    data.iter::<f32>().map(f64::from).collect()
-}
-
-/// `x W + b` (Burn's `Linear` stores `W` as `[d_in, d_out]`).
-fn linear_f64(layer: &Linear, x: &[Vec<f64>]) -> Rows {
-    let out = matmul(x, &matrix(&layer.weight));
-    match &layer.bias {
-        None => out,
-        Some(bias) => {
-            let b = vector(bias);
-            out.into_iter()
-                .map(|row| row.iter().zip(&b).map(|(a, c)| a + c).collect())
-                .collect()
-        }
-    }
-}
 
 /// `(x − mean) / √(var + ε) · γ + β` over each row, the variance biased.
 fn layer_norm_f64(norm: &LayerNorm, x: &[Vec<f64>]) -> Rows {

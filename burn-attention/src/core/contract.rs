@@ -192,6 +192,30 @@ pub enum DecodingState {
     /// Kernelized attention: the sums over the keys so far, so that a step costs O(m d)
     /// wherever it is in the sequence.
     Recurrent(RecurrentState),
+    /// Memory-compressed attention: one compressed key and value per finished block of
+    /// positions, and the keys and values of the block under way; a step at position t costs
+    /// O((t / c + c) d) for blocks of c.
+    Compressed {
+        /// The finished blocks' compressed keys and values; `None` before the first block of
+        /// any sequence completes. In a batch of prompts of different lengths its padding marks,
+        /// per sequence, the blocks that are not its own.
+        blocks: Option<CachedKeys>,
+        /// The keys and values of the block under way; `None` at a block boundary. Its padding
+        /// marks, per sequence, the positions outside its own block under way.
+        current: Option<CachedKeys>,
+    },
+}
+
+/// Keys and values a decoding state holds, per head, with the positions a sequence does not
+/// see marked.
+#[derive(Debug, Clone)]
+pub struct CachedKeys {
+    /// Keys, `[batch, heads, t, d_head]`.
+    pub keys: Tensor<4>,
+    /// Values, `[batch, heads, t, d_head]`.
+    pub values: Tensor<4>,
+    /// `[batch, t]`, `true` = not seen by that sequence; `None`: every sequence sees all `t`.
+    pub padding: Option<Tensor<2, Bool>>,
 }
 
 impl DecodingState {
@@ -253,9 +277,9 @@ impl DecodingState {
                     padding,
                 ))
             }
-            Self::Recurrent(_) => Err(AttentionError::unsupported(
+            Self::Recurrent(_) | Self::Compressed { .. } => Err(AttentionError::unsupported(
                 variant,
-                "a recurrent decoding state (it carries a key/value cache)",
+                "another variant's decoding state (it carries a key/value cache)",
             )),
         }
     }

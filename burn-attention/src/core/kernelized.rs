@@ -195,9 +195,11 @@ pub fn recurrent_state(
     match state {
         DecodingState::Empty => Ok(None),
         DecodingState::Recurrent(state) => Ok(Some(state)),
-        DecodingState::KeyValueCache { .. } => Err(AttentionError::unsupported(
-            variant,
-            "a key/value cache as its decoding state (it carries a recurrent state)",
-        )),
+        DecodingState::KeyValueCache { .. } | DecodingState::Compressed { .. } => {
+            Err(AttentionError::unsupported(
+                variant,
+                "another variant's decoding state (it carries a recurrent state)",
+            ))
+        }
     }
 }

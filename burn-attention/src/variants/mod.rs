@@ -9,6 +9,7 @@ pub mod linear;
 pub mod linformer;
 pub mod local;
 pub mod longformer;
+pub mod memory_compressed;
 pub mod nystrom;
 pub mod performer;
 pub mod reformer;

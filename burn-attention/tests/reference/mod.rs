@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use burn::module::Param;
+use burn::nn::Linear;
 use burn::prelude::*;
 use burn_attention_zoo::FeedForwardKernelAttention;
 
@@ -315,6 +316,26 @@ pub fn matrix(p: &Param<Tensor<2>>) -> Vec<Vec<f64>> {
     data.chunks(cols)
         .map(|r| r.iter().map(|&a| a as f64).collect())
         .collect()
+}
+
+/// A parameter vector in f64.
+pub fn vector(p: &Param<Tensor<1>>) -> Vec<f64> {
+    let data = p.val().into_data().convert::<f32>();
+    data.iter::<f32>().map(f64::from).collect()
+}
+
+/// `x W + b` (Burn's `Linear` stores `W` as `[d_in, d_out]`).
+pub fn linear_f64(layer: &Linear, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let out = matmul(x, &matrix(&layer.weight));
+    match &layer.bias {
+        None => out,
+        Some(bias) => {
+            let b = vector(bias);
+            out.into_iter()
+                .map(|row| row.iter().zip(&b).map(|(a, c)| a + c).collect())
+                .collect()
+        }
+    }
 }
 
 /// `ln(1 + eˣ)`.
