@@ -10,17 +10,21 @@
 mod reference;
 
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, MemoryCompressedAttention, MemoryCompressedConfig,
     padding_mask_from_lengths,
 };
-use reference::{linear_f64, matrix, max_rel_err, softmax_rows, to_rows, vector};
+use reference::{linear_f64, matrix, max_rel_err, normal_tensor, softmax_rows, to_rows, vector};
 
 type Rows = Vec<Vec<f64>>;
 
 const D_MODEL: usize = 12;
 const HEADS: usize = 3;
+/// Largest relative error of the f32 module against float64 (floor 0.01): each compressed key
+/// sums `c · d_model` products (60 at c = 5) of inputs up to scale 4, and the outputs, small
+/// beside those sums, carry their rounding (1.7e-4 seen); a wrong block, mask or padding is off
+/// by O(1).
+const TOLERANCE: f64 = 5e-4;
 
 /// A strided convolution over the rows of `x` (`[n][channels]`, `n` a multiple of `c`):
 /// output row `g`, channel `o` is `b_o + Σ_s Σ_ch kernel[o][ch][s] · x[g c + s][ch]`, with the
@@ -121,15 +125,13 @@ fn module(compression: usize, device: &Device) -> MemoryCompressedAttention {
 #[test]
 fn self_attention_matches_float64_reference() {
     let device = Device::flex();
-    device.seed(31);
     for compression in [3, 5] {
         let m = module(compression, &device);
         for scale in [1.0, 4.0] {
-            let x = Tensor::<3>::random([2, 10, D_MODEL], Distribution::Normal(0.0, 1.0), &device)
-                .mul_scalar(scale);
+            let x =
+                normal_tensor([2, 10, D_MODEL], 31 + compression as u64, &device).mul_scalar(scale);
             let lengths = [10, 7];
-            let junk =
-                Tensor::<3>::random([1, 3, D_MODEL], Distribution::Normal(0.0, 50.0), &device);
+            let junk = normal_tensor([1, 3, D_MODEL], 37, &device).mul_scalar(50.0);
             let x = Tensor::cat(
                 vec![
                     x.clone().slice(s![0..1]),
@@ -148,7 +150,7 @@ fn self_attention_matches_float64_reference() {
                     let expected = memory_compressed_f64(&m, &real, &real, causal);
                     let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
                     assert!(
-                        err < 1e-4,
+                        err < TOLERANCE,
                         "c {compression}, scale {scale}, causal {causal}, batch {b}: \
                          relative error {err}"
                     );
@@ -162,13 +164,10 @@ fn self_attention_matches_float64_reference() {
 #[test]
 fn cross_attention_matches_float64_reference() {
     let device = Device::flex();
-    device.seed(32);
     let m = module(3, &device);
     for scale in [1.0, 4.0] {
-        let random = |n: usize| {
-            Tensor::<3>::random([2, n, D_MODEL], Distribution::Normal(0.0, 1.0), &device)
-                .mul_scalar(scale)
-        };
+        let random =
+            |n: usize| normal_tensor([2, n, D_MODEL], 32 + n as u64, &device).mul_scalar(scale);
         let (queries, memory) = (random(7), random(11));
         let (q_lens, k_lens) = ([7, 4], [11, 5]);
         let out = m.forward(
@@ -184,7 +183,10 @@ fn cross_attention_matches_float64_reference() {
                 false,
             );
             let err = max_rel_err(&rows_of(&out, b, q_lens[b]), &expected, 1e-2);
-            assert!(err < 1e-4, "scale {scale}, batch {b}: relative error {err}");
+            assert!(
+                err < TOLERANCE,
+                "scale {scale}, batch {b}: relative error {err}"
+            );
         }
     }
 }
@@ -194,19 +196,14 @@ fn cross_attention_matches_float64_reference() {
 #[test]
 fn causal_outputs_ignore_the_future() {
     let device = Device::flex();
-    device.seed(33);
     let m = module(3, &device);
-    let x = Tensor::<3>::random([1, 13, D_MODEL], Distribution::Normal(0.0, 1.0), &device);
+    let x = normal_tensor([1, 13, D_MODEL], 33, &device);
     let out = m.forward(AttentionInput::new(x.clone()).causal(true));
     for i in 0..12 {
         let changed = Tensor::cat(
             vec![
                 x.clone().slice(s![.., 0..i + 1]),
-                Tensor::random(
-                    [1, 12 - i, D_MODEL],
-                    Distribution::Normal(0.0, 9.0),
-                    &device,
-                ),
+                normal_tensor([1, 12 - i, D_MODEL], 100 + i as u64, &device).mul_scalar(9.0),
             ],
             1,
         );
