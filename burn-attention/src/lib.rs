@@ -32,6 +32,7 @@ pub use crate::core::params::{num_params_checked, num_trainable_params};
 pub use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 pub use encoder::{BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
 pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
+pub use variants::axial::{AxialAttention, AxialConfig};
 pub use variants::bigbird::{BigBirdAttention, BigBirdConfig};
 pub use variants::efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
 pub use variants::feedforward::{

@@ -15,6 +15,7 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::AttentionError;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
@@ -240,6 +241,8 @@ registry! {
     SetTransformer(SetTransformerConfig => SetTransformerAttention),
     /// Memory-compressed attention: keys and values shortened by a strided convolution.
     MemoryCompressed(MemoryCompressedConfig => MemoryCompressedAttention),
+    /// Axial attention: along the rows and the columns of a 2-D layout.
+    Axial(AxialConfig => AxialAttention),
 }
 
 /// Every registered variant, in the order listings show them.

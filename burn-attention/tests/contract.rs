@@ -402,8 +402,8 @@ fn prefill_equals_token_by_token_decoding() {
 /// Prompts of different lengths in one batch: prefilled padded to the longest, each goes on
 /// decoding from its own end (one new token per prompt a step) exactly as when it is alone:
 /// softmax (its cache's padding masked), every kernelized variant (padding left out of the
-/// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed:
-/// positions read from the padding, which must follow each prompt).
+/// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed,
+/// axial: positions read from the padding, which must follow each prompt).
 #[test]
 fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
     let device = device();
@@ -436,9 +436,15 @@ fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // The patterns read a token's position from where it sits: padding before the end of
         // a prompt is refused.
-        let position_dependent = ["local", "sparse", "synthesizer", "memory-compressed"]
-            .iter()
-            .any(|p| name.starts_with(p));
+        let position_dependent = [
+            "local",
+            "sparse",
+            "synthesizer",
+            "memory-compressed",
+            "axial",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p));
         if position_dependent {
             let mut inner = vec![false; 2 * longest];
             inner[longest + 3] = true;

@@ -7,9 +7,9 @@ mod reference;
 
 use burn::prelude::*;
 use burn_attention_zoo::{
-    Attention, AttentionConfig, AttentionInput, AttentionModule, BigBirdConfig, EncoderConfig,
-    HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig, SparseAttentionConfig,
-    SparsePattern, VARIANTS, padding_mask_from_lengths,
+    Attention, AttentionConfig, AttentionInput, AttentionModule, AxialConfig, BigBirdConfig,
+    EncoderConfig, HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig,
+    SparseAttentionConfig, SparsePattern, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{normal_tensor, to_heads};
 
@@ -407,7 +407,8 @@ fn returned_weights_are_distributions_over_the_unmasked_keys() {
     // and windows short enough for several of them to fit in the sequence.
     let mut configs: Vec<AttentionConfig> = VARIANTS
         .iter()
-        .filter(|v| v.capabilities.returns_weights)
+        // Axial's default reads the sequence as a square grid, which 13 is not: rows of 4 below.
+        .filter(|v| v.capabilities.returns_weights && v.name != "axial")
         .map(|v| AttentionConfig::from_name(v.name, d_model, heads, n).unwrap())
         .collect();
     configs.extend([
@@ -437,6 +438,7 @@ fn returned_weights_are_distributions_over_the_unmasked_keys() {
                 .with_window(3)
                 .with_global_tokens(vec![0, 6]),
         ),
+        AttentionConfig::Axial(AxialConfig::new(d_model, heads).with_width(Some(4))),
     ]);
     for config in configs {
         let v = config.info();

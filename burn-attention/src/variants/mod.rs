@@ -2,6 +2,7 @@
 //! form and facts (its registry entries). They build on [`crate::core`] and never import one
 //! another.
 
+pub mod axial;
 pub mod bigbird;
 pub mod efficient;
 pub mod feedforward;

@@ -1,0 +1,559 @@
+//! Axial attention: the sequence laid out as a 2-D grid, rows of `width` positions, and softmax
+//! attention along the rows and along the columns of the grid.
+//!
+//! Ho et al. 2019, "Axial Attention in Multidimensional Transformers", arXiv 1912.12180: an
+//! axial attention layer attends along one axis of a multidimensional tensor, all other axes
+//! held fixed (for an image of `h × w` positions, O(h w (h + w)) in place of O((h w)²)); the
+//! Axial Transformer stacks row and column layers. Here one module does both, splitting its
+//! heads: the first `⌈H/2⌉` heads attend along each position's row, the others along its column,
+//! one output projection over all of them (so it has softmax's parameters, and two encoder
+//! layers reach every position). Position `i` sits at row `⌊i / width⌋`, column `i mod width`;
+//! the last row may be partial.
+//!
+//! `width` is configured, or, unset, read from each input as a square grid (`n` a perfect
+//! square: 784 pixels of Fashion-MNIST are 28 × 28, 1,024 of CIFAR-10 and Pathfinder 32 × 32,
+//! Path-X's 16,384 128 × 128); a sequence that is not a square then is refused with an error
+//! naming `width`. A CLS token prepended to an image takes position 0 of the grid and shifts
+//! the rows by one position (the columns stay columns).
+//!
+//! Causal in raster order: a row head sees its row's positions up to itself, a column head its
+//! column's rows up to its own. (The paper's decoder also lets a position see the whole rows
+//! above it by shifting its input a row down, a model-level device outside one attention.)
+//! Masks: padding, causal, an arbitrary attention mask and the weights (on the composed dense
+//! steps, `n × n` per head); decoding token by token over a cache of every key, each step
+//! scoring its row and column (O((width + t / width) d)). No cross-attention: the pattern
+//! relates query and key positions.
+//!
+//! Cost per head: O(n (w + n/w) d) time and O(n (w + n/w)) memory, O(n^1.5 d) for a square.
+
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::dropout::dropout;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, projection_shape};
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::softmax::{exact_softmax_attention, softmax_weights};
+use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "axial",
+    paper: "Ho et al. 2019, arXiv 1912.12180",
+    time: "O(n (w + n/w) d)",
+    memory: "O(n (w + n/w))",
+    capabilities: Capabilities {
+        padding_mask: true,
+        attention_mask: true,
+        returns_weights: true,
+        causal: true,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// The axis of the grid a head attends along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Axis {
+    /// The positions of the query's row.
+    Row,
+    /// The positions of the query's column.
+    Column,
+}
+
+impl Axis {
+    /// Whether query `i` sees key `j` (either `<= i` when causal) on a grid of rows of `width`.
+    fn sees(self, i: usize, j: usize, width: usize) -> bool {
+        match self {
+            Self::Row => i / width == j / width,
+            Self::Column => i % width == j % width,
+        }
+    }
+}
+
+/// Configuration of [`AxialAttention`].
+#[derive(Config, Debug)]
+pub struct AxialConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads, at least 2: the first `⌈n_heads/2⌉` attend along rows, the others
+    /// along columns.
+    pub n_heads: usize,
+    /// Positions per row of the grid; `None`: each input read as a square grid.
+    #[config(default = "None")]
+    pub width: Option<usize>,
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl AxialConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        if self.n_heads < 2 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "n_heads",
+                "must be at least 2 (row heads and column heads)",
+            ));
+        }
+        if self.width == Some(0) {
+            return Err(AttentionError::field(
+                INFO.name,
+                "width",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> AxialAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        AxialAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            width: self.width,
+        }
+    }
+}
+
+impl VariantConfig for AxialConfig {
+    variant_glue!(AxialAttention);
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_capabilities(&INFO, n_q, n_k, causal)?;
+        grid_width(self.width, n_k).map(|_| ())
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// The grid's row width for a sequence of `n`: `width`, or the side of `n` as a square.
+fn grid_width(width: Option<usize>, n: usize) -> Result<usize, AttentionError> {
+    if let Some(width) = width {
+        return Ok(width);
+    }
+    let side = n.isqrt();
+    if side * side == n {
+        Ok(side)
+    } else {
+        Err(AttentionError::field(
+            INFO.name,
+            "width",
+            format!(
+                "is unset, and a sequence of {n} positions is not a square grid (set the \
+                 positions per row)"
+            ),
+        ))
+    }
+}
+
+/// Multi-head axial attention. Create with [`AxialConfig`].
+#[derive(Module, Debug)]
+pub struct AxialAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Positions per row of the grid; `None`: each input read as a square.
+    #[module(skip)]
+    pub width: Option<usize>,
+}
+
+projection_shape!(AxialAttention);
+
+/// Heads `[batch, heads, n, d]` as the rows of their grid, `[batch · rows, heads, width, d]`
+/// (`n = rows · width`).
+fn to_rows(x: Tensor<4>, width: usize) -> Tensor<4> {
+    let [batch, heads, n, d] = x.dims();
+    let rows = n / width;
+    x.reshape([batch, heads, rows, width, d])
+        .swap_dims(1, 2)
+        .reshape([batch * rows, heads, width, d])
+}
+
+/// The inverse of [`to_rows`] for `batch` sequences.
+fn from_rows(x: Tensor<4>, batch: usize) -> Tensor<4> {
+    let [batch_rows, heads, width, d] = x.dims();
+    let rows = batch_rows / batch;
+    x.reshape([batch, rows, heads, width, d])
+        .swap_dims(1, 2)
+        .reshape([batch, heads, rows * width, d])
+}
+
+/// Heads `[batch, heads, n, d]` as the columns of their grid, `[batch · width, heads, rows, d]`.
+fn to_columns(x: Tensor<4>, width: usize) -> Tensor<4> {
+    let [batch, heads, n, d] = x.dims();
+    let rows = n / width;
+    x.reshape([batch, heads, rows, width, d])
+        .permute([0, 3, 1, 2, 4])
+        .reshape([batch * width, heads, rows, d])
+}
+
+/// The inverse of [`to_columns`] for `batch` sequences.
+fn from_columns(x: Tensor<4>, batch: usize) -> Tensor<4> {
+    let [batch_width, heads, rows, d] = x.dims();
+    let width = batch_width / batch;
+    x.reshape([batch, width, heads, rows, d])
+        .permute([0, 2, 3, 1, 4])
+        .reshape([batch, heads, rows * width, d])
+}
+
+/// The padding `[batch, n]` as the rows' (`[batch · rows, width]`) and columns' (`[batch · width,
+/// rows]`) key masks.
+fn axis_padding(pad: Tensor<2, Bool>, width: usize) -> (Tensor<2, Bool>, Tensor<2, Bool>) {
+    let [batch, n] = pad.dims();
+    let rows = n / width;
+    let grid = pad.reshape([batch, rows, width]);
+    (
+        grid.clone().reshape([batch * rows, width]),
+        grid.swap_dims(1, 2).reshape([batch * width, rows]),
+    )
+}
+
+/// `x: [batch, heads, n, d]` followed by zeros up to `to` positions.
+fn zero_filled(x: Tensor<4>, to: usize) -> Tensor<4> {
+    let [batch, heads, n, d] = x.dims();
+    if to == n {
+        return x;
+    }
+    let zeros = Tensor::zeros([batch, heads, to - n, d], &x.device());
+    Tensor::cat(vec![x, zeros], 2)
+}
+
+impl AxialAttention {
+    /// The number of row heads: the first `⌈H/2⌉`.
+    fn row_heads(&self, heads: usize) -> usize {
+        heads.div_ceil(2)
+    }
+
+    /// The heads' axes, in order.
+    fn axes(&self, heads: usize) -> impl Iterator<Item = (Axis, std::ops::Range<usize>)> {
+        let split = self.row_heads(heads);
+        [(Axis::Row, 0..split), (Axis::Column, split..heads)].into_iter()
+    }
+
+    /// Attention along the grid's rows and columns, gathered by reshaping (no attention mask).
+    fn attend_by_axis(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: &HeadMasks,
+        width: usize,
+    ) -> Tensor<4> {
+        let [batch, heads, n, _] = q.dims();
+        let full = n.next_multiple_of(width);
+        let device = q.device();
+        // The partial last row: zero-filled positions, masked as padding.
+        let pad = match (&masks.key_pad, full > n) {
+            (Some(pad), _) => Some(Tensor::cat(
+                vec![
+                    pad.clone(),
+                    Tensor::<2, Bool>::full([batch, full - n], true, &device),
+                ],
+                1,
+            )),
+            (None, true) => {
+                let row: Vec<bool> = (0..full).map(|j| j >= n).collect();
+                Some(flags_tensor(&vec![row; batch], &device))
+            }
+            (None, false) => None,
+        };
+        let (row_pad, column_pad) = match pad {
+            Some(pad) => {
+                let (rows, columns) = axis_padding(pad, width);
+                (Some(rows), Some(columns))
+            }
+            None => (None, None),
+        };
+        let [q, k, v] = [q, k, v].map(|x| zero_filled(x, full));
+        let outputs = self
+            .axes(heads)
+            .map(|(axis, range)| {
+                let part = |x: &Tensor<4>| x.clone().slice(s![.., range.clone()]);
+                let (q, k, v) = (part(&q), part(&k), part(&v));
+                let dropout = Some(&self.dropout);
+                match axis {
+                    Axis::Row => from_rows(
+                        exact_softmax_attention(
+                            to_rows(q, width),
+                            to_rows(k, width),
+                            to_rows(v, width),
+                            row_pad.clone(),
+                            masks.causal,
+                            dropout,
+                        ),
+                        batch,
+                    ),
+                    Axis::Column => from_columns(
+                        exact_softmax_attention(
+                            to_columns(q, width),
+                            to_columns(k, width),
+                            to_columns(v, width),
+                            column_pad.clone(),
+                            masks.causal,
+                            dropout,
+                        ),
+                        batch,
+                    ),
+                }
+            })
+            .collect();
+        Tensor::cat(outputs, 1).slice(s![.., .., 0..n])
+    }
+
+    /// The weights `[batch, heads, n, n]` (0 off each head's axis), from the dense scores with
+    /// the axis as an attention mask beside the given masks.
+    fn axis_weights(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        masks: &HeadMasks,
+        width: usize,
+    ) -> Tensor<4> {
+        let [batch, heads, n, d] = q.dims();
+        let device = q.device();
+        let scale = 1.0 / (d as f32).sqrt();
+        let weights = self
+            .axes(heads)
+            .map(|(axis, range)| {
+                let off_axis: Vec<bool> = (0..n * n)
+                    .map(|ij| !axis.sees(ij / n, ij % n, width))
+                    .collect();
+                let off_axis =
+                    Tensor::<2, Bool>::from_data(TensorData::new(off_axis, [n, n]), &device)
+                        .reshape([1, n, n])
+                        .expand([batch, n, n]);
+                let attn = match &masks.attn {
+                    Some(mask) => mask.clone().bool_or(off_axis),
+                    None => off_axis,
+                };
+                let masks = HeadMasks {
+                    attn: Some(attn),
+                    ..masks.clone()
+                };
+                let part = |x: &Tensor<4>| x.clone().slice(s![.., range.clone()]);
+                softmax_weights(part(&q), part(&k), &masks, scale)
+            })
+            .collect();
+        Tensor::cat(weights, 1)
+    }
+
+    /// A decoding step over a cache of every key (`padding` marking the positions of shorter
+    /// prompts): each head group scores the cached keys on its axis through the token.
+    fn decode_step(
+        &self,
+        q: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        padding: Option<Tensor<2, Bool>>,
+        width: usize,
+    ) -> Tensor<4> {
+        let [batch, heads, _, _] = q.dims();
+        let columns = keys.dims()[2];
+        let device = q.device();
+        let outputs = self
+            .axes(heads)
+            .map(|(axis, range)| {
+                let part = |x: &Tensor<4>| x.clone().slice(s![.., range.clone()]);
+                let (q, keys, values) = (part(&q), part(&keys), part(&values));
+                match &padding {
+                    None => {
+                        // Every sequence at position t: gather the axis's keys.
+                        let t = columns - 1;
+                        let seen: Vec<i64> = (0..=t)
+                            .filter(|&j| axis.sees(t, j, width))
+                            .map(|j| j as i64)
+                            .collect();
+                        let count = seen.len();
+                        let index =
+                            Tensor::<1, Int>::from_data(TensorData::new(seen, [count]), &device);
+                        exact_softmax_attention(
+                            q,
+                            keys.select(2, index.clone()),
+                            values.select(2, index),
+                            None,
+                            false,
+                            None,
+                        )
+                    }
+                    Some(padding) => {
+                        // Each sequence's positions read from its padding; off-axis keys masked.
+                        let flags = padding_flags(&Some(padding.clone()), batch, columns);
+                        let hidden: Vec<Vec<bool>> = cache_positions(&flags)
+                            .iter()
+                            .map(|row| {
+                                let t = row.last().copied().flatten().unwrap_or(0);
+                                row.iter()
+                                    .map(|j| j.is_none_or(|j| !axis.sees(t, j, width)))
+                                    .collect()
+                            })
+                            .collect();
+                        exact_softmax_attention(
+                            q,
+                            keys,
+                            values,
+                            Some(flags_tensor(&hidden, &device)),
+                            false,
+                            None,
+                        )
+                    }
+                }
+            })
+            .collect();
+        Tensor::cat(outputs, 1)
+    }
+
+    /// The configured width, or an error: decoding cannot read a grid from an unfinished
+    /// sequence.
+    fn decoding_width(&self) -> Result<usize, AttentionError> {
+        self.width.ok_or_else(|| {
+            AttentionError::field(
+                INFO.name,
+                "width",
+                "must be set to decode (an unfinished sequence does not give its grid)",
+            )
+        })
+    }
+}
+
+impl AttentionModule for AxialAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let (heads, n, n_k) = (q.dims()[1], q.dims()[2], k.dims()[2]);
+        check_capabilities(&INFO, n, n_k, masks.causal)?;
+        check_attention_mask(&INFO, &masks, &q, n_k)?;
+        if heads < 2 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "n_heads",
+                "must be at least 2 (row heads and column heads)",
+            ));
+        }
+        let width = grid_width(self.width, n)?;
+        if masks.attn.is_some() {
+            let weights = self.axis_weights(q, k, &masks, width);
+            return Ok(dropout(&self.dropout, weights).matmul(v));
+        }
+        Ok(self.attend_by_axis(q, k, v, &masks, width))
+    }
+
+    /// The weights over every key, `[batch, heads, n, n]`, 0 off each head's axis.
+    fn try_forward_with_weights(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+        let masks = input.head_masks();
+        let (q, k, v) = self.proj.project(input);
+        let (n, n_k) = (q.dims()[2], k.dims()[2]);
+        check_capabilities(&INFO, n, n_k, masks.causal)?;
+        check_attention_mask(&INFO, &masks, &q, n_k)?;
+        let width = grid_width(self.width, n)?;
+        let weights = self.axis_weights(q, k, &masks, width);
+        let o = dropout(&self.dropout, weights.clone()).matmul(v);
+        Ok((self.proj.out(o), weights))
+    }
+
+    /// The causal forward pass over the prompt; the cache holds all its keys and values.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        self.decoding_width()?;
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys: k,
+                values: v,
+                padding: None,
+            },
+        ))
+    }
+
+    /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
+    /// padding marked, each sequence's positions read from it.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        self.decoding_width()?;
+        suffix_lengths(INFO.name, &mask_pad)?;
+        let (q, k, v) = self.proj.qkv(x);
+        let o = self.attend(
+            q,
+            k.clone(),
+            v.clone(),
+            HeadMasks::new(Some(mask_pad.clone()), true),
+        )?;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys: k,
+                values: v,
+                padding: Some(mask_pad),
+            },
+        ))
+    }
+
+    /// Appends the token's key and value to the cache; its row heads score the cached keys of
+    /// its row, its column heads those of its column: O((width + t / width) d) at position t
+    /// (O(t d) for prompts of different lengths, whose cache is scored whole with the axis as a
+    /// mask).
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let width = self.decoding_width()?;
+        let (q, k, v) = self.proj.qkv(x);
+        let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
+        let o = self.decode_step(q, keys.clone(), values.clone(), padding.clone(), width);
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding,
+            },
+        ))
+    }
+}
