@@ -35,6 +35,7 @@ pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
 pub use variants::axial::{AxialAttention, AxialConfig};
 pub use variants::bigbird::{BigBirdAttention, BigBirdConfig};
 pub use variants::efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
+pub use variants::etc::{EtcAttention, EtcConfig, EtcGlobal};
 pub use variants::feedforward::{
     FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, KernelUnit,
 };

@@ -18,6 +18,7 @@ use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
+use crate::variants::etc::{EtcAttention, EtcConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
@@ -243,6 +244,8 @@ registry! {
     MemoryCompressed(MemoryCompressedConfig => MemoryCompressedAttention),
     /// Axial attention: along the rows and the columns of a 2-D layout.
     Axial(AxialConfig => AxialAttention),
+    /// ETC: global-local attention with relative positions.
+    Etc(EtcConfig => EtcAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -68,8 +68,8 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// The registered variants without a per-head form (their keys and values pass through layers
 /// over all heads), which the per-head references here skip; each has its whole-module float64
 /// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
-/// tests/memory_compressed.rs.
-const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed"];
+/// tests/memory_compressed.rs, `etc` in tests/etc.rs.
+const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed", "etc"];
 
 fn cross_f64(
     attention: &Attention,

@@ -5,6 +5,7 @@
 pub mod axial;
 pub mod bigbird;
 pub mod efficient;
+pub mod etc;
 pub mod feedforward;
 pub mod linear;
 pub mod linformer;
