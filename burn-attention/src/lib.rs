@@ -62,3 +62,4 @@ pub use variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};
 pub use variants::sparse::{SparseAttention, SparseAttentionConfig, SparsePattern};
 pub use variants::synthesizer::{SynthesizerAttention, SynthesizerConfig, SynthesizerMode};
+pub use variants::transformer_xl::{TransformerXlAttention, TransformerXlConfig};

@@ -33,6 +33,7 @@ use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
 use crate::variants::synthesizer::{SynthesizerAttention, SynthesizerConfig};
+use crate::variants::transformer_xl::{TransformerXlAttention, TransformerXlConfig};
 
 /// Generates [`AttentionConfig`], [`Attention`] and [`VARIANTS`] from one line per variant
 /// configuration: `Arm(Config => Module)`, in the order listings show them.
@@ -246,6 +247,8 @@ registry! {
     Axial(AxialConfig => AxialAttention),
     /// ETC: global-local attention with relative positions.
     Etc(EtcConfig => EtcAttention),
+    /// Transformer-XL: segments with a gradient-stopped memory and relative positions.
+    TransformerXl(TransformerXlConfig => TransformerXlAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -403,7 +403,7 @@ fn prefill_equals_token_by_token_decoding() {
 /// decoding from its own end (one new token per prompt a step) exactly as when it is alone:
 /// softmax (its cache's padding masked), every kernelized variant (padding left out of the
 /// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed,
-/// axial: positions read from the padding, which must follow each prompt).
+/// axial, Transformer-XL: positions read from the padding, which must follow each prompt).
 #[test]
 fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
     let device = device();
@@ -442,6 +442,7 @@ fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
             "synthesizer",
             "memory-compressed",
             "axial",
+            "transformer-xl",
         ]
         .iter()
         .any(|p| name.starts_with(p));

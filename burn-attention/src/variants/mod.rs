@@ -20,3 +20,4 @@ pub mod sinkhorn;
 pub mod softmax;
 pub mod sparse;
 pub mod synthesizer;
+pub mod transformer_xl;

@@ -7,7 +7,8 @@ use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, Synthes
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
 /// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
 /// sparse blocks of 4 with 1 summary, Longformer windows of 4, BigBird
-/// blocks of 2 with 1 random block, Reformer chunks of 3 and 4 buckets, axial rows of 4). A new variant with large defaults gets its line here.
+/// blocks of 2 with 1 random block, Reformer chunks of 3 and 4 buckets, axial rows of 4, Transformer-XL segments of 8 with
+/// 6 of memory). A new variant with large defaults gets its line here.
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
@@ -45,6 +46,11 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         ),
         // Rows of 4: the checks' sequences (1 to 70 positions) are grids with a partial last row.
         AttentionConfig::Axial(c) => AttentionConfig::Axial(c.with_width(Some(4))),
+        // Segments of 8 with 6 positions of memory (less than a segment, so that the oldest
+        // memory positions are masked): the checks' sequences cross several segments.
+        AttentionConfig::TransformerXl(c) => {
+            AttentionConfig::TransformerXl(c.with_segment_len(8).with_mem_len(6))
+        }
         AttentionConfig::Reformer(c) => {
             AttentionConfig::Reformer(c.with_chunk_len(3).with_n_buckets(4))
         }

@@ -1,0 +1,462 @@
+//! Transformer-XL attention: the sequence in segments, each attending to itself and to the
+//! gradient-stopped states of the positions before it, with relative positions.
+//!
+//! Dai et al. 2019, "Transformer-XL", arXiv 1901.02860. The sequence runs in segments of
+//! `segment_len` positions; a segment's queries attend to its own keys and to the keys and values
+//! of the `mem_len` positions before it, computed from the layer's input with the gradient
+//! stopped (the paper's `SG(h^{n−1}_{τ−1})`). Scores use the paper's relative positional
+//! encoding,
+//!
+//! `A_ij = q_iᵀ k_j + q_iᵀ W_R R_{i−j} + uᵀ k_j + vᵀ W_R R_{i−j}`, scaled by `1/√d`,
+//!
+//! with `R` the sinusoids of the distance `i − j`, `W_R` a learned projection and `u`, `v` learned
+//! per-head vectors ([`r_w_bias`](TransformerXlAttention::r_w_bias),
+//! [`r_r_bias`](TransformerXlAttention::r_r_bias)). The paper trains a causal language model:
+//! there a query sees the memory and its segment up to itself. Without causal masking (the
+//! encoder tasks) a query sees the memory and its whole segment, never a later segment.
+//!
+//! The memory of each layer is its own input over the previous positions: with the whole
+//! sequence at hand, a layer computes every segment at once (each segment's memory is the
+//! gradient-stopped keys and values of the positions before it), which is what running the
+//! segments one after another through the whole stack gives, since a layer's input at a segment
+//! never depends on that layer's later segments. Cost per head: O(n (s + m) d) time and
+//! O(n (s + m)) memory for segments of s and memory m.
+//!
+//! Masks: padding, causal; decoding token by token over a cache of keys, each step scoring its
+//! memory and its segment so far. No cross-attention (positions relate queries and keys), no
+//! attention mask, no weights. The per-head form ([`attend`](AttentionModule::attend)) stops the
+//! memory's gradient at the per-head keys and values it is given, so the key and value
+//! projections learn from the own segment only there; the forward pass stops it at the layer's
+//! input, as the paper.
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::softmax;
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::dropout::dropout;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::params::lazy_param;
+use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "transformer-xl",
+    paper: "Dai et al. 2019, arXiv 1901.02860",
+    time: "O(n (s + m) d)",
+    memory: "O(n (s + m))",
+    capabilities: Capabilities {
+        padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
+        causal: true,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: true,
+    },
+};
+
+/// Configuration of [`TransformerXlAttention`].
+#[derive(Config, Debug)]
+pub struct TransformerXlConfig {
+    /// Model width (even: the sinusoids come in sine and cosine pairs); split evenly across
+    /// heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Positions per segment (the paper's enwik8 models: 512).
+    #[config(default = 512)]
+    pub segment_len: usize,
+    /// Positions of memory before each segment (the paper's enwik8 training: 512).
+    #[config(default = 512)]
+    pub mem_len: usize,
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections (the paper has none).
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl TransformerXlConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        if !self.d_model.is_multiple_of(2) {
+            return Err(AttentionError::field(
+                INFO.name,
+                "d_model",
+                format!("must be even (sine and cosine pairs), got {}", self.d_model),
+            ));
+        }
+        if self.segment_len == 0 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "segment_len",
+                "must be at least 1",
+            ));
+        }
+        if self.mem_len.checked_add(2 * self.segment_len).is_none() {
+            return Err(AttentionError::field(INFO.name, "mem_len", "is too large"));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> TransformerXlAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let (h, d) = (self.n_heads, self.d_model / self.n_heads);
+        let bias =
+            move |device: &Device| Tensor::random([h, d], Distribution::Normal(0.0, 0.02), device);
+        TransformerXlAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            r_net: LinearConfig::new(self.d_model, self.d_model)
+                .with_bias(false)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device),
+            r_w_bias: lazy_param([h, d], device, true, bias),
+            r_r_bias: lazy_param([h, d], device, true, bias),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            segment_len: self.segment_len,
+            mem_len: self.mem_len,
+        }
+    }
+}
+
+impl VariantConfig for TransformerXlConfig {
+    variant_glue!(TransformerXlAttention);
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head Transformer-XL attention. Create with [`TransformerXlConfig`].
+#[derive(Module, Debug)]
+pub struct TransformerXlAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// `W_R`: the projection of the relative positions' sinusoids.
+    pub r_net: Linear,
+    /// `u`, `[heads, d_head]`: the content bias added to the queries against keys.
+    pub r_w_bias: Param<Tensor<2>>,
+    /// `v`, `[heads, d_head]`: the position bias added to the queries against positions.
+    pub r_r_bias: Param<Tensor<2>>,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Positions per segment.
+    #[module(skip)]
+    pub segment_len: usize,
+    /// Positions of memory before each segment.
+    #[module(skip)]
+    pub mem_len: usize,
+}
+
+projection_shape!(TransformerXlAttention);
+
+/// A per-head bias `[heads, d]` as `[1, heads, 1, d]`.
+fn per_head(bias: &Param<Tensor<2>>) -> Tensor<4> {
+    let [h, d] = bias.val().dims();
+    bias.val().reshape([1, h, 1, d])
+}
+
+impl TransformerXlAttention {
+    /// `(q + v) · W_R R_δ / √d` for the distances `δ = first, first + 1, …`, `count` of them:
+    /// `[batch, heads, rows, count]`.
+    fn position_scores(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
+        let [batch, heads, _, d] = q.dims();
+        let d_model = heads * d;
+        let device = q.device();
+        let half = d_model / 2;
+        let mut r = Vec::with_capacity(count * d_model);
+        for c in 0..count {
+            let delta = (first + c as i64) as f64;
+            let angle = |f: usize| delta / 10000f64.powf(2.0 * f as f64 / d_model as f64);
+            r.extend((0..half).map(|f| angle(f).sin() as f32));
+            r.extend((0..half).map(|f| angle(f).cos() as f32));
+        }
+        let r = Tensor::<2>::from_data(TensorData::new(r, [count, d_model]), &device);
+        let positions = split_heads(self.r_net.forward(r.unsqueeze_dim::<3>(0)), heads)
+            .expand([batch, heads, count, d]);
+        (q + per_head(&self.r_r_bias))
+            .matmul(positions.swap_dims(2, 3))
+            .mul_scalar(1.0 / (d as f32).sqrt())
+    }
+
+    /// The forward pass on per-head tensors: `q`, `k`, `v` `[batch, heads, n, d]`, `k_mem`,
+    /// `v_mem` the same keys and values with the gradient stopped.
+    fn segments(
+        &self,
+        (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+        (k_mem, v_mem): (Tensor<4>, Tensor<4>),
+        key_pad: &Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> Tensor<4> {
+        let [batch, heads, n, d] = q.dims();
+        let device = q.device();
+        let s = self.segment_len.min(n);
+        let nb = n.div_ceil(s);
+        let np = nb * s;
+        // The memory in whole segments: mb of them, the oldest `mp − m` positions masked.
+        let mb = if nb > 1 { self.mem_len.div_ceil(s) } else { 0 };
+        let mp = mb * s;
+        let zeros = |m: usize| Tensor::<4>::zeros([batch, heads, m, d], &device);
+        let blocks = |x: Tensor<4>, front: usize| {
+            Tensor::cat(vec![zeros(front), x, zeros(np - n)], 2).reshape([
+                batch,
+                heads,
+                np / s + front / s,
+                s,
+                d,
+            ])
+        };
+        // Segment τ's keys: the mb segments before it (gradient stopped), then its own.
+        let windows = |memory: Tensor<4>, own: Tensor<4>| {
+            let memory = blocks(memory, mp);
+            let mut parts: Vec<Tensor<5>> = (0..mb)
+                .map(|o| memory.clone().slice(s![.., .., o..o + nb]))
+                .collect();
+            parts.push(blocks(own, 0));
+            Tensor::cat(parts, 3)
+        };
+        let keys = windows(k_mem, k);
+        let values = windows(v_mem, v);
+        let width = mp + s;
+        let q = Tensor::cat(vec![q, zeros(np - n)], 2);
+        let content = (q.clone() + per_head(&self.r_w_bias))
+            .reshape([batch, heads, nb, s, d])
+            .matmul(keys.swap_dims(3, 4))
+            .mul_scalar(1.0 / (d as f32).sqrt());
+        // Query ρ over key σ of its window: distance δ = ρ − (σ − mp), from −(s − 1) to mp + s − 1.
+        let first = -(s as i64 - 1);
+        let count = mp + 2 * s - 1;
+        let mut index = Vec::with_capacity(s * width);
+        let mut hidden = Vec::with_capacity(s * width);
+        for rho in 0..s as i64 {
+            for sigma in 0..width as i64 {
+                let delta = rho - (sigma - mp as i64);
+                index.push(delta - first);
+                let too_old = delta > self.mem_len as i64 + rho;
+                hidden.push(too_old || (causal && delta < 0));
+            }
+        }
+        let index =
+            Tensor::<5, Int>::from_data(TensorData::new(index, [1, 1, 1, s, width]), &device)
+                .expand([batch, heads, nb, s, width]);
+        let position = self
+            .position_scores(q, first, count)
+            .reshape([batch, heads, nb, s, count])
+            .gather(4, index);
+        let hidden =
+            Tensor::<5, Bool>::from_data(TensorData::new(hidden, [1, 1, 1, s, width]), &device);
+        // Keys before the sequence, after it, or padded.
+        let mut missing = vec![true; mp];
+        missing.extend((0..np).map(|j| j >= n));
+        let mut missing =
+            Tensor::<2, Bool>::from_data(TensorData::new(missing, [1, mp + np]), &device)
+                .expand([batch, mp + np]);
+        if let Some(pad) = key_pad {
+            let framed = Tensor::cat(
+                vec![
+                    Tensor::<2, Bool>::full([batch, mp], true, &device),
+                    pad.clone(),
+                    Tensor::<2, Bool>::full([batch, np - n], true, &device),
+                ],
+                1,
+            );
+            missing = missing.bool_or(framed);
+        }
+        let missing = missing.reshape([batch, mb + nb, s]);
+        let mut parts: Vec<Tensor<3, Bool>> = (0..mb)
+            .map(|o| missing.clone().slice(s![.., o..o + nb]))
+            .collect();
+        parts.push(missing.slice(s![.., mb..mb + nb]));
+        let missing = Tensor::cat(parts, 2).reshape([batch, 1, nb, 1, width]);
+        let scores = (content + position)
+            .mask_fill(hidden, MASK_FILL)
+            .mask_fill(missing, MASK_FILL);
+        let weights = dropout(&self.dropout, softmax(scores, 4));
+        weights
+            .matmul(values)
+            .reshape([batch, heads, np, d])
+            .slice(s![.., .., 0..n])
+    }
+
+    /// Per-head queries, keys and values of `x`, and the keys and values of its input with the
+    /// gradient stopped (the memory's).
+    #[allow(clippy::type_complexity)]
+    fn projections(
+        &self,
+        x: Tensor<3>,
+    ) -> ((Tensor<4>, Tensor<4>, Tensor<4>), (Tensor<4>, Tensor<4>)) {
+        let heads = self.proj.n_heads;
+        let stopped = x.clone().detach();
+        let memory = (
+            split_heads(self.proj.key.forward(stopped.clone()), heads),
+            split_heads(self.proj.value.forward(stopped), heads),
+        );
+        (self.proj.qkv(x), memory)
+    }
+
+    /// A step over a cache of every key so far (`padding` marking shorter prompts' positions):
+    /// each sequence's token at position t scores the memory before its segment and its segment
+    /// up to itself.
+    fn decode_step(
+        &self,
+        q: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        padding: &Option<Tensor<2, Bool>>,
+    ) -> Tensor<4> {
+        let [batch, _, columns, d] = keys.dims();
+        let device = q.device();
+        let positions = cache_positions(&padding_flags(padding, batch, columns));
+        let s = self.segment_len;
+        let span = self.mem_len + s;
+        let mut hidden = Vec::with_capacity(batch * columns);
+        let mut index = Vec::with_capacity(batch * columns);
+        for row in &positions {
+            let t = row.last().copied().flatten().unwrap_or(0);
+            let start = (t / s * s).saturating_sub(self.mem_len);
+            for p in row {
+                match p {
+                    Some(p) if *p >= start => {
+                        hidden.push(false);
+                        index.push((t - p) as i64);
+                    }
+                    _ => {
+                        hidden.push(true);
+                        index.push(0);
+                    }
+                }
+            }
+        }
+        let heads = q.dims()[1];
+        let content = (q.clone() + per_head(&self.r_w_bias))
+            .matmul(keys.swap_dims(2, 3))
+            .mul_scalar(1.0 / (d as f32).sqrt());
+        let index =
+            Tensor::<4, Int>::from_data(TensorData::new(index, [batch, 1, 1, columns]), &device)
+                .expand([batch, heads, 1, columns]);
+        let position = self.position_scores(q, 0, span).gather(3, index);
+        let hidden = flags_tensor(
+            &hidden
+                .chunks(columns)
+                .map(<[bool]>::to_vec)
+                .collect::<Vec<_>>(),
+            &device,
+        );
+        let scores =
+            (content + position).mask_fill(hidden.reshape([batch, 1, 1, columns]), MASK_FILL);
+        softmax(scores, 3).matmul(values)
+    }
+}
+
+impl AttentionModule for TransformerXlAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let masks = input.head_masks();
+        let n = input.key_len();
+        check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
+        let (own, memory) = self.projections(input.query().clone());
+        check_attention_mask(&INFO, &masks, &own.0, n)?;
+        let o = self.segments(own, memory, &masks.key_pad, masks.causal);
+        Ok(self.proj.out(o))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let (n, n_k) = (q.dims()[2], k.dims()[2]);
+        check_capabilities(&INFO, n, n_k, masks.causal)?;
+        check_attention_mask(&INFO, &masks, &q, n_k)?;
+        let memory = (k.clone().detach(), v.clone().detach());
+        Ok(self.segments((q, k, v), memory, &masks.key_pad, masks.causal))
+    }
+
+    /// The causal forward pass; the cache holds every key and value (a step scores the memory
+    /// and its segment among them).
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (own, memory) = self.projections(x);
+        let o = self.segments(own, memory.clone(), &None, true);
+        let (keys, values) = memory;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding: None,
+            },
+        ))
+    }
+
+    /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
+    /// padding marked, each sequence's positions read from it.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        suffix_lengths(INFO.name, &mask_pad)?;
+        let (own, memory) = self.projections(x);
+        let pad = Some(mask_pad);
+        let o = self.segments(own, memory.clone(), &pad, true);
+        let (keys, values) = memory;
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding: pad,
+            },
+        ))
+    }
+
+    /// Appends the token's key and value to the cache and scores the `mem_len` positions
+    /// before its segment and its segment so far: O((m + s) d) of scores used, the whole cache
+    /// read (it keeps every key).
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.proj.qkv(x);
+        let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
+        let o = self.decode_step(q, keys.clone(), values.clone(), &padding);
+        Ok((
+            self.proj.out(o),
+            DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding,
+            },
+        ))
+    }
+}

@@ -1,0 +1,173 @@
+//! Transformer-XL attention against a float64 implementation of the paper's segment-level
+//! recurrence and relative attention score, `A_ij = (q_i + u)ᵀ k_j + (q_i + v)ᵀ W_R R_{i−j}`
+//! over `√d`, with `R` the sinusoids of the distance (sines, then cosines, as the paper's code):
+//! query i, in segment τ = ⌊i/s⌋, sees the `mem_len` positions before its segment and its segment
+//! (up to itself when causal). With the module's own parameters, memory shorter than, equal to
+//! and longer than a segment, padding with large junk, inputs at scale 1 and 4. The memory's
+//! stopped gradient is checked too: an output reads the positions of earlier segments, but no
+//! gradient flows back to them through it.
+
+mod reference;
+
+use burn::prelude::*;
+use burn_attention_zoo::{
+    AttentionInput, AttentionModule, TransformerXlAttention, TransformerXlConfig,
+    padding_mask_from_lengths,
+};
+use reference::{linear_f64, matrix, max_rel_err, normal_tensor, softmax_rows, to_rows};
+
+type Rows = Vec<Vec<f64>>;
+
+const D_MODEL: usize = 12;
+const HEADS: usize = 3;
+const D_HEAD: usize = D_MODEL / HEADS;
+
+fn head(x: &[f64], h: usize) -> &[f64] {
+    &x[h * D_HEAD..(h + 1) * D_HEAD]
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `R_δ`: `sin(δ / 10000^{2f/D})` for f < D/2, then the cosines.
+fn sinusoid(delta: i64) -> Vec<f64> {
+    let angle = |f: usize| delta as f64 / 10000f64.powf(2.0 * f as f64 / D_MODEL as f64);
+    let half = D_MODEL / 2;
+    (0..half)
+        .map(|f| angle(f).sin())
+        .chain((0..half).map(|f| angle(f).cos()))
+        .collect()
+}
+
+/// The module's output for the real rows `x` of one sequence.
+fn transformer_xl_f64(m: &TransformerXlAttention, x: &[Vec<f64>], causal: bool) -> Rows {
+    let (s, mem) = (m.segment_len, m.mem_len);
+    let (u, v_bias) = (matrix(&m.r_w_bias), matrix(&m.r_r_bias));
+    let q = linear_f64(&m.proj.query, x);
+    let k = linear_f64(&m.proj.key, x);
+    let v = linear_f64(&m.proj.value, x);
+    let n = x.len();
+    let mut merged = vec![Vec::with_capacity(D_MODEL); n];
+    for h in 0..HEADS {
+        for (i, row) in merged.iter_mut().enumerate() {
+            let start = (i / s * s).saturating_sub(mem);
+            let end = if causal {
+                i + 1
+            } else {
+                ((i / s + 1) * s).min(n)
+            };
+            let keys: Vec<usize> = (start..end).collect();
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|&j| {
+                    let r = linear_f64(&m.r_net, &[sinusoid(i as i64 - j as i64)]);
+                    let qu: Vec<f64> = head(&q[i], h)
+                        .iter()
+                        .zip(&u[h])
+                        .map(|(a, b)| a + b)
+                        .collect();
+                    let qv: Vec<f64> = head(&q[i], h)
+                        .iter()
+                        .zip(&v_bias[h])
+                        .map(|(a, b)| a + b)
+                        .collect();
+                    (dot(&qu, head(&k[j], h)) + dot(&qv, head(&r[0], h))) / (D_HEAD as f64).sqrt()
+                })
+                .collect();
+            let weights = &softmax_rows(&[scores])[0];
+            let mut o = vec![0.0; D_HEAD];
+            for (w, &j) in weights.iter().zip(&keys) {
+                for (acc, a) in o.iter_mut().zip(head(&v[j], h)) {
+                    *acc += w * a;
+                }
+            }
+            row.extend(o);
+        }
+    }
+    linear_f64(&m.proj.output, &merged)
+}
+
+fn rows_of(x: &Tensor<3>, b: usize, len: usize) -> Rows {
+    let d = x.dims()[2];
+    to_rows(&x.clone().slice(s![b..b + 1, 0..len]).reshape([len, d]))
+}
+
+#[test]
+fn transformer_xl_matches_float64_reference() {
+    let device = Device::flex();
+    // (segment_len, mem_len): memory shorter than, equal to and longer than a segment.
+    for (case, (segment, mem)) in [(4, 3), (4, 4), (3, 7), (20, 5)].into_iter().enumerate() {
+        let m = TransformerXlConfig::new(D_MODEL, HEADS)
+            .with_segment_len(segment)
+            .with_mem_len(mem)
+            .with_bias(true)
+            .init(&device);
+        for scale in [1.0, 4.0] {
+            let seed = 10 * case as u64 + scale as u64;
+            let x = normal_tensor([2, 13, D_MODEL], seed, &device).mul_scalar(scale);
+            let junk = normal_tensor([1, 4, D_MODEL], seed + 1, &device).mul_scalar(50.0);
+            let x = Tensor::cat(
+                vec![
+                    x.clone().slice(s![0..1]),
+                    Tensor::cat(vec![x.slice(s![1..2, 0..9]), junk], 1),
+                ],
+                0,
+            );
+            let lengths = [13, 9];
+            for causal in [false, true] {
+                let out = m.forward(
+                    AttentionInput::new(x.clone())
+                        .mask_pad(padding_mask_from_lengths(&lengths, 13, &device))
+                        .causal(causal),
+                );
+                for (b, len) in lengths.into_iter().enumerate() {
+                    let expected = transformer_xl_f64(&m, &rows_of(&x, b, len), causal);
+                    let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
+                    assert!(
+                        err < 2e-4,
+                        "segment {segment} mem {mem} scale {scale} causal {causal} batch {b}: \
+                         relative error {err}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The memory's gradient is stopped at the layer's input: the outputs of the second segment
+/// read the first segment's positions (changing them changes the outputs) but send them no
+/// gradient, while the first segment's own outputs do.
+#[test]
+fn memory_is_read_without_gradient() {
+    let device = Device::flex().autodiff();
+    let m = TransformerXlConfig::new(D_MODEL, HEADS)
+        .with_segment_len(4)
+        .with_mem_len(4)
+        .init(&device);
+    let x = normal_tensor([1, 8, D_MODEL], 3, &device).require_grad();
+    let out = m.forward(AttentionInput::new(x.clone()));
+    let changed = Tensor::cat(
+        vec![
+            normal_tensor([1, 4, D_MODEL], 4, &device),
+            x.clone().slice(s![.., 4..8]),
+        ],
+        1,
+    );
+    let moved = (m.forward(AttentionInput::new(changed)) - out.clone())
+        .slice(s![.., 4..8])
+        .abs()
+        .max()
+        .into_scalar::<f32>();
+    assert!(
+        moved > 1e-3,
+        "the second segment did not read the memory ({moved})"
+    );
+    let grads = out.clone().slice(s![.., 4..8]).sum().backward();
+    let to_first = x.grad(&grads).unwrap().slice(s![.., 0..4]).abs().max();
+    assert_eq!(to_first.into_scalar::<f32>(), 0.0);
+    let out = m.forward(AttentionInput::new(x.clone()));
+    let grads = out.slice(s![.., 0..4]).sum().backward();
+    let to_first = x.grad(&grads).unwrap().slice(s![.., 0..4]).abs().max();
+    assert!(to_first.into_scalar::<f32>() > 0.0);
+}
