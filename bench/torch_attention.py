@@ -17,6 +17,7 @@ projection). Installed by `cargo xtask bench setup`.
 """
 import argparse
 import json
+import math
 import statistics
 import time
 
@@ -143,6 +144,29 @@ class HfBigBird(nn.Module):
         return self.o(out)
 
 
+class FirstOutput(nn.Module):
+    """A module returning a tuple, reduced to its first element (the attention's output)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)[0]
+
+
+class Grid(nn.Module):
+    """`[b, n, d]` through a module over `[b, side, side, d]`."""
+
+    def __init__(self, inner, side):
+        super().__init__()
+        self.inner, self.side = inner, side
+
+    def forward(self, x):
+        b, n, d = x.shape
+        return self.inner(x.reshape(b, self.side, self.side, d)).reshape(b, n, d)
+
+
 def build(name, dim, heads, n, params, dropout=0.0):
     """The attention `name`; `dropout` on its weights where it has weights to drop (softmax,
     linformer), as ours applies the preset's attention dropout."""
@@ -215,6 +239,27 @@ def build(name, dim, heads, n, params, dropout=0.0):
             residual=kernel is not None,
             residual_conv_kernel=kernel or 33,
         )
+    if name == "memory-compressed":
+        from memory_compressed_attention import MemoryCompressedAttention
+
+        # Its own projections; one convolution, grouped per head, for keys and values (ours:
+        # one over all channels for each).
+        return MemoryCompressedAttention(
+            dim, heads=heads, compression_factor=params.get("compression", 3)
+        )
+    if name == "set-transformer":
+        from isab_pytorch import ISAB
+
+        return FirstOutput(ISAB(dim=dim, heads=heads, num_latents=params.get("n_inducing", 32)))
+    if name == "axial":
+        from axial_attention import AxialAttention
+
+        # Row and column attention, each with all the heads, summed (ours: half the heads
+        # each): the sequence as a square grid.
+        side = math.isqrt(n)
+        if side * side != n:
+            raise SystemExit(f"error: axial needs a square length, got {n}")
+        return Grid(AxialAttention(dim, num_dimensions=2, heads=heads, dim_index=-1), side)
     if name == "longformer":
         return HfLongformer(dim, heads, params.get("window", 512))
     if name == "bigbird":

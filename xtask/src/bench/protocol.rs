@@ -50,16 +50,16 @@ pub(crate) fn scores_gib(tensors: f64, heads: f64, batch: usize, n: usize) -> f6
     tensors * heads * batch as f64 * (n as f64).powi(2) * 4.0 / (1u64 << 30) as f64
 }
 
-/// Why `attention` is skipped when its stored score matrices would need `scores_gib`, if it is.
+/// Why `attention` is skipped when its stored score matrices would need `scores_gib` (for n × n;
+/// scaled by the share of it the variant keeps), if it is.
 pub(crate) fn quadratic_skip(attention: &str, args: &Args, scores_gib: f64) -> Option<String> {
-    (super::variants::stores_scores(attention, args.backend.name())
-        && scores_gib > args.max_quadratic_gib)
-        .then(|| {
-            format!(
-                "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
-                args.max_quadratic_gib
-            )
-        })
+    let scores_gib = scores_gib * super::variants::scores_fraction(attention, args.backend.name());
+    (scores_gib > args.max_quadratic_gib).then(|| {
+        format!(
+            "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
+            args.max_quadratic_gib
+        )
+    })
 }
 
 /// What both benchmark commands set up before their cases: the release harness, the attentions,

@@ -17,6 +17,9 @@ pub(crate) const PIP_PACKAGES: &[&str] = &[
     "reformer-pytorch",
     "sinkhorn-transformer",
     "transformers",
+    "memory-compressed-attention",
+    "isab-pytorch",
+    "axial-attention",
 ];
 
 /// Where a variant keeps n × n scores.
@@ -29,6 +32,8 @@ pub(crate) enum Scores {
     Composed,
     /// On every backend (no fused form).
     Always,
+    /// `n × n/c` on every backend: each query scores `n/c` compressed keys.
+    Compressed(usize),
 }
 
 /// One variant's benchmark facts.
@@ -127,6 +132,25 @@ pub(crate) const FACTS: &[BenchFacts] = &[
         scores: Scores::Never,
     },
     BenchFacts {
+        name: "memory-compressed",
+        torch: Some("memory-compressed-attention"),
+        params: r#"{"compression":3}"#,
+        scores: Scores::Compressed(3),
+    },
+    BenchFacts {
+        name: "set-transformer",
+        torch: Some("isab-pytorch"),
+        params: r#"{"n_inducing":32}"#,
+        scores: Scores::Never,
+    },
+    // The grid read as a square: the benchmark's lengths (powers of four) are squares.
+    BenchFacts {
+        name: "axial",
+        torch: Some("axial-attention"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
         name: "synthesizer-dense",
         torch: None,
         params: "{}",
@@ -158,12 +182,13 @@ pub(crate) fn params(attention: &str) -> Value {
     serde_json::from_str(facts(attention).params).expect("the table's parameters are JSON")
 }
 
-/// Whether `attention` keeps n × n score matrices on `backend`.
-pub(crate) fn stores_scores(attention: &str, backend: &str) -> bool {
+/// The share of an n × n score matrix `attention` keeps on `backend` (0: none).
+pub(crate) fn scores_fraction(attention: &str, backend: &str) -> f64 {
     match facts(attention).scores {
-        Scores::Never => false,
-        Scores::Composed => !["flex", "tch"].contains(&backend),
-        Scores::Always => true,
+        Scores::Never => 0.0,
+        Scores::Composed if ["flex", "tch"].contains(&backend) => 0.0,
+        Scores::Composed | Scores::Always => 1.0,
+        Scores::Compressed(c) => 1.0 / c as f64,
     }
 }
 
@@ -194,8 +219,10 @@ mod tests {
                 );
             }
         }
-        assert!(stores_scores("softmax", "wgpu") && !stores_scores("softmax", "flex"));
-        assert!(stores_scores("synthesizer-dense", "flex"));
-        assert!(!stores_scores("linear", "wgpu") && !has_torch("ff-glu"));
+        assert_eq!(scores_fraction("softmax", "wgpu"), 1.0);
+        assert_eq!(scores_fraction("softmax", "flex"), 0.0);
+        assert_eq!(scores_fraction("synthesizer-dense", "flex"), 1.0);
+        assert_eq!(scores_fraction("memory-compressed", "flex"), 1.0 / 3.0);
+        assert!(scores_fraction("linear", "wgpu") == 0.0 && !has_torch("ff-glu"));
     }
 }
