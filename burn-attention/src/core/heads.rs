@@ -3,6 +3,7 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
+use super::contract::DecodingState;
 use super::error::AttentionError;
 use super::input::{AttentionInput, HeadMasks};
 
@@ -129,6 +130,35 @@ impl QkvoProjection {
         let masks = input.head_masks();
         let (q, k, v) = self.project(input);
         Ok(self.out(attend(q, k, v, masks)?))
+    }
+
+    /// The prefill of the attentions that decode over a cache of every key: the causal forward
+    /// pass through `attend` with the prompts' padding (`mask_pad`, `[batch, n]`, if any)
+    /// masked, and the cache of the prompts' keys and values with that padding marked.
+    pub fn prefill_full_cache(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        attend: impl FnOnce(
+            Tensor<4>,
+            Tensor<4>,
+            Tensor<4>,
+            HeadMasks,
+        ) -> Result<Tensor<4>, AttentionError>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (q, k, v) = self.qkv(x);
+        let o = attend(
+            q,
+            k.clone(),
+            v.clone(),
+            HeadMasks::new(mask_pad.clone(), true),
+        )?;
+        let cache = DecodingState::KeyValueCache {
+            keys: k,
+            values: v,
+            padding: mask_pad,
+        };
+        Ok((self.out(o), cache))
     }
 
     /// Merges per-head outputs `[batch, h, n, d]` and applies the output projection.

@@ -496,16 +496,8 @@ impl AttentionModule for AxialAttention {
     /// The causal forward pass over the prompt; the cache holds all its keys and values.
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         self.decoding_width()?;
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys: k,
-                values: v,
-                padding: None,
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
@@ -517,21 +509,10 @@ impl AttentionModule for AxialAttention {
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         self.decoding_width()?;
         suffix_lengths(INFO.name, &mask_pad)?;
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(
-            q,
-            k.clone(),
-            v.clone(),
-            HeadMasks::new(Some(mask_pad.clone()), true),
-        )?;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys: k,
-                values: v,
-                padding: Some(mask_pad),
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
+                self.attend(q, k, v, masks)
+            })
     }
 
     /// Appends the token's key and value to the cache; its row heads score the cached keys of

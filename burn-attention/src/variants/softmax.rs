@@ -150,16 +150,8 @@ impl AttentionModule for SoftmaxAttention {
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (q, k, v) = self.proj.qkv(x);
-        let o = exact_softmax_attention(q, k.clone(), v.clone(), None, true, None);
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys: k,
-                values: v,
-                padding: None,
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// The causal forward pass over the padded prompts; their keys and values are the cache,
@@ -169,15 +161,10 @@ impl AttentionModule for SoftmaxAttention {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (q, k, v) = self.proj.qkv(x);
-        let o =
-            exact_softmax_attention(q, k.clone(), v.clone(), Some(mask_pad.clone()), true, None);
-        let state = DecodingState::KeyValueCache {
-            keys: k,
-            values: v,
-            padding: Some(mask_pad),
-        };
-        Ok((self.proj.out(o), state))
+        self.proj
+            .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
+                self.attend(q, k, v, masks)
+            })
     }
 
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at

@@ -285,16 +285,8 @@ impl AttentionModule for SparseAttention {
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys: k,
-                values: v,
-                padding: None,
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
@@ -305,21 +297,10 @@ impl AttentionModule for SparseAttention {
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         suffix_lengths(self.name(), &mask_pad)?;
-        let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(
-            q,
-            k.clone(),
-            v.clone(),
-            HeadMasks::new(Some(mask_pad.clone()), true),
-        )?;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys: k,
-                values: v,
-                padding: Some(mask_pad),
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
+                self.attend(q, k, v, masks)
+            })
     }
 
     /// Appends the token's key and value to a cache of every key so far and attends over the

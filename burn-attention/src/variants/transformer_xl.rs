@@ -404,17 +404,8 @@ impl AttentionModule for TransformerXlAttention {
     /// The causal forward pass; the cache holds every key and value (a step scores the memory
     /// and its segment among them).
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (own, memory) = self.projections(x);
-        let o = self.segments(own, memory.clone(), &None, true);
-        let (keys, values) = memory;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys,
-                values,
-                padding: None,
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
@@ -425,18 +416,10 @@ impl AttentionModule for TransformerXlAttention {
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         suffix_lengths(INFO.name, &mask_pad)?;
-        let (own, memory) = self.projections(x);
-        let pad = Some(mask_pad);
-        let o = self.segments(own, memory.clone(), &pad, true);
-        let (keys, values) = memory;
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys,
-                values,
-                padding: pad,
-            },
-        ))
+        self.proj
+            .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
+                self.attend(q, k, v, masks)
+            })
     }
 
     /// Appends the token's key and value to the cache and scores the `mem_len` positions
