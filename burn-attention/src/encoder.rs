@@ -13,7 +13,7 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, DecodingState};
+use crate::core::contract::{AttentionModule, DecodingState, SegmentMemory};
 use crate::core::dropout::dropout;
 use crate::core::error::AttentionError;
 use crate::core::flash;
@@ -162,6 +162,22 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         let normed = self.norm_attn.forward(x.clone());
         let attended = self.attention.try_forward(input.with_query(normed))?;
         Ok(self.residual_then_feed_forward(x, attended))
+    }
+
+    /// Applies the block to positions that follow those `memory` holds, its attention carrying
+    /// the memory (see [`AttentionModule::forward_with_memory`]); returns the memory of the next
+    /// call.
+    pub fn forward_with_memory(
+        &self,
+        input: AttentionInput,
+        memory: Option<SegmentMemory>,
+    ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
+        let x = input.query().clone();
+        let normed = self.norm_attn.forward(x.clone());
+        let (attended, memory) = self
+            .attention
+            .forward_with_memory(input.with_query(normed), memory)?;
+        Ok((self.residual_then_feed_forward(x, attended), memory))
     }
 
     /// One token through the block, its attention decoding from `state` (see
@@ -430,6 +446,29 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = block.try_forward(input.clone().with_query(x))?;
         }
         Ok(self.norm.forward(x))
+    }
+
+    /// Applies the encoder to a stretch of a sequence that follows those `memories` hold (one
+    /// per block, from the previous call; an empty `Vec` for the first), each block's attention
+    /// carrying its memory (the recurrent attentions: Transformer-XL, see
+    /// [`AttentionModule::forward_with_memory`]). Returns the output and the next call's
+    /// memories: consecutive calls over a sequence cut at segment boundaries give what one call
+    /// over the whole sequence gives, with the gradient stopped between calls.
+    pub fn forward_with_memory(
+        &self,
+        input: AttentionInput,
+        memories: Vec<SegmentMemory>,
+    ) -> Result<(Tensor<3>, Vec<SegmentMemory>), AttentionError> {
+        let mut memories = memories.into_iter().map(Some).collect::<Vec<_>>();
+        memories.resize(self.blocks.len(), None);
+        let mut x = input.query().clone();
+        let mut next = Vec::with_capacity(self.blocks.len());
+        for (block, memory) in self.blocks.iter().zip(memories) {
+            let (y, memory) = block.forward_with_memory(input.clone().with_query(x), memory)?;
+            x = y;
+            next.push(memory);
+        }
+        Ok((self.norm.forward(x), next))
     }
 
     /// A whole prompt `x: [batch, n, d_model]` through every block at once: the causal forward

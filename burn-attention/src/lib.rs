@@ -17,7 +17,7 @@ mod registry;
 pub mod variants;
 
 pub use crate::core::contract::{
-    AttentionModule, CachedKeys, Capabilities, DecodingState, RecurrentState,
+    AttentionModule, CachedKeys, Capabilities, DecodingState, RecurrentState, SegmentMemory,
 };
 pub use crate::core::error::AttentionError;
 pub use crate::core::features::{orthogonal_features, random_orthogonal};

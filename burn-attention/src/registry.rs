@@ -11,7 +11,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::core::error::AttentionError;
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
@@ -197,6 +197,14 @@ macro_rules! registry {
                 mask_pad: Tensor<2, Bool>,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
                 match self { $(Self::$arm(m) => m.prefill_padded(x, mask_pad),)* }
+            }
+
+            fn forward_with_memory(
+                &self,
+                input: AttentionInput,
+                memory: Option<SegmentMemory>,
+            ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
+                match self { $(Self::$arm(m) => m.forward_with_memory(input, memory),)* }
             }
 
             fn redraw(self) -> Self {

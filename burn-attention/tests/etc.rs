@@ -22,6 +22,10 @@ type Rows = Vec<Vec<f64>>;
 const D_MODEL: usize = 12;
 const HEADS: usize = 3;
 const D_HEAD: usize = D_MODEL / HEADS;
+/// Largest relative error of the f32 module against float64 (floor 0.01): inputs at scale 4 make
+/// peaked softmaxes whose f32 rounding reaches a few 1e-4 of the outputs (2.4e-4 seen in
+/// tests/transformer_xl.rs's like case); a wrong window, label or mask is off by 0.06 or more.
+const TOLERANCE: f64 = 5e-4;
 
 fn head(x: &[f64], h: usize) -> &[f64] {
     &x[h * D_HEAD..(h + 1) * D_HEAD]
@@ -179,7 +183,7 @@ fn etc_matches_float64_reference() {
                 let expected = etc_f64(&m, &rows_of(&x, b, len));
                 let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
                 assert!(
-                    err < 2e-4,
+                    err < TOLERANCE,
                     "case {case}, scale {scale}, batch {b}: relative error {err}"
                 );
             }

@@ -131,6 +131,27 @@ pub trait AttentionModule: Module {
         ))
     }
 
+    /// Applies attention to a call's positions that follow those `memory` holds (the
+    /// recurrent attentions: Transformer-XL), and returns the memory the next call takes:
+    /// carrying it from call to call over consecutive stretches of one sequence gives the
+    /// outputs one call over the whole sequence gives (where each call starts on a segment
+    /// boundary). The memory is this attention's own input over the positions before the call,
+    /// with the gradient stopped. The others return an error.
+    ///
+    /// # Shapes
+    /// - as [`try_forward`](Self::try_forward); memory `[batch, m, d_model]`
+    fn forward_with_memory(
+        &self,
+        input: AttentionInput,
+        memory: Option<SegmentMemory>,
+    ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
+        let _ = (input, memory);
+        Err(AttentionError::unsupported(
+            self.name(),
+            "carrying memory from call to call",
+        ))
+    }
+
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are
     /// returned unchanged. Training loops call this every N steps; `forward` never does.
     fn redraw(self) -> Self
@@ -204,6 +225,17 @@ pub enum DecodingState {
         /// marks, per sequence, the positions outside its own block under way.
         current: Option<CachedKeys>,
     },
+}
+
+/// What a recurrent attention carries from one call to the next
+/// ([`AttentionModule::forward_with_memory`]): its input over the positions before the call.
+#[derive(Debug, Clone)]
+pub struct SegmentMemory {
+    /// The attention's input over the last positions before the call, gradient stopped,
+    /// `[batch, m, d_model]`.
+    pub states: Tensor<3>,
+    /// `[batch, m]`, `true` = padding; `None`: none.
+    pub padding: Option<Tensor<2, Bool>>,
 }
 
 /// Keys and values a decoding state holds, per head, with the positions a sequence does not

@@ -35,7 +35,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
@@ -385,6 +385,70 @@ impl AttentionModule for TransformerXlAttention {
         check_attention_mask(&INFO, &masks, &own.0, n)?;
         let o = self.segments(own, memory, &masks.key_pad, masks.causal);
         Ok(self.proj.out(o))
+    }
+
+    /// The call's positions after the memory's: the memory's states and the call's input in
+    /// one pass (zero positions, masked, in front so that the call starts on a segment
+    /// boundary), the memory's positions' outputs dropped; the next memory is the last
+    /// `mem_len` positions of the memory and the call.
+    fn forward_with_memory(
+        &self,
+        input: AttentionInput,
+        memory: Option<SegmentMemory>,
+    ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
+        let masks = input.head_masks();
+        let n = input.key_len();
+        check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
+        if masks.attn.is_some() {
+            return Err(AttentionError::unsupported(
+                INFO.name,
+                "an arbitrary attention mask (`mask_attn`)",
+            ));
+        }
+        if self.mem_len == 0 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "mem_len",
+                "is 0: there is no memory to carry",
+            ));
+        }
+        let x = input.query().clone();
+        let [batch, _, d_model] = x.dims();
+        let device = x.device();
+        let flags = |pad: Option<Tensor<2, Bool>>, len: usize| {
+            pad.unwrap_or_else(|| Tensor::<2, Bool>::full([batch, len], false, &device))
+        };
+        // The memory's states and padding, if any (Burn has no empty tensors on every backend).
+        let memory = memory.map(|memory| {
+            let m = memory.states.dims()[1];
+            (memory.states.detach(), flags(memory.padding, m))
+        });
+        let m = memory.as_ref().map_or(0, |(states, _)| states.dims()[1]);
+        let front = (self.segment_len - m % self.segment_len) % self.segment_len;
+        let x_pad = flags(masks.key_pad, n);
+        let mut parts = Vec::new();
+        if front > 0 {
+            parts.push((
+                Tensor::zeros([batch, front, d_model], &device),
+                Tensor::<2, Bool>::full([batch, front], true, &device),
+            ));
+        }
+        parts.extend(memory.clone());
+        parts.push((x.clone(), x_pad.clone()));
+        let (all, all_pad): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        let (own, memory_kv) = self.projections(Tensor::cat(all, 1));
+        let o = self.segments(own, memory_kv, &Some(Tensor::cat(all_pad, 1)), masks.causal);
+        let o = o.slice(s![.., .., front + m..]);
+        // The next memory: the last mem_len positions of the memory and this call.
+        let (kept, kept_pad): (Vec<_>, Vec<_>) =
+            memory.into_iter().chain([(x.detach(), x_pad)]).unzip();
+        let (kept, kept_pad) = (Tensor::cat(kept, 1), Tensor::cat(kept_pad, 1));
+        let from = kept.dims()[1].saturating_sub(self.mem_len);
+        let next = SegmentMemory {
+            states: kept.slice(s![.., from..]),
+            padding: Some(kept_pad.slice(s![.., from..])),
+        };
+        Ok((self.proj.out(o), next))
     }
 
     fn attend(
