@@ -22,8 +22,9 @@
 //! tokens in the same layer. Projections are shared between the two inputs.
 //!
 //! Cost per head: O(n (r + g) d) time and memory (g global tokens; the window is computed in
-//! blocks of `r` queries over three blocks of keys). Masks: padding (padded positions never reach
-//! a global token; a segment wholly of padding is masked). Not causal, no cross-attention (the
+//! blocks of `r` queries over three blocks of keys, or over the one block when `r` spans the
+//! sequence). Masks: padding (padded positions never reach a global token; a segment wholly of
+//! padding is masked). Not causal, no cross-attention (the
 //! pieces relate positions), no attention mask, no weights, and no per-head form (the global
 //! tokens pass through the output projection over all heads).
 
@@ -353,7 +354,8 @@ impl EtcAttention {
     }
 
     /// l2g and l2l: each long token over the global tokens and the positions within `r` of it,
-    /// one softmax, in blocks of `r` queries over three blocks of keys.
+    /// one softmax, in blocks of `r` queries over three blocks of keys (one when `r` spans the
+    /// sequence).
     fn long_step(
         &self,
         x: Tensor<3>,
@@ -392,62 +394,79 @@ impl EtcAttention {
         if let Some(pad) = global_pad {
             to_global = to_global.mask_fill(pad.clone().reshape([batch, 1, 1, g]), MASK_FILL);
         }
-        // l2l: keys padded by a block on each side, each block of queries over three blocks.
-        let framed = |x: Tensor<4>| Tensor::cat(vec![zeros(b), x, zeros(np - n + b)], 2);
-        let triples = |x: Tensor<4>| {
-            let blocks = x.reshape([batch, heads, nb + 2, b, d]);
+        // l2l: each block of queries over its block and, when there are several, the block on
+        // each side (the keys framed by a block of zeros at both ends).
+        let side = usize::from(nb > 1);
+        let blocks_seen = 1 + 2 * side;
+        let framed = |x: Tensor<4>| {
+            let mut parts = vec![x];
+            if side > 0 {
+                parts.insert(0, zeros(b));
+            }
+            if np - n + side * b > 0 {
+                parts.push(zeros(np - n + side * b));
+            }
+            Tensor::cat(parts, 2)
+        };
+        let windows = |x: Tensor<4>| {
+            let blocks = x.reshape([batch, heads, nb + 2 * side, b, d]);
             Tensor::cat(
-                (0..3)
+                (0..blocks_seen)
                     .map(|o| blocks.clone().slice(s![.., .., o..o + nb]))
                     .collect(),
                 3,
             )
         };
-        let (kt, vt) = (triples(framed(k)), triples(framed(v)));
+        let width = blocks_seen * b;
+        let (kt, vt) = (windows(framed(k)), windows(framed(v)));
         let qb = q.reshape([batch, heads, nb, b, d]);
         let local = qb.matmul(kt.swap_dims(3, 4)).mul_scalar(scale);
-        // Query ρ of a block over key σ of its triple: distance σ − b − ρ.
-        let (mut far, mut labels) = (Vec::with_capacity(3 * b * b), Vec::with_capacity(3 * b * b));
+        // Query ρ of a block over key σ of its window: distance σ − side · b − ρ.
+        let (mut far, mut labels) = (Vec::with_capacity(width * b), Vec::with_capacity(width * b));
         for rho in 0..b as i64 {
-            for sigma in 0..3 * b as i64 {
-                let delta = sigma - b as i64 - rho;
+            for sigma in 0..width as i64 {
+                let delta = sigma - (side * b) as i64 - rho;
                 far.push(delta.unsigned_abs() as usize > self.radius);
                 labels.push(self.label_distance(delta));
             }
         }
         let label_index =
-            index(labels, [1, 1, 1, b, 3 * b], &device).expand([batch, heads, nb, b, 3 * b]);
+            index(labels, [1, 1, 1, b, width], &device).expand([batch, heads, nb, b, width]);
         let local = local
             + by_label
                 .reshape([batch, heads, nb, b, 2 * self.max_distance + 3])
                 .gather(4, label_index);
-        let far = Tensor::<5, Bool>::from_data(TensorData::new(far, [1, 1, 1, b, 3 * b]), &device);
-        // Keys outside the sequence or padded, per block triple.
-        let mut outside = vec![true; b];
-        outside.extend((0..np).map(|j| j >= n));
-        outside.extend(vec![true; b]);
+        let far = Tensor::<5, Bool>::from_data(TensorData::new(far, [1, 1, 1, b, width]), &device);
+        // Keys outside the sequence or padded, per window.
+        let framed_len = np + 2 * side * b;
+        let outside: Vec<bool> = (0..framed_len)
+            .map(|j| j < side * b || j - side * b >= n)
+            .collect();
         let mut missing =
-            Tensor::<2, Bool>::from_data(TensorData::new(outside, [1, np + 2 * b]), &device)
-                .expand([batch, np + 2 * b]);
+            Tensor::<2, Bool>::from_data(TensorData::new(outside, [1, framed_len]), &device)
+                .expand([batch, framed_len]);
         if let Some(pad) = key_pad {
-            let pad = Tensor::cat(
-                vec![
-                    Tensor::<2, Bool>::full([batch, b], true, &device),
-                    pad.clone(),
-                    Tensor::<2, Bool>::full([batch, np - n + b], true, &device),
-                ],
-                1,
-            );
-            missing = missing.bool_or(pad);
+            let mut parts = vec![pad.clone()];
+            if side > 0 {
+                parts.insert(0, Tensor::<2, Bool>::full([batch, b], true, &device));
+            }
+            if np - n + side * b > 0 {
+                parts.push(Tensor::<2, Bool>::full(
+                    [batch, np - n + side * b],
+                    true,
+                    &device,
+                ));
+            }
+            missing = missing.bool_or(Tensor::cat(parts, 1));
         }
-        let missing = missing.reshape([batch, nb + 2, b]);
+        let missing = missing.reshape([batch, nb + 2 * side, b]);
         let missing = Tensor::cat(
-            (0..3)
+            (0..blocks_seen)
                 .map(|o| missing.clone().slice(s![.., o..o + nb]))
                 .collect(),
             2,
         )
-        .reshape([batch, 1, nb, 1, 3 * b]);
+        .reshape([batch, 1, nb, 1, width]);
         let local = local
             .mask_fill(far, MASK_FILL)
             .mask_fill(missing, MASK_FILL);
