@@ -102,37 +102,52 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// The committed 5-seed ListOps sweep (`results/listops/tiny/`): its `summary.json` is what
-    /// its committed run records give, and the README's headline table is its `summary.md`'s,
-    /// row for row.
+    /// Every committed sweep the README shows (a `<!-- results: DIR/summary.md -->` marker): its
+    /// `summary.json` is what its committed run records give, and the README's table is its
+    /// `summary.md`'s, row for row. The headline 5-seed ListOps sweep (23 attentions) is among
+    /// them.
     #[test]
-    fn the_committed_sweep_and_the_readme_agree() {
+    fn the_committed_sweeps_and_the_readme_agree() {
         let root = crate::harness::workspace_root();
-        let sweep = root.join("results/listops/tiny");
         let read = |path: &Path| std::fs::read_to_string(path).unwrap();
-        let summary: Summary = serde_json::from_str(&read(&sweep.join(SUMMARY_JSON))).unwrap();
-        assert_eq!(summary.attentions.len(), 23);
-        for (name, attention) in &summary.attentions {
-            let results = results(&sweep, name, summary.seeds_requested).unwrap();
-            assert_eq!(results.len() as u64, summary.seeds_requested, "{name}");
-            assert_eq!(
-                AttentionSummary::of(&results).as_ref(),
-                Some(attention),
-                "{name}"
-            );
-        }
-        let table: String = (read(&sweep.join(SUMMARY_MD)).lines())
-            .filter(|line| line.starts_with('|'))
-            .map(|line| format!("{line}\n"))
-            .collect();
         let readme = read(&root.join("README.md"));
-        let start = "<!-- results: results/listops/tiny/summary.md -->\n";
-        let from = readme.find(start).expect("README.md's results marker") + start.len();
-        let to = from + readme[from..].find("<!-- end results -->").unwrap();
-        assert_eq!(
-            readme[from..to],
-            table,
-            "README.md's results table differs from results/listops/tiny/summary.md"
+        let marker = "<!-- results: ";
+        let mut checked = Vec::new();
+        let mut rest = readme.as_str();
+        while let Some(at) = rest.find(marker) {
+            let after = &rest[at + marker.len()..];
+            let path = &after[..after.find(" -->\n").expect("a marker ends with ` -->`")];
+            let from = &after[path.len() + " -->\n".len()..];
+            let table_in_readme = &from[..from.find("<!-- end results -->").unwrap()];
+            let sweep = root.join(path).parent().unwrap().to_path_buf();
+            let summary: Summary = serde_json::from_str(&read(&sweep.join(SUMMARY_JSON))).unwrap();
+            for (name, attention) in &summary.attentions {
+                let results = results(&sweep, name, summary.seeds_requested).unwrap();
+                assert_eq!(
+                    results.len() as u64,
+                    summary.seeds_requested,
+                    "{path}: {name}"
+                );
+                assert_eq!(
+                    AttentionSummary::of(&results).as_ref(),
+                    Some(attention),
+                    "{path}: {name}"
+                );
+            }
+            let table: String = (read(&sweep.join(SUMMARY_MD)).lines())
+                .filter(|line| line.starts_with('|'))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            assert_eq!(
+                table_in_readme, table,
+                "README.md's table differs from {path}"
+            );
+            checked.push((path.to_string(), summary.attentions.len()));
+            rest = from;
+        }
+        assert!(
+            checked.contains(&("results/listops/tiny/summary.md".to_string(), 23)),
+            "{checked:?}"
         );
     }
 }
