@@ -267,3 +267,41 @@ pub fn zero_padded(x: Tensor<4>, mask_pad: &Option<Tensor<2, Bool>>) -> Tensor<4
         None => x,
     }
 }
+
+/// `x` followed along `dim` by `extra` zeros (`x` itself when `extra` is 0: no zero-length
+/// tensor is made, which not every Burn backend takes).
+pub fn zeros_after<const D: usize>(x: Tensor<D>, dim: usize, extra: usize) -> Tensor<D> {
+    if extra == 0 {
+        return x;
+    }
+    let mut shape = x.dims();
+    shape[dim] = extra;
+    let zeros = Tensor::zeros(shape, &x.device());
+    Tensor::cat(vec![x, zeros], dim)
+}
+
+/// `x` preceded along `dim` by `extra` zeros (`x` itself when `extra` is 0).
+pub fn zeros_before<const D: usize>(x: Tensor<D>, dim: usize, extra: usize) -> Tensor<D> {
+    if extra == 0 {
+        return x;
+    }
+    let mut shape = x.dims();
+    shape[dim] = extra;
+    let zeros = Tensor::zeros(shape, &x.device());
+    Tensor::cat(vec![zeros, x], dim)
+}
+
+/// Flags `[batch, n]` with `before` and `after` columns of `true` around them (none made where
+/// a count is 0).
+pub fn flags_framed(flags: Tensor<2, Bool>, before: usize, after: usize) -> Tensor<2, Bool> {
+    let [batch, _] = flags.dims();
+    let device = flags.device();
+    let mut parts = vec![flags];
+    if before > 0 {
+        parts.insert(0, Tensor::full([batch, before], true, &device));
+    }
+    if after > 0 {
+        parts.push(Tensor::full([batch, after], true, &device));
+    }
+    Tensor::cat(parts, 1)
+}

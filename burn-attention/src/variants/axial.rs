@@ -33,7 +33,7 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::input::{AttentionInput, HeadMasks, flags_framed, zeros_after};
 use crate::core::softmax::{exact_softmax_attention, softmax_weights};
 use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
 use crate::core::variant::{
@@ -233,12 +233,8 @@ fn axis_padding(pad: Tensor<2, Bool>, width: usize) -> (Tensor<2, Bool>, Tensor<
 
 /// `x: [batch, heads, n, d]` followed by zeros up to `to` positions.
 fn zero_filled(x: Tensor<4>, to: usize) -> Tensor<4> {
-    let [batch, heads, n, d] = x.dims();
-    if to == n {
-        return x;
-    }
-    let zeros = Tensor::zeros([batch, heads, to - n, d], &x.device());
-    Tensor::cat(vec![x, zeros], 2)
+    let n = x.dims()[2];
+    zeros_after(x, 2, to - n)
 }
 
 impl AxialAttention {
@@ -267,13 +263,7 @@ impl AxialAttention {
         let device = q.device();
         // The partial last row: zero-filled positions, masked as padding.
         let pad = match (&masks.key_pad, full > n) {
-            (Some(pad), _) => Some(Tensor::cat(
-                vec![
-                    pad.clone(),
-                    Tensor::<2, Bool>::full([batch, full - n], true, &device),
-                ],
-                1,
-            )),
+            (Some(pad), _) => Some(flags_framed(pad.clone(), 0, full - n)),
             (None, true) => {
                 let row: Vec<bool> = (0..full).map(|j| j >= n).collect();
                 Some(flags_tensor(&vec![row; batch], &device))

@@ -39,7 +39,7 @@ use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, MASK_FILL};
+use crate::core::input::{AttentionInput, MASK_FILL, flags_framed, zeros_after, zeros_before};
 use crate::core::params::lazy_param;
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
@@ -284,16 +284,8 @@ impl EtcAttention {
                     Some(pad) => pad.clone().bool_not().float(),
                     None => Tensor::ones([batch, n], &device),
                 };
-                let real = Tensor::cat(vec![real, Tensor::zeros([batch, g * s - n], &device)], 1)
-                    .reshape([batch, g, s, 1]);
-                let x = Tensor::cat(
-                    vec![
-                        x.clone(),
-                        Tensor::zeros([batch, g * s - n, d_model], &device),
-                    ],
-                    1,
-                )
-                .reshape([batch, g, s, d_model]);
+                let real = zeros_after(real, 1, g * s - n).reshape([batch, g, s, 1]);
+                let x = zeros_after(x.clone(), 1, g * s - n).reshape([batch, g, s, d_model]);
                 let count = real.clone().sum_dim(2);
                 let sum = (x * real).sum_dim(2);
                 let mean = (sum / count.clone().clamp_min(1.0)).reshape([batch, g, d_model]);
@@ -378,8 +370,7 @@ impl EtcAttention {
         let b = self.radius.min(n);
         let nb = n.div_ceil(b);
         let np = nb * b;
-        let zeros = |m: usize| Tensor::<4>::zeros([batch, heads, m, d], &device);
-        let q = Tensor::cat(vec![q, zeros(np - n)], 2);
+        let q = zeros_after(q, 2, np - n);
         let by_label = self.label_scores(q.clone());
         // l2g: [batch, heads, np, g].
         let labels: Vec<i64> = (0..np)
@@ -398,16 +389,7 @@ impl EtcAttention {
         // each side (the keys framed by a block of zeros at both ends).
         let side = usize::from(nb > 1);
         let blocks_seen = 1 + 2 * side;
-        let framed = |x: Tensor<4>| {
-            let mut parts = vec![x];
-            if side > 0 {
-                parts.insert(0, zeros(b));
-            }
-            if np - n + side * b > 0 {
-                parts.push(zeros(np - n + side * b));
-            }
-            Tensor::cat(parts, 2)
-        };
+        let framed = |x: Tensor<4>| zeros_after(zeros_before(x, 2, side * b), 2, np - n + side * b);
         let windows = |x: Tensor<4>| {
             let blocks = x.reshape([batch, heads, nb + 2 * side, b, d]);
             Tensor::cat(
@@ -446,18 +428,7 @@ impl EtcAttention {
             Tensor::<2, Bool>::from_data(TensorData::new(outside, [1, framed_len]), &device)
                 .expand([batch, framed_len]);
         if let Some(pad) = key_pad {
-            let mut parts = vec![pad.clone()];
-            if side > 0 {
-                parts.insert(0, Tensor::<2, Bool>::full([batch, b], true, &device));
-            }
-            if np - n + side * b > 0 {
-                parts.push(Tensor::<2, Bool>::full(
-                    [batch, np - n + side * b],
-                    true,
-                    &device,
-                ));
-            }
-            missing = missing.bool_or(Tensor::cat(parts, 1));
+            missing = missing.bool_or(flags_framed(pad.clone(), side * b, np - n + side * b));
         }
         let missing = missing.reshape([batch, nb + 2 * side, b]);
         let missing = Tensor::cat(

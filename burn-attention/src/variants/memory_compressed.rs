@@ -33,7 +33,9 @@ use crate::core::contract::{AttentionModule, CachedKeys, Capabilities, DecodingS
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, MASK_FILL, causal_mask, zero_padded};
+use crate::core::input::{
+    AttentionInput, MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after,
+};
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{flags_tensor, padding_flags, suffix_lengths};
 use crate::core::variant::{
@@ -156,13 +158,8 @@ fn blocks_of(x: Tensor<4>, c: usize) -> Tensor<4> {
 
 /// `x: [batch, heads, n, d]` followed by zeros up to a multiple of `c` positions.
 fn padded_to_blocks(x: Tensor<4>, c: usize) -> Tensor<4> {
-    let [batch, heads, n, d] = x.dims();
-    let extra = n.next_multiple_of(c) - n;
-    if extra == 0 {
-        return x;
-    }
-    let zeros = Tensor::zeros([batch, heads, extra, d], &x.device());
-    Tensor::cat(vec![x, zeros], 2)
+    let n = x.dims()[2];
+    zeros_after(x, 2, n.next_multiple_of(c) - n)
 }
 
 impl MemoryCompressedAttention {
@@ -190,8 +187,7 @@ impl MemoryCompressedAttention {
         let block_pad = key_pad.as_ref().map(|mask| {
             let [batch, n] = mask.dims();
             let m = n.div_ceil(c);
-            let tail = Tensor::<2, Bool>::full([batch, m * c - n], true, &mask.device());
-            Tensor::cat(vec![mask.clone(), tail], 1)
+            flags_framed(mask.clone(), 0, m * c - n)
                 .reshape([batch, m, c])
                 .all_dim(2)
                 .reshape([batch, m])
@@ -247,13 +243,7 @@ impl MemoryCompressedAttention {
             .reshape([batch, heads, np, c]);
         let tail = np - n;
         let raw_pad = match key_pad {
-            Some(mask) => Some(Tensor::cat(
-                vec![
-                    mask.clone(),
-                    Tensor::<2, Bool>::full([batch, tail], true, &device),
-                ],
-                1,
-            )),
+            Some(mask) => Some(flags_framed(mask.clone(), 0, tail)),
             None if tail > 0 => {
                 let mut flags = vec![false; np];
                 flags[n..].fill(true);

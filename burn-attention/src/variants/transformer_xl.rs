@@ -39,7 +39,9 @@ use crate::core::contract::{AttentionModule, Capabilities, DecodingState, Segmen
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::input::{
+    AttentionInput, HeadMasks, MASK_FILL, flags_framed, zeros_after, zeros_before,
+};
 use crate::core::params::lazy_param;
 use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
 use crate::core::variant::{
@@ -216,15 +218,10 @@ impl TransformerXlAttention {
         // The memory in whole segments: mb of them, the oldest `mp − m` positions masked.
         let mb = if nb > 1 { self.mem_len.div_ceil(s) } else { 0 };
         let mp = mb * s;
-        let zeros = |m: usize| Tensor::<4>::zeros([batch, heads, m, d], &device);
+        // `x` with `front` zero positions before it and zeros after it up to whole segments.
+        let framed = |x: Tensor<4>, front: usize| zeros_after(zeros_before(x, 2, front), 2, np - n);
         let blocks = |x: Tensor<4>, front: usize| {
-            Tensor::cat(vec![zeros(front), x, zeros(np - n)], 2).reshape([
-                batch,
-                heads,
-                np / s + front / s,
-                s,
-                d,
-            ])
+            framed(x, front).reshape([batch, heads, np / s + front / s, s, d])
         };
         // Segment τ's keys: the mb segments before it (gradient stopped), then its own.
         let windows = |memory: Tensor<4>, own: Tensor<4>| {
@@ -238,7 +235,7 @@ impl TransformerXlAttention {
         let keys = windows(k_mem, k);
         let values = windows(v_mem, v);
         let width = mp + s;
-        let q = Tensor::cat(vec![q, zeros(np - n)], 2);
+        let q = framed(q, 0);
         let content = (q.clone() + per_head(&self.r_w_bias))
             .reshape([batch, heads, nb, s, d])
             .matmul(keys.swap_dims(3, 4))
@@ -272,15 +269,7 @@ impl TransformerXlAttention {
             Tensor::<2, Bool>::from_data(TensorData::new(missing, [1, mp + np]), &device)
                 .expand([batch, mp + np]);
         if let Some(pad) = key_pad {
-            let framed = Tensor::cat(
-                vec![
-                    Tensor::<2, Bool>::full([batch, mp], true, &device),
-                    pad.clone(),
-                    Tensor::<2, Bool>::full([batch, np - n], true, &device),
-                ],
-                1,
-            );
-            missing = missing.bool_or(framed);
+            missing = missing.bool_or(flags_framed(pad.clone(), mp, np - n));
         }
         let missing = missing.reshape([batch, mb + nb, s]);
         let mut parts: Vec<Tensor<3, Bool>> = (0..mb)
