@@ -13,6 +13,7 @@ pub mod input;
 pub mod kernelized;
 pub mod key_slots;
 pub mod params;
+pub mod segments;
 pub mod softmax;
 pub mod sparse;
 pub mod variant;

@@ -36,13 +36,11 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
-use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
-use crate::core::input::{
-    AttentionInput, HeadMasks, MASK_FILL, flags_framed, zeros_after, zeros_before,
-};
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::params::lazy_param;
+use crate::core::segments::{RelativeScore, SegmentLayout, segment_attention};
 use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
@@ -172,119 +170,36 @@ pub struct TransformerXlAttention {
 
 projection_shape!(TransformerXlAttention);
 
-/// A per-head bias `[heads, d]` as `[1, heads, 1, d]`.
-fn per_head(bias: &Param<Tensor<2>>) -> Tensor<4> {
-    let [h, d] = bias.val().dims();
-    bias.val().reshape([1, h, 1, d])
-}
-
 impl TransformerXlAttention {
-    /// `(q + v) · W_R R_δ / √d` for the distances `δ = first, first + 1, …`, `count` of them:
-    /// `[batch, heads, rows, count]`.
-    fn position_scores(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
-        let [batch, heads, _, d] = q.dims();
-        let d_model = heads * d;
-        let device = q.device();
-        let half = d_model / 2;
-        let mut r = Vec::with_capacity(count * d_model);
-        for c in 0..count {
-            let delta = (first + c as i64) as f64;
-            let angle = |f: usize| delta / 10000f64.powf(2.0 * f as f64 / d_model as f64);
-            r.extend((0..half).map(|f| angle(f).sin() as f32));
-            r.extend((0..half).map(|f| angle(f).cos() as f32));
+    /// The relative score's parameters.
+    fn score(&self) -> RelativeScore<'_> {
+        RelativeScore {
+            r_net: &self.r_net,
+            r_w_bias: &self.r_w_bias,
+            r_r_bias: &self.r_r_bias,
         }
-        let r = Tensor::<2>::from_data(TensorData::new(r, [count, d_model]), &device);
-        let positions = split_heads(self.r_net.forward(r.unsqueeze_dim::<3>(0)), heads)
-            .expand([batch, heads, count, d]);
-        (q + per_head(&self.r_r_bias))
-            .matmul(positions.swap_dims(2, 3))
-            .mul_scalar(1.0 / (d as f32).sqrt())
     }
 
     /// The forward pass on per-head tensors: `q`, `k`, `v` `[batch, heads, n, d]`, `k_mem`,
     /// `v_mem` the same keys and values with the gradient stopped.
     fn segments(
         &self,
-        (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
-        (k_mem, v_mem): (Tensor<4>, Tensor<4>),
+        own: (Tensor<4>, Tensor<4>, Tensor<4>),
+        memory: (Tensor<4>, Tensor<4>),
         key_pad: &Option<Tensor<2, Bool>>,
         causal: bool,
     ) -> Tensor<4> {
-        let [batch, heads, n, d] = q.dims();
-        let device = q.device();
-        let s = self.segment_len.min(n);
-        let nb = n.div_ceil(s);
-        let np = nb * s;
-        // The memory in whole segments: mb of them, the oldest `mp − m` positions masked.
-        let mb = if nb > 1 { self.mem_len.div_ceil(s) } else { 0 };
-        let mp = mb * s;
-        // `x` with `front` zero positions before it and zeros after it up to whole segments.
-        let framed = |x: Tensor<4>, front: usize| zeros_after(zeros_before(x, 2, front), 2, np - n);
-        let blocks = |x: Tensor<4>, front: usize| {
-            framed(x, front).reshape([batch, heads, np / s + front / s, s, d])
-        };
-        // Segment τ's keys: the mb segments before it (gradient stopped), then its own.
-        let windows = |memory: Tensor<4>, own: Tensor<4>| {
-            let memory = blocks(memory, mp);
-            let mut parts: Vec<Tensor<5>> = (0..mb)
-                .map(|o| memory.clone().slice(s![.., .., o..o + nb]))
-                .collect();
-            parts.push(blocks(own, 0));
-            Tensor::cat(parts, 3)
-        };
-        let keys = windows(k_mem, k);
-        let values = windows(v_mem, v);
-        let width = mp + s;
-        let q = framed(q, 0);
-        let content = (q.clone() + per_head(&self.r_w_bias))
-            .reshape([batch, heads, nb, s, d])
-            .matmul(keys.swap_dims(3, 4))
-            .mul_scalar(1.0 / (d as f32).sqrt());
-        // Query ρ over key σ of its window: distance δ = ρ − (σ − mp), from −(s − 1) to mp + s − 1.
-        let first = -(s as i64 - 1);
-        let count = mp + 2 * s - 1;
-        let mut index = Vec::with_capacity(s * width);
-        let mut hidden = Vec::with_capacity(s * width);
-        for rho in 0..s as i64 {
-            for sigma in 0..width as i64 {
-                let delta = rho - (sigma - mp as i64);
-                index.push(delta - first);
-                let too_old = delta > self.mem_len as i64 + rho;
-                hidden.push(too_old || (causal && delta < 0));
-            }
-        }
-        let index =
-            Tensor::<5, Int>::from_data(TensorData::new(index, [1, 1, 1, s, width]), &device)
-                .expand([batch, heads, nb, s, width]);
-        let position = self
-            .position_scores(q, first, count)
-            .reshape([batch, heads, nb, s, count])
-            .gather(4, index);
-        let hidden =
-            Tensor::<5, Bool>::from_data(TensorData::new(hidden, [1, 1, 1, s, width]), &device);
-        // Keys before the sequence, after it, or padded.
-        let mut missing = vec![true; mp];
-        missing.extend((0..np).map(|j| j >= n));
-        let mut missing =
-            Tensor::<2, Bool>::from_data(TensorData::new(missing, [1, mp + np]), &device)
-                .expand([batch, mp + np]);
-        if let Some(pad) = key_pad {
-            missing = missing.bool_or(flags_framed(pad.clone(), mp, np - n));
-        }
-        let missing = missing.reshape([batch, mb + nb, s]);
-        let mut parts: Vec<Tensor<3, Bool>> = (0..mb)
-            .map(|o| missing.clone().slice(s![.., o..o + nb]))
-            .collect();
-        parts.push(missing.slice(s![.., mb..mb + nb]));
-        let missing = Tensor::cat(parts, 2).reshape([batch, 1, nb, 1, width]);
-        let scores = (content + position)
-            .mask_fill(hidden, MASK_FILL)
-            .mask_fill(missing, MASK_FILL);
-        let weights = dropout(&self.dropout, softmax(scores, 4));
-        weights
-            .matmul(values)
-            .reshape([batch, heads, np, d])
-            .slice(s![.., .., 0..n])
+        let layout = SegmentLayout::new(own.0.dims()[2], self.segment_len, self.mem_len);
+        segment_attention(
+            self.score(),
+            layout,
+            own,
+            memory,
+            None,
+            key_pad,
+            causal,
+            &self.dropout,
+        )
     }
 
     /// Per-head queries, keys and values of `x`, and the keys and values of its input with the
@@ -313,7 +228,7 @@ impl TransformerXlAttention {
         values: Tensor<4>,
         padding: &Option<Tensor<2, Bool>>,
     ) -> Tensor<4> {
-        let [batch, _, columns, d] = keys.dims();
+        let [batch, _, columns, _] = keys.dims();
         let device = q.device();
         let positions = cache_positions(&padding_flags(padding, batch, columns));
         let s = self.segment_len;
@@ -337,13 +252,14 @@ impl TransformerXlAttention {
             }
         }
         let heads = q.dims()[1];
-        let content = (q.clone() + per_head(&self.r_w_bias))
-            .matmul(keys.swap_dims(2, 3))
-            .mul_scalar(1.0 / (d as f32).sqrt());
+        let content = self
+            .score()
+            .content_queries(q.clone())
+            .matmul(keys.swap_dims(2, 3));
         let index =
             Tensor::<4, Int>::from_data(TensorData::new(index, [batch, 1, 1, columns]), &device)
                 .expand([batch, heads, 1, columns]);
-        let position = self.position_scores(q, 0, span).gather(3, index);
+        let position = self.score().position_scores(q, 0, span).gather(3, index);
         let hidden = flags_tensor(
             &hidden
                 .chunks(columns)

@@ -1,0 +1,207 @@
+//! Attention over the segments of a sequence, each segment's queries over a gradient-stopped
+//! memory of the positions before it and over itself, with Transformer-XL's relative score
+//! (Dai et al. 2019): the shared step of Transformer-XL and of the Compressive Transformer, which
+//! puts compressed memories before the memory ([`SegmentPrefix`]).
+//!
+//! `A_ij = (q_i + u)ᵀ k_j + (q_i + v)ᵀ W_R R_{i−j}`, over `√d`, `R` the sinusoids of the
+//! distance (sines, then cosines) and `W_R`, `u`, `v` learned ([`RelativeScore`]). Over the
+//! memory and the segment, `i − j` is the distance of the two positions; the prefix's slots
+//! follow one another before the memory's `mem_len` positions, its newest at distance
+//! `ρ + mem_len + 1` from the segment's query `ρ` (the keys in the order a segment sees them:
+//! prefix, memory, segment).
+
+use burn::module::Param;
+use burn::nn::{Dropout, Linear};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+
+use super::dropout::dropout;
+use super::heads::split_heads;
+use super::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
+
+/// Transformer-XL's relative score's parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct RelativeScore<'a> {
+    /// `W_R`, the projection of the distances' sinusoids.
+    pub r_net: &'a Linear,
+    /// `u`, `[heads, d_head]`, added to the queries against keys.
+    pub r_w_bias: &'a Param<Tensor<2>>,
+    /// `v`, `[heads, d_head]`, added to the queries against distances.
+    pub r_r_bias: &'a Param<Tensor<2>>,
+}
+
+/// A per-head bias `[heads, d]` as `[1, heads, 1, d]`.
+fn per_head(bias: &Param<Tensor<2>>) -> Tensor<4> {
+    let [h, d] = bias.val().dims();
+    bias.val().reshape([1, h, 1, d])
+}
+
+impl RelativeScore<'_> {
+    /// `(q + u) / √d`, the queries against keys: `q: [batch, heads, rows, d]`.
+    pub fn content_queries(&self, q: Tensor<4>) -> Tensor<4> {
+        let d = q.dims()[3];
+        (q + per_head(self.r_w_bias)).mul_scalar(1.0 / (d as f32).sqrt())
+    }
+
+    /// `(q + v) · W_R R_δ / √d` for the distances `δ = first, first + 1, …`, `count` of them:
+    /// `[batch, heads, rows, count]`.
+    pub fn position_scores(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
+        let [batch, heads, _, d] = q.dims();
+        let d_model = heads * d;
+        let device = q.device();
+        let half = d_model / 2;
+        let mut r = Vec::with_capacity(count * d_model);
+        for c in 0..count {
+            let delta = (first + c as i64) as f64;
+            let angle = |f: usize| delta / 10000f64.powf(2.0 * f as f64 / d_model as f64);
+            r.extend((0..half).map(|f| angle(f).sin() as f32));
+            r.extend((0..half).map(|f| angle(f).cos() as f32));
+        }
+        let r = Tensor::<2>::from_data(TensorData::new(r, [count, d_model]), &device);
+        let positions = split_heads(self.r_net.forward(r.unsqueeze_dim::<3>(0)), heads)
+            .expand([batch, heads, count, d]);
+        (q + per_head(self.r_r_bias))
+            .matmul(positions.swap_dims(2, 3))
+            .mul_scalar(1.0 / (d as f32).sqrt())
+    }
+}
+
+/// How a sequence of `n` positions is cut: segments of `s = min(segment_len, n)`, `blocks` of
+/// them, and a memory of `memory_blocks` whole segments before each (none with one segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentLayout {
+    /// Positions per segment.
+    pub s: usize,
+    /// Segments.
+    pub blocks: usize,
+    /// Whole segments of memory before each segment.
+    pub memory_blocks: usize,
+    /// The memory's positions, `mem_len` (its oldest `memory_blocks · s − mem_len` masked).
+    pub mem_len: usize,
+}
+
+impl SegmentLayout {
+    /// The layout of `n` positions in segments of `segment_len` with `mem_len` of memory.
+    pub fn new(n: usize, segment_len: usize, mem_len: usize) -> Self {
+        let s = segment_len.min(n);
+        let blocks = n.div_ceil(s);
+        let memory_blocks = if blocks > 1 { mem_len.div_ceil(s) } else { 0 };
+        Self {
+            s,
+            blocks,
+            memory_blocks,
+            mem_len,
+        }
+    }
+}
+
+/// Keys each segment sees before its memory (the Compressive Transformer's compressed memory),
+/// oldest first.
+#[derive(Debug, Clone)]
+pub struct SegmentPrefix {
+    /// `[batch, heads, blocks, p, d]`.
+    pub keys: Tensor<5>,
+    /// `[batch, heads, blocks, p, d]`.
+    pub values: Tensor<5>,
+    /// `[batch, blocks, p]`, `true` = not seen.
+    pub missing: Tensor<3, Bool>,
+}
+
+/// Each segment's queries over its prefix, its memory (the keys and values of the positions
+/// before it, `k_mem` and `v_mem`, gradient stopped by the caller) and itself (up to each query
+/// when `causal`), one softmax: `q`, `k`, `v` `[batch, heads, n, d]` in, `[batch, heads, n, d]`
+/// out.
+#[allow(clippy::too_many_arguments)]
+pub fn segment_attention(
+    score: RelativeScore<'_>,
+    layout: SegmentLayout,
+    (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+    (k_mem, v_mem): (Tensor<4>, Tensor<4>),
+    prefix: Option<SegmentPrefix>,
+    key_pad: &Option<Tensor<2, Bool>>,
+    causal: bool,
+    weight_dropout: &Dropout,
+) -> Tensor<4> {
+    let [batch, heads, n, d] = q.dims();
+    let device = q.device();
+    let SegmentLayout {
+        s,
+        blocks: nb,
+        memory_blocks: mb,
+        mem_len,
+    } = layout;
+    let np = nb * s;
+    let mp = mb * s;
+    let p = prefix.as_ref().map_or(0, |prefix| prefix.keys.dims()[3]);
+    // `x` with `front` zero positions before it and zeros after it up to whole segments.
+    let framed = |x: Tensor<4>, front: usize| zeros_after(zeros_before(x, 2, front), 2, np - n);
+    let blocks = |x: Tensor<4>, front: usize| {
+        framed(x, front).reshape([batch, heads, np / s + front / s, s, d])
+    };
+    // Segment τ's keys: its prefix, the mb segments before it (gradient stopped), its own.
+    let windows = |prefix: Option<Tensor<5>>, memory: Tensor<4>, own: Tensor<4>| {
+        let memory = blocks(memory, mp);
+        let mut parts: Vec<Tensor<5>> = prefix.into_iter().collect();
+        parts.extend((0..mb).map(|o| memory.clone().slice(s![.., .., o..o + nb])));
+        parts.push(blocks(own, 0));
+        Tensor::cat(parts, 3)
+    };
+    let keys = windows(prefix.as_ref().map(|p| p.keys.clone()), k_mem, k);
+    let values = windows(prefix.as_ref().map(|p| p.values.clone()), v_mem, v);
+    let width = p + mp + s;
+    let q = framed(q, 0);
+    let content = score
+        .content_queries(q.clone())
+        .reshape([batch, heads, nb, s, d])
+        .matmul(keys.swap_dims(3, 4));
+    // Query ρ over key σ of its window: over the memory and the segment, distance
+    // δ = ρ − (σ − p − mp), from −(s − 1) to mp + s − 1; over the prefix, its k-th newest slot
+    // (k = p − σ) sits k places before the memory's mem_len positions, δ = ρ + mem_len + k.
+    let first = -(s as i64 - 1);
+    let farthest = if p > 0 { mp.max(mem_len + p) } else { mp };
+    let count = farthest + 2 * s - 1;
+    let mut index = Vec::with_capacity(s * width);
+    let mut hidden = Vec::with_capacity(s * width);
+    for rho in 0..s as i64 {
+        for sigma in 0..width as i64 {
+            if sigma < p as i64 {
+                index.push(rho + (mem_len + p) as i64 - sigma - first);
+                hidden.push(false);
+                continue;
+            }
+            let delta = rho - (sigma - (p + mp) as i64);
+            index.push(delta - first);
+            let too_old = delta > mem_len as i64 + rho;
+            hidden.push(too_old || (causal && delta < 0));
+        }
+    }
+    let index = Tensor::<5, Int>::from_data(TensorData::new(index, [1, 1, 1, s, width]), &device)
+        .expand([batch, heads, nb, s, width]);
+    let position = score
+        .position_scores(q, first, count)
+        .reshape([batch, heads, nb, s, count])
+        .gather(4, index);
+    let hidden =
+        Tensor::<5, Bool>::from_data(TensorData::new(hidden, [1, 1, 1, s, width]), &device);
+    // Keys before the sequence, after it, or padded.
+    let mut missing = vec![true; mp];
+    missing.extend((0..np).map(|j| j >= n));
+    let mut missing = Tensor::<2, Bool>::from_data(TensorData::new(missing, [1, mp + np]), &device)
+        .expand([batch, mp + np]);
+    if let Some(pad) = key_pad {
+        missing = missing.bool_or(flags_framed(pad.clone(), mp, np - n));
+    }
+    let missing = missing.reshape([batch, mb + nb, s]);
+    let mut parts: Vec<Tensor<3, Bool>> = prefix.map(|p| p.missing).into_iter().collect();
+    parts.extend((0..mb).map(|o| missing.clone().slice(s![.., o..o + nb])));
+    parts.push(missing.slice(s![.., mb..mb + nb]));
+    let missing = Tensor::cat(parts, 2).reshape([batch, 1, nb, 1, width]);
+    let scores = (content + position)
+        .mask_fill(hidden, MASK_FILL)
+        .mask_fill(missing, MASK_FILL);
+    let weights = dropout(weight_dropout, softmax(scores, 4));
+    weights
+        .matmul(values)
+        .reshape([batch, heads, np, d])
+        .slice(s![.., .., 0..n])
+}
