@@ -164,6 +164,20 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         Ok(self.residual_then_feed_forward(x, attended))
     }
 
+    /// Applies the block and returns its attention's auxiliary loss for this input, if any
+    /// (see [`AttentionModule::try_forward_with_loss`]).
+    pub fn try_forward_with_loss(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        let x = input.query().clone();
+        let normed = self.norm_attn.forward(x.clone());
+        let (attended, loss) = self
+            .attention
+            .try_forward_with_loss(input.with_query(normed))?;
+        Ok((self.residual_then_feed_forward(x, attended), loss))
+    }
+
     /// Applies the block to positions that follow those `memory` holds, its attention carrying
     /// the memory (see [`AttentionModule::forward_with_memory`]); returns the memory of the next
     /// call.
@@ -437,15 +451,43 @@ impl<A: Module + AttentionModule> Encoder<A> {
     }
 
     /// Applies the encoder, or says why its attention cannot take this input.
-    pub fn try_forward(&self, mut input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        if let Some(shared) = &self.shared_projection {
-            input = input.shared_projection(shared.val());
-        }
+    pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let input = self.with_shared_projection(input);
         let mut x = input.query().clone();
         for block in &self.blocks {
             x = block.try_forward(input.clone().with_query(x))?;
         }
         Ok(self.norm.forward(x))
+    }
+
+    /// Applies the encoder for training: the output and the sum of the blocks' auxiliary
+    /// losses for this input (see [`AttentionModule::try_forward_with_loss`]; `None` when no
+    /// block has one), for the training loss to add beside [`penalty`](Self::penalty).
+    pub fn try_forward_with_loss(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        let input = self.with_shared_projection(input);
+        let mut x = input.query().clone();
+        let mut total: Option<Tensor<1>> = None;
+        for block in &self.blocks {
+            let (y, loss) = block.try_forward_with_loss(input.clone().with_query(x))?;
+            x = y;
+            total = match (total, loss) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok((self.norm.forward(x), total))
+    }
+
+    /// The input with the encoder's shared sequence projection, where it has one (Linformer's
+    /// layerwise sharing).
+    fn with_shared_projection(&self, input: AttentionInput) -> AttentionInput {
+        match &self.shared_projection {
+            Some(shared) => input.shared_projection(shared.val()),
+            None => input,
+        }
     }
 
     /// Applies the encoder to a stretch of a sequence that follows those `memories` hold (one

@@ -34,6 +34,7 @@ pub use encoder::{BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, Enco
 pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
 pub use variants::axial::{AxialAttention, AxialConfig};
 pub use variants::bigbird::{BigBirdAttention, BigBirdConfig};
+pub use variants::compressive::{CompressiveAttention, CompressiveConfig};
 pub use variants::efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
 pub use variants::etc::{EtcAttention, EtcConfig, EtcGlobal};
 pub use variants::feedforward::{

@@ -17,6 +17,7 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
+use crate::variants::compressive::{CompressiveAttention, CompressiveConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::etc::{EtcAttention, EtcConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
@@ -159,6 +160,13 @@ macro_rules! registry {
                 match self { $(Self::$arm(m) => m.try_forward(input),)* }
             }
 
+            fn try_forward_with_loss(
+                &self,
+                input: AttentionInput,
+            ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+                match self { $(Self::$arm(m) => m.try_forward_with_loss(input),)* }
+            }
+
             fn attend(
                 &self,
                 q: Tensor<4>,
@@ -257,6 +265,8 @@ registry! {
     Etc(EtcConfig => EtcAttention),
     /// Transformer-XL: segments with a gradient-stopped memory and relative positions.
     TransformerXl(TransformerXlConfig => TransformerXlAttention),
+    /// Compressive Transformer: Transformer-XL with a compressed memory of older states.
+    Compressive(CompressiveConfig => CompressiveAttention),
 }
 
 /// Every registered variant, in the order listings show them.

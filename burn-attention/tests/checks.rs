@@ -594,7 +594,9 @@ impl ModuleVisitor for GradCheck<'_> {
 }
 
 /// Check 6: gradients reach every trainable parameter and are finite (inside an encoder, so
-/// that Linformer's layerwise projection, owned by the encoder, is covered).
+/// that Linformer's layerwise projection, owned by the encoder, is covered), through the
+/// training objective: the output and the attentions' auxiliary losses (the Compressive
+/// Transformer's compression learns from its reconstruction loss alone).
 #[test]
 fn check_6_gradients_reach_every_parameter() {
     let device = device().autodiff();
@@ -609,8 +611,15 @@ fn check_6_gradients_reach_every_parameter() {
             EncoderConfig::new(EncoderBlockConfig::new(config.clone(), 32), 2).init(&device);
         let x = random([2, 7, D_MODEL], &device);
         let mask = padding_mask_from_lengths(&[7, 4], 7, &device);
-        let y = encoder.forward(AttentionInput::new(x).mask_pad(mask));
-        let grads = y.powi_scalar(2).sum().backward();
+        let (y, loss) = encoder
+            .try_forward_with_loss(AttentionInput::new(x).mask_pad(mask))
+            .unwrap();
+        let objective = y.powi_scalar(2).sum();
+        let grads = match loss {
+            Some(loss) => objective + loss,
+            None => objective,
+        }
+        .backward();
         let mut check = GradCheck {
             grads: &grads,
             missing: vec![],

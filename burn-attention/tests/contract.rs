@@ -69,7 +69,7 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// over all heads), which the per-head references here skip; each has its whole-module float64
 /// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
 /// tests/memory_compressed.rs, `etc` in tests/etc.rs.
-const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed", "etc"];
+const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed", "etc", "compressive"];
 
 fn cross_f64(
     attention: &Attention,
@@ -353,6 +353,11 @@ fn decoding_equals_causal_forward() {
                     assert_eq!(blocks.keys.dims()[2], n / 3, "{}", config.name());
                     assert_eq!(current.expect("block under way").keys.dims()[2], n % 3);
                 }
+                (DecodingState::Inputs { .. }, DecodingState::Inputs { states, padding }) => {
+                    // The Compressive Transformer: every input so far.
+                    assert_eq!(states.dims()[1], n, "{}", config.name());
+                    assert!(padding.is_none(), "{}", config.name());
+                }
                 (_, other) => panic!("{}: unexpected state {other:?}", config.name()),
             }
         }
@@ -403,7 +408,7 @@ fn prefill_equals_token_by_token_decoding() {
 /// decoding from its own end (one new token per prompt a step) exactly as when it is alone:
 /// softmax (its cache's padding masked), every kernelized variant (padding left out of the
 /// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed,
-/// axial, Transformer-XL: positions read from the padding, which must follow each prompt).
+/// axial, Transformer-XL, compressive: positions read from the padding, which must follow each prompt).
 #[test]
 fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
     let device = device();
@@ -443,6 +448,7 @@ fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
             "memory-compressed",
             "axial",
             "transformer-xl",
+            "compressive",
         ]
         .iter()
         .any(|p| name.starts_with(p));

@@ -14,7 +14,7 @@ use burn_attention_zoo::{
     AttentionInput, AttentionModule, MemoryCompressedAttention, MemoryCompressedConfig,
     padding_mask_from_lengths,
 };
-use reference::{linear_f64, matrix, max_rel_err, normal_tensor, softmax_rows, to_rows, vector};
+use reference::{linear_f64, max_rel_err, normal_tensor, softmax_rows, strided_conv_f64, to_rows};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -25,32 +25,6 @@ const HEADS: usize = 3;
 /// beside those sums, carry their rounding (1.7e-4 seen); a wrong block, mask or padding is off
 /// by O(1).
 const TOLERANCE: f64 = 5e-4;
-
-/// A strided convolution over the rows of `x` (`[n][channels]`, `n` a multiple of `c`):
-/// output row `g`, channel `o` is `b_o + Σ_s Σ_ch kernel[o][ch][s] · x[g c + s][ch]`, with the
-/// module's kernel read from its linear map (`W[s · d_model + ch][o]`, a block's rows one after
-/// another).
-fn strided_conv_f64(layer: &burn::nn::Linear, x: &[Vec<f64>], c: usize) -> Rows {
-    let w = matrix(&layer.weight);
-    let b = layer.bias.as_ref().map(vector).unwrap();
-    let channels = x[0].len();
-    let kernel = |o: usize, ch: usize, s: usize| w[s * channels + ch][o];
-    (0..x.len() / c)
-        .map(|g| {
-            (0..b.len())
-                .map(|o| {
-                    let mut acc = b[o];
-                    for s in 0..c {
-                        for (ch, &a) in x[g * c + s].iter().enumerate() {
-                            acc += kernel(o, ch, s) * a;
-                        }
-                    }
-                    acc
-                })
-                .collect()
-        })
-        .collect()
-}
 
 /// `x` followed by zero rows up to a multiple of `c`.
 fn zero_filled(x: &[Vec<f64>], c: usize) -> Rows {

@@ -15,7 +15,7 @@ use burn_attention_zoo::{
     AttentionConfig, AttentionInput, AttentionModule, EncoderBlockConfig, EncoderConfig,
     TransformerXlAttention, TransformerXlConfig, padding_mask_from_lengths,
 };
-use reference::{linear_f64, matrix, max_rel_err, normal_tensor, softmax_rows, to_rows};
+use reference::{linear_f64, matrix, max_rel_err, normal_tensor, sinusoid, softmax_rows, to_rows};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -33,16 +33,6 @@ fn head(x: &[f64], h: usize) -> &[f64] {
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// `R_δ`: `sin(δ / 10000^{2f/D})` for f < D/2, then the cosines.
-fn sinusoid(delta: i64) -> Vec<f64> {
-    let angle = |f: usize| delta as f64 / 10000f64.powf(2.0 * f as f64 / D_MODEL as f64);
-    let half = D_MODEL / 2;
-    (0..half)
-        .map(|f| angle(f).sin())
-        .chain((0..half).map(|f| angle(f).cos()))
-        .collect()
 }
 
 /// The module's output for the real rows `x` of one sequence.
@@ -66,7 +56,7 @@ fn transformer_xl_f64(m: &TransformerXlAttention, x: &[Vec<f64>], causal: bool) 
             let scores: Vec<f64> = keys
                 .iter()
                 .map(|&j| {
-                    let r = linear_f64(&m.r_net, &[sinusoid(i as i64 - j as i64)]);
+                    let r = linear_f64(&m.r_net, &[sinusoid(i as i64 - j as i64, D_MODEL)]);
                     let qu: Vec<f64> = head(&q[i], h)
                         .iter()
                         .zip(&u[h])

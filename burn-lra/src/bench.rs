@@ -290,8 +290,8 @@ fn measure_training(
         let mask_pad = ids.clone().equal_elem(0);
         sync(&device)?;
         let started = Instant::now();
-        let logits = model.forward(Tokens { ids, mask_pad }, None);
-        let (loss, _) = objective(&model, logits, labels, &loss_fn);
+        let outputs = model.forward_with_loss(Tokens { ids, mask_pad }, None);
+        let (loss, _) = objective(&model, outputs, labels, &loss_fn);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-4, model, grads);
         sync(&device)?;

@@ -150,6 +150,17 @@ impl LraClassifier {
     /// Pooled representation `[batch, d_model]` of `tokens: [batch, n]` with padding mask
     /// `[batch, n]` (`true` = padding). The matching task's two towers share this.
     pub fn encode(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
+        self.encode_as(tokens, mask_pad, false).0
+    }
+
+    /// [`encode`](Self::encode), and with `with_loss` the attentions' auxiliary losses for
+    /// this input (see [`Encoder::try_forward_with_loss`]).
+    fn encode_as(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask_pad: Tensor<2, Bool>,
+        with_loss: bool,
+    ) -> (Tensor<2>, Option<Tensor<1>>) {
         let [batch, _] = tokens.dims();
         let device = tokens.device();
         let mut x = self.embedding.forward(tokens);
@@ -176,10 +187,15 @@ impl LraClassifier {
             None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
         };
         let x = dropout(&self.dropout, x);
-        let h = self
-            .encoder
-            .forward(AttentionInput::new(x).mask_pad(mask.clone()));
-        match self.pooling {
+        let input = AttentionInput::new(x).mask_pad(mask.clone());
+        let (h, loss) = if with_loss {
+            self.encoder
+                .try_forward_with_loss(input)
+                .unwrap_or_else(|err| panic!("{err}"))
+        } else {
+            (self.encoder.forward(input), None)
+        };
+        let pooled = match self.pooling {
             Pooling::Cls => h.slice([0..batch, 0..1]).reshape([batch, self.d_model]),
             Pooling::Mean => {
                 let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
@@ -189,7 +205,8 @@ impl LraClassifier {
                     .div(count)
                     .reshape([batch, self.d_model])
             }
-        }
+        };
+        (pooled, loss)
     }
 
     /// Class logits `[batch, classes]` of the documents `tokens` (and, for matching, their
@@ -198,19 +215,44 @@ impl LraClassifier {
     /// # Panics
     /// If a matching model gets no `pair`, or a single-sequence model gets one.
     pub fn forward(&self, tokens: Tokens, pair: Option<Tokens>) -> Tensor<2> {
+        self.forward_as(tokens, pair, false).0
+    }
+
+    /// [`forward`](Self::forward) for training: the logits and the sum of the attentions'
+    /// auxiliary losses over the encoded sequences (`None` when no attention has one), for
+    /// the training objective to add.
+    pub fn forward_with_loss(
+        &self,
+        tokens: Tokens,
+        pair: Option<Tokens>,
+    ) -> (Tensor<2>, Option<Tensor<1>>) {
+        self.forward_as(tokens, pair, true)
+    }
+
+    fn forward_as(
+        &self,
+        tokens: Tokens,
+        pair: Option<Tokens>,
+        with_loss: bool,
+    ) -> (Tensor<2>, Option<Tensor<1>>) {
         use burn::tensor::activation::relu;
-        let x1 = self.encode(tokens.ids, tokens.mask_pad);
-        let features = match (self.pair_features, pair) {
-            (None, None) => x1,
+        let (x1, loss) = self.encode_as(tokens.ids, tokens.mask_pad, with_loss);
+        let (features, loss) = match (self.pair_features, pair) {
+            (None, None) => (x1, loss),
             (Some(kind), Some(pair)) => {
-                let x2 = self.encode(pair.ids, pair.mask_pad);
-                match kind {
+                let (x2, pair_loss) = self.encode_as(pair.ids, pair.mask_pad, with_loss);
+                let loss = match (loss, pair_loss) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                let features = match kind {
                     PairFeatures::Interact => Tensor::cat(
                         vec![x1.clone(), x2.clone(), x1.clone() * x2.clone(), x1 - x2],
                         1,
                     ),
                     PairFeatures::Concat => Tensor::cat(vec![x1, x2], 1),
-                }
+                };
+                (features, loss)
             }
             (None, Some(_)) => panic!("a single-sequence model got document pairs"),
             (Some(_), None) => panic!("a matching model got single documents"),
@@ -219,7 +261,7 @@ impl LraClassifier {
         if let Some(mid) = &self.head_mid {
             hidden = relu(mid.forward(hidden));
         }
-        self.head_out.forward(hidden)
+        (self.head_out.forward(hidden), loss)
     }
 }
 

@@ -263,8 +263,13 @@ fn small_listops_classifier_equals_pytorch_reference() {
             mask_pad: b_ids.clone().equal_elem(0),
             ids: b_ids.clone(),
         };
-        let logits = model.forward(tokens, None);
-        let (loss, _) = objective(model, logits.clone(), b_labels.clone(), &loss_fn);
+        let (logits, aux_loss) = model.forward_with_loss(tokens, None);
+        let (loss, _) = objective(
+            model,
+            (logits.clone(), aux_loss),
+            b_labels.clone(),
+            &loss_fn,
+        );
         (logits, loss)
     };
 

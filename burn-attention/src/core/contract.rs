@@ -152,6 +152,18 @@ pub trait AttentionModule: Module {
         ))
     }
 
+    /// Applies attention and returns the auxiliary loss the module asks the training loss to add
+    /// for this input (the Compressive Transformer's attention reconstruction, which alone
+    /// trains its compression); `None` for most. Unlike [`penalty`](Self::penalty) it depends
+    /// on the input; evaluation and inference call [`try_forward`](Self::try_forward), which
+    /// does not compute it. The default: `try_forward`, and `None`.
+    fn try_forward_with_loss(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        self.try_forward(input).map(|y| (y, None))
+    }
+
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are
     /// returned unchanged. Training loops call this every N steps; `forward` never does.
     fn redraw(self) -> Self
@@ -224,6 +236,15 @@ pub enum DecodingState {
         /// The keys and values of the block under way; `None` at a block boundary. Its padding
         /// marks, per sequence, the positions outside its own block under way.
         current: Option<CachedKeys>,
+    },
+    /// The Compressive Transformer: the attention's own inputs so far (its compressed memory is
+    /// made from the inputs, not from the keys); a step reads a bounded stretch of them.
+    Inputs {
+        /// The inputs so far, `[batch, t, d_model]`.
+        states: Tensor<3>,
+        /// `[batch, t]`, `true` = a position that pads a prompt shorter than the batch's
+        /// longest; `None`: none.
+        padding: Option<Tensor<2, Bool>>,
     },
 }
 
@@ -309,9 +330,37 @@ impl DecodingState {
                     padding,
                 ))
             }
-            Self::Recurrent(_) | Self::Compressed { .. } => Err(AttentionError::unsupported(
+            Self::Recurrent(_) | Self::Compressed { .. } | Self::Inputs { .. } => {
+                Err(AttentionError::unsupported(
+                    variant,
+                    "another variant's decoding state (it carries a key/value cache)",
+                ))
+            }
+        }
+    }
+
+    /// The inputs so far with this token's `x` (`[batch, 1, d_model]`) appended, and their
+    /// padding flags (the new token's `false`), starting from [`Empty`](Self::Empty): the state
+    /// of the attentions that decode from their inputs. Any other state is an error naming
+    /// `variant`.
+    pub fn append_to_inputs(
+        self,
+        variant: &'static str,
+        x: Tensor<3>,
+    ) -> Result<(Tensor<3>, Option<Tensor<2, Bool>>), AttentionError> {
+        match self {
+            Self::Empty => Ok((x, None)),
+            Self::Inputs { states, padding } => {
+                let padding = padding.map(|pad| {
+                    let batch = pad.dims()[0];
+                    let real = TensorData::new(vec![false; batch], [batch, 1]);
+                    Tensor::cat(vec![pad, Tensor::from_data(real, &x.device())], 1)
+                });
+                Ok((Tensor::cat(vec![states, x], 1), padding))
+            }
+            _ => Err(AttentionError::unsupported(
                 variant,
-                "another variant's decoding state (it carries a key/value cache)",
+                "another variant's decoding state (it carries its inputs)",
             )),
         }
     }

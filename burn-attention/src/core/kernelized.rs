@@ -195,11 +195,11 @@ pub fn recurrent_state(
     match state {
         DecodingState::Empty => Ok(None),
         DecodingState::Recurrent(state) => Ok(Some(state)),
-        DecodingState::KeyValueCache { .. } | DecodingState::Compressed { .. } => {
-            Err(AttentionError::unsupported(
-                variant,
-                "another variant's decoding state (it carries a recurrent state)",
-            ))
-        }
+        DecodingState::KeyValueCache { .. }
+        | DecodingState::Compressed { .. }
+        | DecodingState::Inputs { .. } => Err(AttentionError::unsupported(
+            variant,
+            "another variant's decoding state (it carries a recurrent state)",
+        )),
     }
 }

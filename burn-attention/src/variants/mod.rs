@@ -4,6 +4,7 @@
 
 pub mod axial;
 pub mod bigbird;
+pub mod compressive;
 pub mod efficient;
 pub mod etc;
 pub mod feedforward;

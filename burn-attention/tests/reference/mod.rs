@@ -409,3 +409,40 @@ pub fn normal_tensor<const D: usize>(shape: [usize; D], seed: u64, device: &Devi
         .collect();
     Tensor::from_data(TensorData::new(values, shape), device)
 }
+
+/// A strided convolution over the rows of `x` (`[n][channels]`, `n` a multiple of `c`):
+/// output row `g`, channel `o` is `b_o + Σ_s Σ_ch kernel[o][ch][s] · x[g c + s][ch]`, with the
+/// module's kernel read from its linear map (`W[s · d_model + ch][o]`, a block's rows one after
+/// another).
+pub fn strided_conv_f64(layer: &Linear, x: &[Vec<f64>], c: usize) -> Vec<Vec<f64>> {
+    let w = matrix(&layer.weight);
+    let b = layer.bias.as_ref().map(vector).unwrap();
+    let channels = x[0].len();
+    let kernel = |o: usize, ch: usize, s: usize| w[s * channels + ch][o];
+    (0..x.len() / c)
+        .map(|g| {
+            (0..b.len())
+                .map(|o| {
+                    let mut acc = b[o];
+                    for s in 0..c {
+                        for (ch, &a) in x[g * c + s].iter().enumerate() {
+                            acc += kernel(o, ch, s) * a;
+                        }
+                    }
+                    acc
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `R_δ` of Transformer-XL's relative score: `sin(δ / 10000^{2f/D})` for f < D/2, then the
+/// cosines (`D = d_model`).
+pub fn sinusoid(delta: i64, d_model: usize) -> Vec<f64> {
+    let angle = |f: usize| delta as f64 / 10000f64.powf(2.0 * f as f64 / d_model as f64);
+    let half = d_model / 2;
+    (0..half)
+        .map(|f| angle(f).sin())
+        .chain((0..half).map(|f| angle(f).cos()))
+        .collect()
+}

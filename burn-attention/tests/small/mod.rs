@@ -8,7 +8,7 @@ use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, Synthes
 /// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
 /// sparse blocks of 4 with 1 summary, Longformer windows of 4, BigBird
 /// blocks of 2 with 1 random block, Reformer chunks of 3 and 4 buckets, axial rows of 4, Transformer-XL segments of 8 with
-/// 6 of memory). A new variant with large defaults gets its line here.
+/// 6 of memory, compressive segments of 4, memory 2, 3 compressed slots of 2). A new variant with large defaults gets its line here.
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
@@ -51,6 +51,14 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         AttentionConfig::TransformerXl(c) => {
             AttentionConfig::TransformerXl(c.with_segment_len(8).with_mem_len(6))
         }
+        // Segments of 4, 2 positions of memory, slots of 2 positions, 3 of them: a sequence of
+        // 7 already compresses a block, the checks' longer ones fill the compressed memory.
+        AttentionConfig::Compressive(c) => AttentionConfig::Compressive(
+            c.with_segment_len(4)
+                .with_mem_len(2)
+                .with_compression(2)
+                .with_cmem_len(3),
+        ),
         AttentionConfig::Reformer(c) => {
             AttentionConfig::Reformer(c.with_chunk_len(3).with_n_buckets(4))
         }

@@ -90,17 +90,19 @@ pub fn adamw(o: &OptimizerConfig) -> AdamWConfig {
 }
 
 /// The training objective of one batch: the cross-entropy plus the attentions' regularisers
-/// (the orthogonality penalty), and the cross-entropy alone.
+/// (the orthogonality penalty) and their auxiliary losses for the batch (`aux_loss`, from
+/// [`LraClassifier::forward_with_loss`]: the compressive attention's reconstruction loss), and
+/// the cross-entropy alone.
 pub fn objective(
     model: &LraClassifier,
-    logits: Tensor<2>,
+    (logits, aux_loss): (Tensor<2>, Option<Tensor<1>>),
     labels: Tensor<1, Int>,
     loss_fn: &CrossEntropyLoss,
 ) -> (Tensor<1>, Tensor<1>) {
     let loss = loss_fn.forward(logits, labels);
-    let objective = match model.penalty() {
-        Some(penalty) => loss.clone() + penalty,
-        None => loss.clone(),
-    };
+    let objective = [model.penalty(), aux_loss]
+        .into_iter()
+        .flatten()
+        .fold(loss.clone(), |total, term| total + term);
     (objective, loss)
 }

@@ -66,10 +66,14 @@ impl Session<'_> {
                         .to_device(&self.device);
                     micro_batches += 1;
                     let take = batch.labels.dims()[0];
-                    let logits = model.forward(batch.tokens, batch.pair);
+                    let (logits, aux_loss) = model.forward_with_loss(batch.tokens, batch.pair);
                     // The reported loss stays the cross-entropy, comparable across variants.
-                    let (objective, loss) =
-                        objective(&model, logits.clone(), batch.labels.clone(), &loss_fn);
+                    let (objective, loss) = objective(
+                        &model,
+                        (logits.clone(), aux_loss),
+                        batch.labels.clone(),
+                        &loss_fn,
+                    );
                     let objective = objective.div_scalar(accumulation as f32);
                     accumulator.accumulate(
                         &model,

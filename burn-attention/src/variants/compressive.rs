@@ -1,0 +1,642 @@
+//! Compressive Transformer attention: Transformer-XL whose oldest memories are compressed into a
+//! second memory instead of being dropped.
+//!
+//! Rae et al. 2020, "Compressive Transformers for Long-Range Sequence Modelling", arXiv
+//! 1911.05507. A segment of `segment_len` positions attends, with Transformer-XL's relative
+//! score, to its compressed memory, its memory (the `mem_len` positions before it, gradient
+//! stopped) and itself, one softmax. The memories that leave the memory are compressed at rate
+//! `c` by the compression function `f_c`, here the paper's 1-D convolution with kernel and
+//! stride `c` (3, its enwik8 rate) over the layer's input states; the newest `cmem_len` of them
+//! form the compressed memory, attended after the key and value projections as any memory.
+//!
+//! With the whole sequence at hand every segment is computed at once, as
+//! [`transformer-xl`](super::transformer_xl) does: the compressed slots are the blocks
+//! `[j c, (j + 1) c)` of the sequence's positions (counted from its first), and segment `τ` sees
+//! the newest `cmem_len` of those that end at or before its memory's start
+//! `a_τ = max(0, τ s − mem_len)`. This is the paper's first-in-first-out recurrence where `s` and
+//! `mem_len` are multiples of `c` (the defaults); otherwise the fewer than `c` positions between
+//! the last whole block and `a_τ` are in neither memory. Relative distances run over the keys as
+//! a segment sees them: the memory and the segment by position, the compressed slots one place
+//! each before the memory's `mem_len` positions.
+//!
+//! Training: the paper trains `f_c` with the attention-reconstruction loss alone, never with the
+//! task's loss (the compressed memory reaches later segments with the gradient stopped, as the
+//! memory does). [`try_forward_with_loss`](AttentionModule::try_forward_with_loss) returns it,
+//! weighted by [`reconstruction`](CompressiveConfig::reconstruction): for each segment, its
+//! queries attend (content only, `softmax(q kᵀ/√d) v`, the layer's projections with the gradient
+//! stopped) to the memories that leave the memory after it, once uncompressed and once
+//! compressed; the loss is the mean squared difference of the two, over the heads' outputs of
+//! the segments that evict something. Without that loss `f_c` keeps its initial weights.
+//!
+//! Masks: padding (padded states are zeroed before the compression and a slot wholly of padding
+//! is masked), causal (the paper's language model). Decoding keeps the layer's inputs so far
+//! ([`DecodingState::Inputs`]): a step runs the causal pass over the positions the new token can
+//! reach, from a multiple of `lcm(s, c)` at or before its oldest compressed slot, so a step
+//! costs a forward pass over at most `lcm(s, c) + c · cmem_len + mem_len + s` positions,
+//! whatever the position. No cross-attention, attention mask, weights, per-head form (the
+//! compression mixes the heads' channels) or memory across calls.
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::softmax;
+
+use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, flags_framed, zeros_after};
+use crate::core::params::lazy_param;
+use crate::core::segments::{RelativeScore, SegmentLayout, SegmentPrefix, segment_attention};
+use crate::core::sparse::{flags_tensor, padding_flags, suffix_lengths};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "compressive",
+    paper: "Rae et al. 2020, arXiv 1911.05507",
+    time: "O(n (s + m + m_c) d)",
+    memory: "O(n (s + m + m_c))",
+    capabilities: Capabilities {
+        padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
+        causal: true,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: false,
+    },
+};
+
+/// Configuration of [`CompressiveAttention`].
+#[derive(Config, Debug)]
+pub struct CompressiveConfig {
+    /// Model width (even: the sinusoids come in sine and cosine pairs); split evenly across
+    /// heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Positions per segment (512, as `transformer-xl`'s default).
+    #[config(default = 512)]
+    pub segment_len: usize,
+    /// Positions of uncompressed memory before each segment (512).
+    #[config(default = 512)]
+    pub mem_len: usize,
+    /// Compressed slots before the memory (512).
+    #[config(default = 512)]
+    pub cmem_len: usize,
+    /// The compression rate `c`: positions per compressed slot, the convolution's kernel and
+    /// stride (the paper's enwik8 models: 3).
+    #[config(default = 3)]
+    pub compression: usize,
+    /// Weight of the attention-reconstruction loss in
+    /// [`try_forward_with_loss`](AttentionModule::try_forward_with_loss) (1; 0 returns none,
+    /// and the compression then keeps its initial weights).
+    #[config(default = 1.0)]
+    pub reconstruction: f64,
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections (the paper has none).
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl CompressiveConfig {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        if !self.d_model.is_multiple_of(2) {
+            return field(
+                "d_model",
+                format!("must be even (sine and cosine pairs), got {}", self.d_model),
+            );
+        }
+        if self.segment_len == 0 {
+            return field("segment_len", "must be at least 1".into());
+        }
+        if self.compression == 0 {
+            return field("compression", "must be at least 1".into());
+        }
+        if !(self.reconstruction.is_finite() && self.reconstruction >= 0.0) {
+            return field(
+                "reconstruction",
+                format!("must be finite and >= 0, got {}", self.reconstruction),
+            );
+        }
+        let span = self
+            .cmem_len
+            .checked_mul(self.compression)
+            .and_then(|c| c.checked_add(self.mem_len))
+            .and_then(|m| m.checked_add(2 * self.segment_len))
+            .and_then(|m| m.checked_add(lcm(self.segment_len, self.compression)?));
+        if span.is_none() || self.d_model.checked_mul(self.compression).is_none() {
+            return field(
+                "cmem_len",
+                "with compression, mem_len and segment_len is too large".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> CompressiveAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let (h, d) = (self.n_heads, self.d_model / self.n_heads);
+        let bias =
+            move |device: &Device| Tensor::random([h, d], Distribution::Normal(0.0, 0.02), device);
+        CompressiveAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            r_net: LinearConfig::new(self.d_model, self.d_model)
+                .with_bias(false)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device),
+            r_w_bias: lazy_param([h, d], device, true, bias),
+            r_r_bias: lazy_param([h, d], device, true, bias),
+            // A convolution's default initialisation: uniform over ±1/√fan_in,
+            // fan_in = c · d_model.
+            compress: LinearConfig::new(self.compression * self.d_model, self.d_model).init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            segment_len: self.segment_len,
+            mem_len: self.mem_len,
+            cmem_len: self.cmem_len,
+            compression: self.compression,
+            reconstruction: self.reconstruction,
+        }
+    }
+}
+
+/// The least common multiple, `None` on overflow.
+fn lcm(a: usize, b: usize) -> Option<usize> {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    (a / gcd(a, b)).checked_mul(b)
+}
+
+impl VariantConfig for CompressiveConfig {
+    variant_glue!(CompressiveAttention);
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+}
+
+/// Multi-head Compressive Transformer attention. Create with [`CompressiveConfig`].
+#[derive(Module, Debug)]
+pub struct CompressiveAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// `W_R`: the projection of the relative positions' sinusoids.
+    pub r_net: Linear,
+    /// `u`, `[heads, d_head]`: the content bias added to the queries against keys.
+    pub r_w_bias: Param<Tensor<2>>,
+    /// `v`, `[heads, d_head]`: the position bias added to the queries against positions.
+    pub r_r_bias: Param<Tensor<2>>,
+    /// `f_c`, the strided convolution, as the linear map `c · d_model -> d_model` of a block's
+    /// states position after position.
+    pub compress: Linear,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Positions per segment.
+    #[module(skip)]
+    pub segment_len: usize,
+    /// Positions of uncompressed memory before each segment.
+    #[module(skip)]
+    pub mem_len: usize,
+    /// Compressed slots before the memory.
+    #[module(skip)]
+    pub cmem_len: usize,
+    /// Positions per compressed slot.
+    #[module(skip)]
+    pub compression: usize,
+    /// Weight of the attention-reconstruction loss.
+    #[module(skip)]
+    pub reconstruction: f64,
+}
+
+projection_shape!(CompressiveAttention);
+
+/// Which compressed blocks each segment of a layout sees, and which it evicts.
+#[derive(Debug)]
+struct Slots {
+    /// Blocks of `c` whole positions in the sequence.
+    blocks: usize,
+    /// Per segment, the first block not yet compressed when it runs: `hi_τ = a_τ / c`.
+    hi: Vec<usize>,
+    /// The compressed slots a segment sees, at most.
+    width: usize,
+}
+
+impl Slots {
+    fn new(layout: &SegmentLayout, n: usize, mem_len: usize, cmem_len: usize, c: usize) -> Self {
+        let hi: Vec<usize> = (0..layout.blocks)
+            .map(|tau| (tau * layout.s).saturating_sub(mem_len) / c)
+            .collect();
+        let width = hi.iter().map(|&h| h.min(cmem_len)).max().unwrap_or(0);
+        Self {
+            blocks: n / c,
+            hi,
+            width,
+        }
+    }
+
+    /// Per segment, the `width` slots it sees, oldest first: the block, or `None` for a slot
+    /// before the sequence's first block (`width` is at most `cmem_len`, so no slot reaches
+    /// further back than the compressed memory).
+    fn seen(&self) -> Vec<Option<usize>> {
+        self.hi
+            .iter()
+            .flat_map(|&hi| (0..self.width).map(move |k| (hi + k).checked_sub(self.width)))
+            .collect()
+    }
+
+    /// Per segment, the blocks that leave its memory after it (compressed for the next
+    /// segment onwards): `[hi_τ, hi_{τ+1})`, the last segment's reaching as far as the
+    /// sequence's whole blocks and `a` after it allow; `None` past them. With `width` the most
+    /// any segment evicts.
+    fn evicted(&self, s: usize, mem_len: usize, c: usize) -> (usize, Vec<Option<usize>>) {
+        let next = |tau: usize| {
+            self.hi
+                .get(tau + 1)
+                .copied()
+                .unwrap_or_else(|| (((tau + 1) * s).saturating_sub(mem_len) / c).min(self.blocks))
+        };
+        let width = (0..self.hi.len())
+            .map(|tau| next(tau).saturating_sub(self.hi[tau]))
+            .max()
+            .unwrap_or(0);
+        let blocks = (0..self.hi.len())
+            .flat_map(|tau| {
+                let (from, to) = (self.hi[tau], next(tau));
+                (0..width).map(move |k| Some(from + k).filter(|&j| j < to))
+            })
+            .collect();
+        (width, blocks)
+    }
+}
+
+/// `x @ W + b` with the layer's parameters' gradient stopped.
+fn frozen(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let y = x.matmul(layer.weight.val().detach().unsqueeze_dim(0));
+    match &layer.bias {
+        Some(bias) => y + bias.val().detach().unsqueeze_dim::<2>(0).unsqueeze_dim(0),
+        None => y,
+    }
+}
+
+/// Rows `index` (`None`: row 0, to be masked) of `x` along `dim`.
+fn pick<const D: usize, K: burn::tensor::kind::Basic>(
+    x: Tensor<D, K>,
+    dim: usize,
+    index: &[Option<usize>],
+) -> Tensor<D, K> {
+    let rows: Vec<i64> = index.iter().map(|j| j.unwrap_or(0) as i64).collect();
+    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [index.len()]), &x.device());
+    x.select(dim, rows)
+}
+
+/// Columns `index` (`None`: column 0, to be masked) of the flags `[batch, m]` (selected as
+/// integers: `flex` 0.22.1 selects booleans into a tensor its boolean operations refuse).
+fn pick_flags(flags: Tensor<2, Bool>, index: &[Option<usize>]) -> Tensor<2, Bool> {
+    pick(flags.int(), 1, index).equal_elem(1)
+}
+
+/// Which entries of `index` are `None`, for every sequence of the batch: `[batch, len]`.
+fn unfilled(index: &[Option<usize>], batch: usize, device: &Device) -> Tensor<2, Bool> {
+    let flags: Vec<bool> = index.iter().map(Option::is_none).collect();
+    flags_tensor(&[flags], device).expand([batch, index.len()])
+}
+
+impl CompressiveAttention {
+    /// The relative score's parameters.
+    fn score(&self) -> RelativeScore<'_> {
+        RelativeScore {
+            r_net: &self.r_net,
+            r_w_bias: &self.r_w_bias,
+            r_r_bias: &self.r_r_bias,
+        }
+    }
+
+    /// `f_c` over the first `blocks` whole blocks of `states` (`[batch, n, d_model]`, padding
+    /// zeroed): `[batch, blocks, d_model]`.
+    fn compressed(&self, states: Tensor<3>, blocks: usize) -> Tensor<3> {
+        let [batch, _, d_model] = states.dims();
+        let c = self.compression;
+        self.compress
+            .forward(
+                states
+                    .slice(s![.., 0..blocks * c])
+                    .reshape([batch, blocks, c * d_model]),
+            )
+    }
+
+    /// Whether each of the first `blocks` whole blocks is wholly padding: `[batch, blocks]`.
+    fn block_padding(&self, pad: &Tensor<2, Bool>, blocks: usize) -> Tensor<2, Bool> {
+        let [batch, _] = pad.dims();
+        let c = self.compression;
+        pad.clone()
+            .slice(s![.., 0..blocks * c])
+            .reshape([batch, blocks, c])
+            .all_dim(2)
+            .reshape([batch, blocks])
+    }
+
+    /// The output before the output projection, `[batch, heads, n, d]`, and the
+    /// attention-reconstruction loss when `with_loss` (`None` where no segment evicts a whole
+    /// block, or its weight is 0).
+    fn attention(
+        &self,
+        x: Tensor<3>,
+        key_pad: &Option<Tensor<2, Bool>>,
+        causal: bool,
+        with_loss: bool,
+    ) -> (Tensor<4>, Option<Tensor<1>>) {
+        let [batch, n, _] = x.dims();
+        let heads = self.proj.n_heads;
+        let device = x.device();
+        let layout = SegmentLayout::new(n, self.segment_len, self.mem_len);
+        let slots = Slots::new(&layout, n, self.mem_len, self.cmem_len, self.compression);
+        let pad = key_pad
+            .clone()
+            .unwrap_or_else(|| Tensor::<2, Bool>::full([batch, n], false, &device));
+        // The states the memories hold: the layer's input, gradient stopped, padding zeroed.
+        let states = x
+            .clone()
+            .detach()
+            .mask_fill(pad.clone().unsqueeze_dim(2), 0.0);
+        let memory = (
+            split_heads(self.proj.key.forward(states.clone()), heads),
+            split_heads(self.proj.value.forward(states.clone()), heads),
+        );
+        let with_loss = with_loss && self.reconstruction > 0.0;
+        let compressed = (slots.blocks > 0 && (slots.width > 0 || with_loss))
+            .then(|| self.compressed(states.clone(), slots.blocks));
+        let prefix = compressed
+            .as_ref()
+            .filter(|_| slots.width > 0)
+            .map(|compressed| {
+                let seen = slots.seen();
+                let blocks = compressed.clone().detach();
+                let per_slot = |layer: &Linear| {
+                    let kv = pick(split_heads(layer.forward(blocks.clone()), heads), 2, &seen);
+                    let d = kv.dims()[3];
+                    kv.reshape([batch, heads, layout.blocks, slots.width, d])
+                };
+                let missing = pick_flags(self.block_padding(&pad, slots.blocks), &seen)
+                    .bool_or(unfilled(&seen, batch, &device));
+                SegmentPrefix {
+                    keys: per_slot(&self.proj.key),
+                    values: per_slot(&self.proj.value),
+                    missing: missing.reshape([batch, layout.blocks, slots.width]),
+                }
+            });
+        let loss = compressed
+            .filter(|_| with_loss)
+            .and_then(|compressed| self.reconstruction_loss(&x, &pad, &layout, &slots, compressed));
+        let o = segment_attention(
+            self.score(),
+            layout,
+            self.proj.qkv(x),
+            memory,
+            prefix,
+            key_pad,
+            causal,
+            &self.dropout,
+        );
+        (o, loss)
+    }
+
+    /// The attention-reconstruction loss: each segment's queries over the blocks it evicts,
+    /// uncompressed against compressed (content only, projections frozen); the mean squared
+    /// difference over the heads' outputs at the real queries of segments that evict a block
+    /// with a real position, times the weight. `None` where no segment evicts a block.
+    fn reconstruction_loss(
+        &self,
+        x: &Tensor<3>,
+        pad: &Tensor<2, Bool>,
+        layout: &SegmentLayout,
+        slots: &Slots,
+        compressed: Tensor<3>,
+    ) -> Option<Tensor<1>> {
+        let c = self.compression;
+        let (width, evicted) = slots.evicted(self.segment_len, self.mem_len, c);
+        if width == 0 {
+            return None;
+        }
+        let [batch, n, _] = x.dims();
+        let heads = self.proj.n_heads;
+        let device = x.device();
+        let (nb, s) = (layout.blocks, layout.s);
+        let np = nb * s;
+        let states = x.clone().detach();
+        let per_head = |layer: &Linear, x: Tensor<3>| split_heads(frozen(layer, x), heads);
+        let d = self.proj.d_model() / heads;
+        // Queries per segment, `[batch, heads, nb, s, d]`.
+        let q = zeros_after(per_head(&self.proj.query, states.clone()), 2, np - n)
+            .reshape([batch, heads, nb, s, d])
+            .mul_scalar(1.0 / (d as f32).sqrt());
+        // The evicted positions, uncompressed: `[batch, heads, nb, width · c, d]`.
+        let positions: Vec<Option<usize>> = evicted
+            .iter()
+            .flat_map(|j| (0..c).map(move |r| j.map(|j| j * c + r)))
+            .collect();
+        let raw = |layer: &Linear| {
+            pick(per_head(layer, states.clone()), 2, &positions).reshape([
+                batch,
+                heads,
+                nb,
+                width * c,
+                d,
+            ])
+        };
+        let raw_missing =
+            pick_flags(pad.clone(), &positions).bool_or(unfilled(&positions, batch, &device));
+        // The same blocks compressed: `[batch, heads, nb, width, d]`.
+        let packed = |layer: &Linear| {
+            pick(per_head(layer, compressed.clone()), 2, &evicted)
+                .reshape([batch, heads, nb, width, d])
+        };
+        let packed_missing = pick_flags(self.block_padding(pad, slots.blocks), &evicted)
+            .bool_or(unfilled(&evicted, batch, &device));
+        let attend = |keys: Tensor<5>, values: Tensor<5>, missing: Tensor<2, Bool>| {
+            let keys_per = keys.dims()[3];
+            let scores = q
+                .clone()
+                .matmul(keys.swap_dims(3, 4))
+                .mask_fill(missing.reshape([batch, 1, nb, 1, keys_per]), MASK_FILL);
+            softmax(scores, 4).matmul(values)
+        };
+        let uncompressed = attend(
+            raw(&self.proj.key),
+            raw(&self.proj.value),
+            raw_missing.clone(),
+        );
+        let reconstructed = attend(
+            packed(&self.proj.key),
+            packed(&self.proj.value),
+            packed_missing,
+        );
+        // Real queries of segments that evict a real position.
+        let evicts = raw_missing
+            .reshape([batch, nb, width * c])
+            .all_dim(2)
+            .bool_not();
+        let real = flags_framed(pad.clone(), 0, np - n)
+            .reshape([batch, nb, s])
+            .bool_not()
+            .bool_and(evicts.reshape([batch, nb, 1]).expand([batch, nb, s]));
+        let weight = real.float().reshape([batch, 1, nb, s, 1]);
+        let count = weight.clone().sum().mul_scalar((heads * d) as f32);
+        let squared = (uncompressed - reconstructed).powi_scalar(2) * weight;
+        Some(
+            squared
+                .sum()
+                .div(count.clamp_min(1.0))
+                .mul_scalar(self.reconstruction as f32),
+        )
+    }
+
+    /// A step's output for one sequence whose inputs so far are `states: [1, t + 1, d_model]`:
+    /// the causal pass over the positions from the last multiple of `lcm(s, c)` at or before the
+    /// oldest the token at `t` sees, its last row (`[1, 1, d_model]`).
+    fn last_position(&self, states: Tensor<3>) -> Tensor<3> {
+        let t = states.dims()[1] - 1;
+        let (s, c) = (self.segment_len, self.compression);
+        let start = (t / s * s).saturating_sub(self.mem_len);
+        let oldest = (start / c).saturating_sub(self.cmem_len) * c;
+        let period = lcm(s, c).expect("validated");
+        let from = oldest / period * period;
+        let (o, _) = self.attention(states.slice(s![.., from..]), &None, true, false);
+        let o = self.proj.out(o);
+        let len = o.dims()[1];
+        o.slice(s![.., len - 1..len])
+    }
+}
+
+impl AttentionModule for CompressiveAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.try_forward_with_loss(input).map(|(y, _)| y)
+    }
+
+    /// The output and the attention-reconstruction loss (the only loss that trains the
+    /// compression), weighted by [`reconstruction`](Self::reconstruction).
+    fn try_forward_with_loss(
+        &self,
+        input: AttentionInput,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        let masks = input.head_masks();
+        let n = input.key_len();
+        check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
+        if masks.attn.is_some() {
+            return Err(AttentionError::unsupported(
+                INFO.name,
+                "an arbitrary attention mask (`mask_attn`)",
+            ));
+        }
+        let (o, loss) = self.attention(input.query().clone(), &masks.key_pad, masks.causal, true);
+        Ok((self.proj.out(o), loss))
+    }
+
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let _ = (k, v);
+        check_attention_mask(&INFO, &masks, &q, q.dims()[2])?;
+        Err(AttentionError::unsupported(
+            INFO.name,
+            "attention on per-head tensors (the compression mixes the heads' channels)",
+        ))
+    }
+
+    /// The causal forward pass; the state keeps the inputs (the compressed memory is made from
+    /// them).
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let y = self.try_forward(AttentionInput::new(x.clone()).causal(true))?;
+        Ok((
+            y,
+            DecodingState::Inputs {
+                states: x,
+                padding: None,
+            },
+        ))
+    }
+
+    /// Prompts padded at their end: the causal forward pass with the padding masked; each
+    /// sequence's positions are read from the padding.
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        suffix_lengths(INFO.name, &mask_pad)?;
+        let y = self.try_forward(
+            AttentionInput::new(x.clone())
+                .mask_pad(mask_pad.clone())
+                .causal(true),
+        )?;
+        Ok((
+            y,
+            DecodingState::Inputs {
+                states: x,
+                padding: Some(mask_pad),
+            },
+        ))
+    }
+
+    /// Appends the token to the inputs and runs, per sequence, the causal pass over the
+    /// positions it can reach (see the module's documentation for the cost).
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (states, padding) = state.append_to_inputs(INFO.name, x)?;
+        let [batch, t, _] = states.dims();
+        let flags = padding_flags(&padding, batch, t);
+        let outputs = flags
+            .iter()
+            .enumerate()
+            .map(|(b, pad)| {
+                let real: Vec<Option<usize>> = pad
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !**p)
+                    .map(|(j, _)| Some(j))
+                    .collect();
+                self.last_position(pick(states.clone().slice(s![b..b + 1]), 1, &real))
+            })
+            .collect();
+        Ok((
+            Tensor::cat(outputs, 0),
+            DecodingState::Inputs { states, padding },
+        ))
+    }
+}
