@@ -58,6 +58,7 @@ pub use variants::performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
 };
 pub use variants::reformer::{ReformerAttention, ReformerConfig};
+pub use variants::routing::{RoutingAttention, RoutingConfig};
 pub use variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 pub use variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 pub use variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig, softmax_attention};

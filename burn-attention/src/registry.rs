@@ -29,6 +29,7 @@ use crate::variants::memory_compressed::{MemoryCompressedAttention, MemoryCompre
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::reformer::{ReformerAttention, ReformerConfig};
+use crate::variants::routing::{RoutingAttention, RoutingConfig};
 use crate::variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
@@ -267,6 +268,8 @@ registry! {
     TransformerXl(TransformerXlConfig => TransformerXlAttention),
     /// Compressive Transformer: Transformer-XL with a compressed memory of older states.
     Compressive(CompressiveConfig => CompressiveAttention),
+    /// Routing Transformer: online k-means routing beside local attention.
+    Routing(RoutingConfig => RoutingAttention),
 }
 
 /// Every registered variant, in the order listings show them.

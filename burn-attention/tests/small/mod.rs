@@ -8,7 +8,8 @@ use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, Synthes
 /// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
 /// sparse blocks of 4 with 1 summary, Longformer windows of 4, BigBird
 /// blocks of 2 with 1 random block, Reformer chunks of 3 and 4 buckets, axial rows of 4, Transformer-XL segments of 8 with
-/// 6 of memory, compressive segments of 4, memory 2, 3 compressed slots of 2). A new variant with large defaults gets its line here.
+/// 6 of memory, compressive segments of 4, memory 2, 3 compressed slots of 2, routing 3 clusters and
+/// windows of 2). A new variant with large defaults gets its line here.
 pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) -> AttentionConfig {
     let config = AttentionConfig::from_name(name, d_model, n_heads, n_max)
         .unwrap()
@@ -59,6 +60,11 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
                 .with_compression(2)
                 .with_cmem_len(3),
         ),
+        // Three clusters (so that the checks' sequences fill several, each of ⌈n/3⌉) and
+        // windows of 2 for the local heads.
+        AttentionConfig::Routing(c) => {
+            AttentionConfig::Routing(c.with_n_clusters(3).with_window(2))
+        }
         AttentionConfig::Reformer(c) => {
             AttentionConfig::Reformer(c.with_chunk_len(3).with_n_buckets(4))
         }

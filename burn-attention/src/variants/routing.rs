@@ -1,0 +1,406 @@
+//! Routing Transformer attention: queries and keys routed to learned centroids by online
+//! k-means, attention within each centroid's cluster, beside local attention.
+//!
+//! Roy, Saffar, Vaswani & Grangier 2021, "Efficient Content-Based Sparse Attention with Routing
+//! Transformers", arXiv 2003.05997. Per routing head, the queries and keys are normalised
+//! (LayerNorm without scale or bias) and scored against `k` centroids `μ`; each centroid gathers
+//! its `w` highest-scoring queries and its `w` highest-scoring keys, `w = ⌈L/k⌉` for a sequence
+//! of `L` real positions (the paper's balanced top-w routing, so that every cluster costs the
+//! same), and the queries attend, `softmax(q kᵀ/√d) v` with the unnormalised projections, to
+//! their cluster's keys. A query gathered by several centroids takes the mean of its clusters'
+//! outputs; one gathered by none outputs zero in that head, as the paper's scatter leaves it.
+//! The paper combines routing with local attention: the first
+//! [`local_heads`](RoutingConfig::local_heads) heads (half, by default) attend to the `window`
+//! positions on each side of the query instead.
+//!
+//! The centroids are not trained by gradient: a training forward pass (on an autodiff device)
+//! moves each, by an exponential moving average with `decay` λ, towards the mean of the
+//! normalised queries and keys (real positions, over the batch) whose nearest centroid it is,
+//! `μ ← λ μ + (1 − λ) mean` (the paper's mini-batch k-means; a centroid nothing is assigned to
+//! keeps its place). They live in a [`RunningState`], saved with the module's record like a
+//! batch norm's statistics; evaluation and inference read them unchanged.
+//!
+//! Cost per head: O(n w d) for the routing heads (k clusters of w) and O(n window d) for the
+//! local ones, plus the `n k` centroid scores and the top-w selection. Masks: padding (padded
+//! positions are never routed and never attended). No causal form: which keys are a centroid's
+//! `w` highest depends on every position, later ones included, so the paper's causal routing
+//! (a position mask inside each cluster) still lets later positions decide what an earlier one
+//! sees (Reformer's case too); no cross-attention, attention mask or weights.
+
+use burn::module::RunningState;
+use burn::nn::{Dropout, DropoutConfig};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Distribution, IndexingUpdateOp};
+
+use crate::core::contract::{AttentionModule, Capabilities};
+use crate::core::dropout::dropout;
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, projection_shape};
+use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::key_slots::KeySlots;
+use crate::core::sparse::{gathered_attention, padding_flags};
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "routing",
+    paper: "Roy et al. 2021, arXiv 2003.05997",
+    time: "O(n (w + r) d)",
+    memory: "O(n (w + r))",
+    capabilities: Capabilities {
+        padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
+        causal: false,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: false,
+    },
+};
+
+/// The variance floor of the routing's normalisation (LayerNorm's usual ε).
+const NORM_EPS: f32 = 1e-5;
+
+/// Configuration of [`RoutingAttention`].
+#[derive(Config, Debug)]
+pub struct RoutingConfig {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Centroids `k` per routing head (32: the paper picks `k` near `√n`, for which its cost
+    /// `O(n^1.5 d)` is least; 32 = √1024).
+    #[config(default = 32)]
+    pub n_clusters: usize,
+    /// The centroids' moving-average decay λ (0.999).
+    #[config(default = 0.999)]
+    pub decay: f64,
+    /// Local heads: positions seen on each side of the query (128).
+    #[config(default = 128)]
+    pub window: usize,
+    /// Heads that attend locally, the first ones (`None`: half of them, rounded down); at
+    /// least one head routes.
+    #[config(default = "None")]
+    pub local_heads: Option<usize>,
+    /// Dropout on the attention weights (default 0: none).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases on the Q, K, V and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+}
+
+impl RoutingConfig {
+    /// The heads that attend locally.
+    pub fn local_heads(&self) -> usize {
+        self.local_heads.unwrap_or(self.n_heads / 2)
+    }
+
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        if self.n_clusters == 0 {
+            return field("n_clusters", "must be at least 1".into());
+        }
+        if !(self.decay.is_finite() && (0.0..=1.0).contains(&self.decay)) {
+            return field(
+                "decay",
+                format!("must be between 0 and 1, got {}", self.decay),
+            );
+        }
+        if self.local_heads() >= self.n_heads {
+            return field(
+                "local_heads",
+                format!(
+                    "must leave a routing head: {} of {} heads",
+                    self.local_heads(),
+                    self.n_heads
+                ),
+            );
+        }
+        if self.window.checked_mul(2).is_none() {
+            return field("window", "is too large".into());
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> RoutingAttention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let routing_heads = self.n_heads - self.local_heads();
+        let d = self.d_model / self.n_heads;
+        // Normalised queries and keys have norm about √d, as standard normal vectors of d
+        // entries have.
+        let centroids = Tensor::random(
+            [routing_heads, self.n_clusters, d],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
+        RoutingAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            centroids: RunningState::new(centroids),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            decay: self.decay,
+            window: self.window,
+            local_heads: self.local_heads(),
+        }
+    }
+}
+
+impl VariantConfig for RoutingConfig {
+    variant_glue!(RoutingAttention);
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn with_weight_dropout(self, dropout: f64) -> Self {
+        self.with_dropout(dropout)
+    }
+    /// The centroids: moved by moving averages, never by the optimiser.
+    fn frozen_params(&self) -> Option<usize> {
+        (self.n_heads.checked_sub(self.local_heads())?)
+            .checked_mul(self.n_clusters)?
+            .checked_mul(self.d_model / self.n_heads)
+    }
+}
+
+/// Multi-head routing attention. Create with [`RoutingConfig`].
+#[derive(Module, Debug)]
+pub struct RoutingAttention {
+    /// Q, K, V and output projections.
+    pub proj: QkvoProjection,
+    /// The centroids, `[routing heads, k, d_head]`, moved by the training forward passes.
+    pub centroids: RunningState<Tensor<3>>,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// The centroids' moving-average decay.
+    #[module(skip)]
+    pub decay: f64,
+    /// Local heads: positions seen on each side.
+    #[module(skip)]
+    pub window: usize,
+    /// Heads that attend locally (the first ones).
+    #[module(skip)]
+    pub local_heads: usize,
+}
+
+projection_shape!(RoutingAttention);
+
+/// `x` normalised over its last dimension, without scale or bias.
+fn normalized(x: Tensor<4>) -> Tensor<4> {
+    let mean = x.clone().mean_dim(3);
+    let centred = x - mean;
+    let var = centred.clone().powi_scalar(2).mean_dim(3);
+    centred.div(var.add_scalar(NORM_EPS).sqrt())
+}
+
+/// Rows `index` (`[batch, heads, m]`) of `x` (`[batch, heads, n, d]`): `[batch, heads, m, d]`.
+fn rows(x: Tensor<4>, index: Tensor<3, Int>) -> Tensor<4> {
+    let [batch, heads, m] = index.dims();
+    let d = x.dims()[3];
+    x.gather(2, index.unsqueeze_dim::<4>(3).expand([batch, heads, m, d]))
+}
+
+impl RoutingAttention {
+    /// The routing heads: `q`, `k`, `v` `[batch, heads, n, d]`, `lengths` the count of each
+    /// sequence's real positions (`pad` marks the others). Moves the centroids when `train`.
+    fn routed(
+        &self,
+        (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+        pad: &Option<Tensor<2, Bool>>,
+        lengths: &[usize],
+        train: bool,
+    ) -> Tensor<4> {
+        let [batch, heads, n, d] = q.dims();
+        let device = q.device();
+        // Synchronised: the last training pass's update applied (`value` may lag one behind).
+        let centroids = self.centroids.value_sync().to_device(&device);
+        let clusters = centroids.dims()[1];
+        let (qn, kn) = (normalized(q.clone()), normalized(k.clone()));
+        let against = centroids.clone().swap_dims(1, 2).unsqueeze_dim::<4>(0);
+        let padded = pad.clone().map(|pad| pad.reshape([batch, 1, n, 1]));
+        let scores = |x: Tensor<4>| {
+            let s = x.matmul(against.clone());
+            match &padded {
+                Some(pad) => s.mask_fill(pad.clone(), MASK_FILL),
+                None => s,
+            }
+        };
+        let (q_scores, k_scores) = (scores(qn.clone()), scores(kn.clone()));
+        if train {
+            self.move_centroids(centroids, [qn, kn], [&q_scores, &k_scores], pad);
+        }
+        // w per sequence, the widest for the tensors; slots past a sequence's own w are off.
+        let widths: Vec<usize> = lengths
+            .iter()
+            .map(|&len| len.div_ceil(clusters).max(1))
+            .collect();
+        let w = widths.iter().copied().max().unwrap_or(1).min(n);
+        let valid: Vec<bool> = widths
+            .iter()
+            .flat_map(|&wb| (0..w).map(move |slot| slot < wb))
+            .collect();
+        let valid = Tensor::<1, Bool>::from_data(TensorData::new(valid, [batch * w]), &device)
+            .reshape([batch, 1, 1, w]);
+        let chosen = |scores: Tensor<4>| {
+            let (_, index) = scores.swap_dims(2, 3).topk_with_indices(w, 3);
+            index.reshape([batch, heads, clusters * w])
+        };
+        let (q_index, k_index) = (chosen(q_scores), chosen(k_scores));
+        let per_cluster = |x: Tensor<4>, index: &Tensor<3, Int>| {
+            rows(x, index.clone()).reshape([batch, heads, clusters, w, d])
+        };
+        let q_sel = per_cluster(q, &q_index);
+        let k_sel = per_cluster(k, &k_index);
+        let v_sel = per_cluster(v, &k_index);
+        let mut hidden = valid.clone().bool_not().reshape([batch, 1, 1, 1, w]);
+        if let Some(pad) = pad {
+            let key_pad = pad
+                .clone()
+                .int()
+                .reshape([batch, 1, n])
+                .expand([batch, heads, n])
+                .gather(2, k_index.clone())
+                .equal_elem(1)
+                .reshape([batch, heads, clusters, 1, w]);
+            hidden = hidden
+                .expand([batch, heads, clusters, 1, w])
+                .bool_or(key_pad);
+        }
+        let scores = q_sel
+            .matmul(k_sel.swap_dims(3, 4))
+            .mul_scalar(1.0 / (d as f32).sqrt())
+            .mask_fill(hidden, MASK_FILL);
+        let weights = dropout(&self.dropout, softmax(scores, 4));
+        let keep = valid.float().reshape([batch, 1, 1, w, 1]);
+        let out = (weights.matmul(v_sel) * keep.clone()).reshape([batch, heads, clusters * w, d]);
+        let index = q_index.unsqueeze_dim::<4>(3);
+        let sums = Tensor::<4>::zeros([batch, heads, n, d], &device).scatter(
+            2,
+            index.clone().expand([batch, heads, clusters * w, d]),
+            out,
+            IndexingUpdateOp::Add,
+        );
+        let counts = Tensor::<4>::zeros([batch, heads, n, 1], &device).scatter(
+            2,
+            index,
+            keep.expand([batch, heads, clusters, w, 1])
+                .reshape([batch, heads, clusters * w, 1]),
+            IndexingUpdateOp::Add,
+        );
+        sums.div(counts.clamp_min(1.0))
+    }
+
+    /// The k-means step: each centroid moves towards the mean of the normalised queries and
+    /// keys (`xs`, real positions) whose best score (`scores`) is its own.
+    fn move_centroids(
+        &self,
+        centroids: Tensor<3>,
+        xs: [Tensor<4>; 2],
+        scores: [&Tensor<4>; 2],
+        pad: &Option<Tensor<2, Bool>>,
+    ) {
+        let [heads, clusters, d] = centroids.dims();
+        let device = centroids.device();
+        let ids =
+            Tensor::<1, Int>::arange(0..clusters as i64, &device).reshape([1, 1, 1, clusters]);
+        let mut sums = Tensor::<3>::zeros([heads, clusters, d], &device);
+        let mut counts = Tensor::<3>::zeros([heads, clusters, 1], &device);
+        for (x, score) in xs.into_iter().zip(scores) {
+            let [batch, _, n, _] = x.dims();
+            let mut assigned = score
+                .clone()
+                .argmax(3)
+                .equal(ids.clone().expand([batch, heads, n, clusters]))
+                .float();
+            if let Some(pad) = pad {
+                assigned = assigned.mask_fill(pad.clone().reshape([batch, 1, n, 1]), 0.0);
+            }
+            let assigned = assigned.detach();
+            sums = sums
+                + assigned
+                    .clone()
+                    .swap_dims(2, 3)
+                    .matmul(x.detach())
+                    .sum_dim(0)
+                    .reshape([heads, clusters, d]);
+            counts = counts + assigned.sum_dim(2).sum_dim(0).reshape([heads, clusters, 1]);
+        }
+        let means = sums.div(counts.clone().clamp_min(1.0));
+        let moved = centroids
+            .clone()
+            .mul_scalar(self.decay)
+            .add(means.mul_scalar(1.0 - self.decay));
+        let untouched = counts.equal_elem(0.0).expand([heads, clusters, d]);
+        self.centroids
+            .update(moved.mask_where(untouched, centroids).detach());
+    }
+}
+
+impl AttentionModule for RoutingAttention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        self.proj
+            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
+    }
+
+    /// The first `local_heads` heads attend to their window, the others to their clusters
+    /// (moving the centroids on an autodiff device).
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        masks: HeadMasks,
+    ) -> Result<Tensor<4>, AttentionError> {
+        let [batch, heads, n, d] = q.dims();
+        check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
+        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let padding = padding_flags(&masks.key_pad, batch, n);
+        let lengths: Vec<usize> = padding
+            .iter()
+            .map(|row| row.iter().filter(|pad| !**pad).count())
+            .collect();
+        let train = q.device().is_autodiff();
+        let (hl, hr) = (self.local_heads, heads - self.local_heads);
+        let split =
+            |x: &Tensor<4>, from: usize, count: usize| x.clone().slice(s![.., from..from + count]);
+        let routed = self.routed(
+            (split(&q, hl, hr), split(&k, hl, hr), split(&v, hl, hr)),
+            &masks.key_pad,
+            &lengths,
+            train,
+        );
+        if hl == 0 {
+            return Ok(routed);
+        }
+        let slots = KeySlots::band(n, self.window, [self.window, self.window], &[], &padding);
+        let local = gathered_attention(
+            split(&q, 0, hl),
+            split(&k, 0, hl),
+            split(&v, 0, hl),
+            slots,
+            1.0 / (d as f32).sqrt(),
+            Some(&self.dropout),
+        )
+        .out;
+        Ok(Tensor::cat(vec![local, routed], 1))
+    }
+}
