@@ -364,32 +364,51 @@ struct Classifier {
 }
 
 impl Classifier {
-    fn logits(&self, tokens: Tensor<2, Int>, mask_pad: Tensor<2, Bool>) -> Tensor<2> {
+    /// The logits, and when `training` the attentions' auxiliary loss for the batch (the
+    /// Compressive Transformer's attention reconstruction; `None` for most variants).
+    fn logits(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask_pad: Tensor<2, Bool>,
+        training: bool,
+    ) -> (Tensor<2>, Option<Tensor<1>>) {
         let [batch, n] = tokens.dims();
         let device = tokens.device();
         let positions = Tensor::<1, Int>::arange(0..n as i64, &device)
             .reshape([1, n])
             .repeat_dim(0, batch);
         let x = self.words.forward(tokens) + self.positions.forward(positions);
-        let encoded = self
-            .encoder
-            .forward(AttentionInput::new(x).mask_pad(mask_pad.clone()));
+        let input = AttentionInput::new(x).mask_pad(mask_pad.clone());
+        let (encoded, aux_loss) = if training {
+            self.encoder
+                .try_forward_with_loss(input)
+                .unwrap_or_else(|err| panic!("{err}"))
+        } else {
+            (self.encoder.forward(input), None)
+        };
         // The mean over the review's own words.
         let kept = mask_pad.bool_not().float().unsqueeze_dim::<3>(2);
         let pooled = (encoded * kept.clone()).sum_dim(1) / kept.sum_dim(1);
-        self.head.forward(pooled.squeeze_dim::<2>(1))
+        (self.head.forward(pooled.squeeze_dim::<2>(1)), aux_loss)
     }
 
-    fn classify(&self, batch: ReviewBatch) -> ClassificationOutput {
-        let logits = self.logits(batch.tokens, batch.mask_pad);
+    /// The classification output (its loss the cross-entropy) and, when `training`, the
+    /// auxiliary loss.
+    fn classify(
+        &self,
+        batch: ReviewBatch,
+        training: bool,
+    ) -> (ClassificationOutput, Option<Tensor<1>>) {
+        let (logits, aux_loss) = self.logits(batch.tokens, batch.mask_pad, training);
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits.clone(), batch.labels.clone());
-        ClassificationOutput {
+        let output = ClassificationOutput {
             loss,
             output: logits,
             targets: batch.labels,
-        }
+        };
+        (output, aux_loss)
     }
 
     /// After each optimiser step: counts it, and redraws the attention's random features every
@@ -413,10 +432,15 @@ impl TrainStep for Classifier {
     type Input = ReviewBatch;
     type Output = ClassificationOutput;
 
+    /// Backpropagates the cross-entropy plus the attentions' auxiliary loss (which alone trains
+    /// the Compressive Transformer's compression); the reported loss is the cross-entropy.
     fn step(&self, batch: ReviewBatch) -> TrainOutput<ClassificationOutput> {
-        let output = self.classify(batch);
-        let grads = output.loss.backward();
-        TrainOutput::new(self, grads, output)
+        let (output, aux_loss) = self.classify(batch, true);
+        let objective = match aux_loss {
+            Some(aux) => output.loss.clone() + aux,
+            None => output.loss.clone(),
+        };
+        TrainOutput::new(self, objective.backward(), output)
     }
 
     fn optimize(
@@ -443,7 +467,7 @@ impl InferenceStep for Classifier {
     type Output = ClassificationOutput;
 
     fn step(&self, batch: ReviewBatch) -> ClassificationOutput {
-        self.classify(batch)
+        self.classify(batch, false).0
     }
 }
 
@@ -546,7 +570,8 @@ fn accuracy(model: &Classifier, reviews: &[Encoded], settings: &Settings) -> f64
     for chunk in reviews.chunks(settings.batch) {
         let batch = batcher.batch(chunk.to_vec(), device);
         let predicted = model
-            .logits(batch.tokens, batch.mask_pad)
+            .logits(batch.tokens, batch.mask_pad, false)
+            .0
             .argmax(1)
             .flatten::<1>(0, 1);
         let hits: i64 = predicted.equal(batch.labels).int().sum().into_scalar();
