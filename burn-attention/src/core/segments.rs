@@ -11,13 +11,15 @@
 //! prefix, memory, segment).
 
 use burn::module::Param;
-use burn::nn::{Dropout, Linear};
+use burn::nn::{Dropout, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
+use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 
 use super::dropout::dropout;
 use super::heads::split_heads;
 use super::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
+use super::params::lazy_param;
 
 /// Transformer-XL's relative score's parameters.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +30,26 @@ pub struct RelativeScore<'a> {
     pub r_w_bias: &'a Param<Tensor<2>>,
     /// `v`, `[heads, d_head]`, added to the queries against distances.
     pub r_r_bias: &'a Param<Tensor<2>>,
+}
+
+/// Fresh parameters of the relative score for `n_heads` heads of `d_model`: `W_R`
+/// (Xavier-uniform, no bias), and `u`, `v` drawn from N(0, 0.02²), built lazily.
+pub fn relative_score_params(
+    d_model: usize,
+    n_heads: usize,
+    device: &Device,
+) -> (Linear, Param<Tensor<2>>, Param<Tensor<2>>) {
+    let (h, d) = (n_heads, d_model / n_heads);
+    let bias =
+        move |device: &Device| Tensor::random([h, d], Distribution::Normal(0.0, 0.02), device);
+    (
+        LinearConfig::new(d_model, d_model)
+            .with_bias(false)
+            .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+            .init(device),
+        lazy_param([h, d], device, true, bias),
+        lazy_param([h, d], device, true, bias),
+    )
 }
 
 /// A per-head bias `[heads, d]` as `[1, heads, 1, d]`.

@@ -30,17 +30,17 @@
 //! input, as the paper.
 
 use burn::module::Param;
-use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
-use crate::core::params::lazy_param;
-use crate::core::segments::{RelativeScore, SegmentLayout, segment_attention};
+use crate::core::segments::{
+    RelativeScore, SegmentLayout, relative_score_params, segment_attention,
+};
 use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
@@ -117,17 +117,12 @@ impl TransformerXlConfig {
         if let Err(err) = self.validate() {
             panic!("{err}");
         }
-        let (h, d) = (self.n_heads, self.d_model / self.n_heads);
-        let bias =
-            move |device: &Device| Tensor::random([h, d], Distribution::Normal(0.0, 0.02), device);
+        let (r_net, r_w_bias, r_r_bias) = relative_score_params(self.d_model, self.n_heads, device);
         TransformerXlAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            r_net: LinearConfig::new(self.d_model, self.d_model)
-                .with_bias(false)
-                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
-                .init(device),
-            r_w_bias: lazy_param([h, d], device, true, bias),
-            r_r_bias: lazy_param([h, d], device, true, bias),
+            r_net,
+            r_w_bias,
+            r_r_bias,
             dropout: DropoutConfig::new(self.dropout).init(),
             segment_len: self.segment_len,
             mem_len: self.mem_len,
