@@ -68,7 +68,7 @@ impl RelativeScore<'_> {
     /// `(q + v) · W_R R_δ / √d` for the distances `δ = first, first + 1, …`, `count` of them:
     /// `[batch, heads, rows, count]`.
     pub fn position_scores(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
-        let [batch, heads, _, d] = q.dims();
+        let [_, heads, _, d] = q.dims();
         let d_model = heads * d;
         let device = q.device();
         let half = d_model / 2;
@@ -80,8 +80,10 @@ impl RelativeScore<'_> {
             r.extend((0..half).map(|f| angle(f).cos() as f32));
         }
         let r = Tensor::<2>::from_data(TensorData::new(r, [count, d_model]), &device);
-        let positions = split_heads(self.r_net.forward(r.unsqueeze_dim::<3>(0)), heads)
-            .expand([batch, heads, count, d]);
+        // `[1, heads, count, d]`, broadcast over the batch by the product. Not expanded first:
+        // on wgpu (Burn 0.22.1) the gradient of an expanded tensor read through `swap_dims` is
+        // summed wrongly (W_R's gradient was off by more than its size).
+        let positions = split_heads(self.r_net.forward(r.unsqueeze_dim::<3>(0)), heads);
         (q + per_head(self.r_r_bias))
             .matmul(positions.swap_dims(2, 3))
             .mul_scalar(1.0 / (d as f32).sqrt())
