@@ -13,7 +13,10 @@ people use: linformer (LinformerSelfAttention), performer and performer-relu
 themselves, inside the same four projections), reformer (reformer-pytorch LSHSelfAttention),
 sinkhorn (sinkhorn-transformer SinkhornSelfAttention), longformer and bigbird (HuggingFace
 transformers' LongformerSelfAttention and BigBirdBlockSparseAttention, each with an output
-projection). Installed by `cargo xtask bench setup`.
+projection), memory-compressed (memory-compressed-attention), set-transformer (isab-pytorch
+ISAB), axial (axial-attention AxialAttention), compressive and transformer-xl
+(compressive-transformer-pytorch SelfAttention over the segments, with and without compressed
+memory) and routing (routing-transformer SelfAttention). Installed by `cargo xtask bench setup`.
 """
 import argparse
 import json
@@ -167,6 +170,35 @@ class Grid(nn.Module):
         return self.inner(x.reshape(b, self.side, self.side, d)).reshape(b, n, d)
 
 
+class Segmented(nn.Module):
+    """compressive-transformer-pytorch's SelfAttention (one segment a call, causal, learned
+    relative positions) over the sequence in segments of `segment_len`, each segment's memories
+    the gradient-stopped ones the previous call returned. Kept in evaluation mode: in training
+    mode the package computes its reconstruction loss in every call (ours only in
+    `try_forward_with_loss`, which the benchmark does not call) and detaches its key/value
+    weights in place."""
+
+    def __init__(self, dim, heads, segment_len, mem_len, cmem_len, ratio):
+        super().__init__()
+        from compressive_transformer_pytorch.compressive_transformer_pytorch import SelfAttention
+
+        self.attn = SelfAttention(dim, segment_len, mem_len, cmem_len, ratio, heads)
+        self.segment_len = segment_len
+        total = segment_len + mem_len + cmem_len
+        self.pos_emb = nn.Parameter(0.02 * torch.randn(heads, total, dim // heads))
+
+    def forward(self, x):
+        self.attn.eval()
+        out, memories = [], None
+        for start in range(0, x.shape[1], self.segment_len):
+            y, (mem, cmem), _ = self.attn(
+                x[:, start : start + self.segment_len], memories=memories, pos_emb=self.pos_emb
+            )
+            memories = (mem.detach(), cmem.detach())
+            out.append(y)
+        return torch.cat(out, 1)
+
+
 def build(name, dim, heads, n, params, dropout=0.0):
     """The attention `name`; `dropout` on its weights where it has weights to drop (softmax,
     linformer), as ours applies the preset's attention dropout."""
@@ -260,6 +292,36 @@ def build(name, dim, heads, n, params, dropout=0.0):
         if side * side != n:
             raise SystemExit(f"error: axial needs a square length, got {n}")
         return Grid(AxialAttention(dim, num_dimensions=2, heads=heads, dim_index=-1), side)
+    if name in ("transformer-xl", "compressive"):
+        # No package implements Transformer-XL's attention alone: its peer is the Compressive
+        # Transformer's with no compressed memory, which is Transformer-XL's segment attention
+        # with learned relative positions (ours: the paper's sinusoids through W_R, u, v).
+        segment = params.get("segment_len", 512)
+        cmem = params.get("cmem_len", 512) if name == "compressive" else 0
+        return Segmented(
+            dim, heads, segment, params.get("mem_len", 512), cmem, params.get("compression", 3)
+        )
+    if name == "routing":
+        from routing_transformer.routing_transformer import SelfAttention as RoutingAttention
+
+        # k clusters of n/k positions (the package's clusters are n / window_size); half the
+        # heads local, in blocks of `window` seeing their neighbours on each side.
+        clusters = params.get("n_clusters", 32)
+        if n % clusters:
+            raise SystemExit(f"error: routing-transformer needs n divisible by {clusters}")
+        window = params.get("window", 128)
+        return FirstOutput(
+            RoutingAttention(
+                dim,
+                1,
+                n,
+                heads,
+                heads // 2,
+                n // clusters,
+                local_attn_window_size=window,
+                rel_pos_emb=False,
+            )
+        )
     if name == "longformer":
         return HfLongformer(dim, heads, params.get("window", 512))
     if name == "bigbird":
@@ -277,7 +339,37 @@ def case_parser(description, batch, repeats):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--params", default="{}")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device (cpu, cuda); on cuda the times wait for the GPU and the memory is "
+        "torch's peak allocation above its level before the first input",
+    )
     return p
+
+
+class Peak:
+    """The peak memory of the measured part, in MiB: the process's resident memory above its
+    level at `start` on the CPU, torch's own peak allocation above it on a GPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def start(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated() / 1024.0
+        else:
+            self.before = proc_status_kib("VmRSS:")
+
+    def mib(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 1024.0
+        else:
+            peak = proc_status_kib("VmHWM:")
+        return max(peak - self.before, 0.0) / 1024.0
 
 
 def set_up(a):
@@ -293,11 +385,13 @@ def main():
     p.add_argument("--d-model", type=int, default=512)
     a = p.parse_args()
     set_up(a)
-    module = build(a.attention, a.d_model, a.heads, a.n, json.loads(a.params))
-    rss_before = proc_status_kib("VmRSS:")
+    device = torch.device(a.device)
+    module = build(a.attention, a.d_model, a.heads, a.n, json.loads(a.params)).to(device)
+    peak = Peak(device)
+    peak.start()
     forward, both = [], []
     for rep in range(a.warmup + a.reps):
-        x = torch.randn(a.batch, a.n, a.d_model)
+        x = torch.randn(a.batch, a.n, a.d_model, device=device)
         start = time.perf_counter()
         with torch.no_grad():
             module(x).sum().item()
@@ -310,7 +404,6 @@ def main():
         if rep >= a.warmup:
             forward.append(t_forward)
             both.append(t_both)
-    peak = proc_status_kib("VmHWM:")
     print(
         json.dumps(
             {
@@ -318,9 +411,10 @@ def main():
                 "n": a.n,
                 "forward_ms": statistics.median(forward),
                 "forward_backward_ms": statistics.median(both),
-                "peak_mib": max(peak - rss_before, 0.0) / 1024.0,
+                "peak_mib": peak.mib(),
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
+                "device": a.device,
             }
         )
     )

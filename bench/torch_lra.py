@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_attention import build, case_parser, proc_status_kib, set_up
+from torch_attention import Peak, build, case_parser, set_up
 
 
 def sinusoidal(n, d):
@@ -94,7 +94,8 @@ def main():
     a = p.parse_args()
     set_up(a)
     m, o = json.loads(a.model), json.loads(a.optimizer)
-    model = Classifier(a.attention, a.n, m, json.loads(a.params), a.vocab, a.classes)
+    device = torch.device(a.device)
+    model = Classifier(a.attention, a.n, m, json.loads(a.params), a.vocab, a.classes).to(device)
     optim = torch.optim.AdamW(
         model.parameters(),
         lr=1e-4,
@@ -103,19 +104,23 @@ def main():
         weight_decay=o["weight_decay"],
     )
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    rss_before = proc_status_kib("VmRSS:")
+    peak = Peak(device)
+    peak.start()
     times = []
     for step in range(a.warmup + a.steps):
-        tokens = torch.randint(1, a.vocab, (a.batch, a.n))
-        labels = torch.randint(0, a.classes, (a.batch,))
+        tokens = torch.randint(1, a.vocab, (a.batch, a.n), device=device)
+        labels = torch.randint(0, a.classes, (a.batch,), device=device)
+        if peak.cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         loss = F.cross_entropy(model(tokens), labels)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
+        if peak.cuda:
+            torch.cuda.synchronize()
         if step >= a.warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    peak = proc_status_kib("VmHWM:")
     step_ms = statistics.median(times)
     print(
         json.dumps(
@@ -126,9 +131,10 @@ def main():
                 "n_params": n_params,
                 "step_ms": step_ms,
                 "steps_per_s": 1e3 / step_ms,
-                "peak_mib": max(peak - rss_before, 0.0) / 1024.0,
+                "peak_mib": peak.mib(),
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
+                "device": a.device,
             }
         )
     )

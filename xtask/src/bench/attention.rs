@@ -59,7 +59,13 @@ impl Benchmark for AttentionBenchmark<'_> {
             let script = session.script.to_string_lossy();
             Invocation::new(
                 "python3".as_ref(),
-                &[&script, "--threads", &session.threads.to_string()],
+                &[
+                    &script,
+                    "--threads",
+                    &session.threads.to_string(),
+                    "--device",
+                    &args.torch_device,
+                ],
                 &common,
             )
         });
@@ -86,7 +92,7 @@ impl Benchmark for AttentionBenchmark<'_> {
         json!({
             "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
             "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
-            "lengths": args.lengths, "causal": args.causal,
+            "lengths": args.lengths, "causal": args.causal, "torch_device": args.torch_device,
         })
     }
 }

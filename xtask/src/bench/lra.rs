@@ -71,6 +71,8 @@ impl Benchmark for LraBenchmark<'_> {
                     &script,
                     "--threads",
                     &session.threads.to_string(),
+                    "--device",
+                    &args.torch_device,
                     "--model",
                     &described["model"].to_string(),
                     "--optimizer",
@@ -108,7 +110,7 @@ impl Benchmark for LraBenchmark<'_> {
         json!({
             "task": args.task, "preset": args.preset, "batch": args.batch,
             "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
-            "lengths": args.lengths,
+            "lengths": args.lengths, "torch_device": args.torch_device,
         })
     }
 }

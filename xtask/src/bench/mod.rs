@@ -28,8 +28,8 @@ pub(crate) mod variants;
 /// `cargo xtask bench ...`.
 #[derive(clap::Subcommand, Debug)]
 pub enum BenchCommand {
-    /// pip-installs the PyTorch side: torch 2.9.0, einops, linformer, performer-pytorch,
-    /// nystrom-attention.
+    /// pip-installs the PyTorch side: torch 2.9.0, einops and the attention packages compared
+    /// (docs/benchmarks.md lists them).
     Setup,
     /// Forward and forward + backward time and peak memory of each attention at doubling lengths,
     /// ours and PyTorch's: one process per (attention, n), medians of --reps timed runs after
@@ -89,6 +89,10 @@ pub struct BenchFlags {
     /// Ours only, without the PyTorch side.
     #[arg(long)]
     no_torch: bool,
+    /// The PyTorch side's device (`cpu`, or `cuda` beside `--backend wgpu` or `cuda` on an
+    /// NVIDIA GPU); its times then wait for the GPU and its memory is torch's peak allocation.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    torch_device: String,
     /// Skip score-matrix cases needing more than this many GiB.
     #[arg(long, default_value_t = 6.0)]
     max_quadratic_gib: f64,
@@ -137,6 +141,7 @@ impl BenchFlags {
             warmup: self.warmup,
             rounds: self.rounds as usize,
             torch: !self.no_torch,
+            torch_device: self.torch_device,
             max_quadratic_gib: self.max_quadratic_gib,
             timeout: self.timeout,
             out: self.out,
@@ -164,6 +169,8 @@ pub(crate) struct Args {
     /// Passes over all the cases; each figure is the median over them.
     pub(crate) rounds: usize,
     pub(crate) torch: bool,
+    /// The PyTorch side's device (`cpu`, `cuda`).
+    pub(crate) torch_device: String,
     pub(crate) max_quadratic_gib: f64,
     pub(crate) timeout: u64,
     pub(crate) out: PathBuf,
@@ -189,6 +196,7 @@ impl Args {
             warmup: 1,
             rounds: 3,
             torch: true,
+            torch_device: "cpu".into(),
             max_quadratic_gib: 6.0,
             timeout: 600,
             out: PathBuf::from("bench/results"),

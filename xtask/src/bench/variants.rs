@@ -20,6 +20,8 @@ pub(crate) const PIP_PACKAGES: &[&str] = &[
     "memory-compressed-attention",
     "isab-pytorch",
     "axial-attention",
+    "compressive-transformer-pytorch",
+    "routing-transformer",
 ];
 
 /// Where a variant keeps n × n scores.
@@ -148,6 +150,27 @@ pub(crate) const FACTS: &[BenchFacts] = &[
         name: "axial",
         torch: Some("axial-attention"),
         params: "{}",
+        scores: Scores::Never,
+    },
+    // compressive-transformer-pytorch's segment attention, without compressed memory for
+    // Transformer-XL (no package has Transformer-XL's attention alone); the defaults of both
+    // sides agree (segments, memory and compressed memory of 512, rate 3).
+    BenchFacts {
+        name: "transformer-xl",
+        torch: Some("compressive-transformer-pytorch"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "compressive",
+        torch: Some("compressive-transformer-pytorch"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "routing",
+        torch: Some("routing-transformer"),
+        params: r#"{"n_clusters":32,"window":128}"#,
         scores: Scores::Never,
     },
     BenchFacts {
