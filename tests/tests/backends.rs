@@ -140,36 +140,14 @@ fn tch_matches_flex() {
     matches_flex(BackendKind::Tch, &[]);
 }
 
-/// The attentions whose trajectories on wgpu (Burn 0.22.1, lavapipe) leave flex's: run apart,
-/// by [`wgpu_diverging_attentions_match_flex`], which is ignored with the reason.
-#[cfg(feature = "wgpu")]
-const WGPU_DIVERGES: &[&str] = &["routing"];
-
+/// Every attention, Transformer-XL, the Compressive Transformer and routing included: each
+/// left flex's trajectory on wgpu (Burn 0.22.1, lavapipe) until it stopped reading a tensor
+/// through `swap_dims` where wgpu mishandles it (the gradient of an expanded tensor read that
+/// way; top-k over it without autodiff).
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_matches_flex() {
-    matches_flex(BackendKind::Wgpu, WGPU_DIVERGES);
-}
-
-/// Routing's training steps agree with flex's (1.5e-5), its centroids after them exactly, but
-/// its evaluation pass (the plain backend, no autodiff) disagrees with wgpu's own training pass
-/// on the same weights and input (1.59 on a fresh module, where flex's two passes agree to
-/// 1e-7): an operation of the routing step gives other values on wgpu without autodiff. Open:
-/// run with `cargo test --features wgpu -- --ignored`. (Transformer-XL and the Compressive
-/// Transformer were here until their relative scores stopped expanding the position table
-/// before `swap_dims`: on wgpu that tensor's gradient was summed wrongly.)
-#[cfg(feature = "wgpu")]
-#[test]
-#[ignore = "wgpu (lavapipe): routing's evaluation pass without autodiff disagrees with its training pass on the same weights (1.59); open"]
-fn wgpu_diverging_attentions_match_flex() {
-    for attention in WGPU_DIVERGES {
-        let others: Vec<&str> = burn_attention_zoo::VARIANTS
-            .iter()
-            .map(|v| v.name)
-            .filter(|name| name != attention)
-            .collect();
-        matches_flex(BackendKind::Wgpu, &others);
-    }
+    matches_flex(BackendKind::Wgpu, &[]);
 }
 
 #[cfg(feature = "cuda")]

@@ -236,8 +236,23 @@ impl RoutingAttention {
                 None => s,
             }
         };
-        let (q_scores, k_scores) = (scores(qn.clone()), scores(kn.clone()));
+        // Each centroid's scores against the positions, `[batch, heads, clusters, n]`, from their
+        // own product rather than through `swap_dims` of the scores: on wgpu without autodiff
+        // (Burn 0.22.1) top-k over the swapped tensor chose other positions.
+        let key_pad = pad.clone().map(|pad| pad.reshape([batch, 1, 1, n]));
+        let per_centroid = |x: &Tensor<4>| {
+            let s = centroids
+                .clone()
+                .unsqueeze_dim::<4>(0)
+                .matmul(x.clone().swap_dims(2, 3));
+            match &key_pad {
+                Some(pad) => s.mask_fill(pad.clone(), MASK_FILL),
+                None => s,
+            }
+        };
+        let (q_by_centroid, k_by_centroid) = (per_centroid(&qn), per_centroid(&kn));
         if train {
+            let (q_scores, k_scores) = (scores(qn.clone()), scores(kn.clone()));
             self.move_centroids(centroids, [qn, kn], [&q_scores, &k_scores], pad);
         }
         // w per sequence, the widest for the tensors; slots past a sequence's own w are off.
@@ -252,11 +267,11 @@ impl RoutingAttention {
             .collect();
         let valid = Tensor::<1, Bool>::from_data(TensorData::new(valid, [batch * w]), &device)
             .reshape([batch, 1, 1, w]);
-        let chosen = |scores: Tensor<4>| {
-            let (_, index) = scores.swap_dims(2, 3).topk_with_indices(w, 3);
+        let chosen = |by_centroid: Tensor<4>| {
+            let (_, index) = by_centroid.topk_with_indices(w, 3);
             index.reshape([batch, heads, clusters * w])
         };
-        let (q_index, k_index) = (chosen(q_scores), chosen(k_scores));
+        let (q_index, k_index) = (chosen(q_by_centroid), chosen(k_by_centroid));
         let per_cluster = |x: Tensor<4>, index: &Tensor<3, Int>| {
             rows(x, index.clone()).reshape([batch, heads, clusters, w, d])
         };
