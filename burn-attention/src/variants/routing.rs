@@ -227,18 +227,10 @@ impl RoutingAttention {
         let centroids = self.centroids.value_sync().to_device(&device);
         let clusters = centroids.dims()[1];
         let (qn, kn) = (normalized(q.clone()), normalized(k.clone()));
-        let against = centroids.clone().swap_dims(1, 2).unsqueeze_dim::<4>(0);
-        let padded = pad.clone().map(|pad| pad.reshape([batch, 1, n, 1]));
-        let scores = |x: Tensor<4>| {
-            let s = x.matmul(against.clone());
-            match &padded {
-                Some(pad) => s.mask_fill(pad.clone(), MASK_FILL),
-                None => s,
-            }
-        };
-        // Each centroid's scores against the positions, `[batch, heads, clusters, n]`, from their
-        // own product rather than through `swap_dims` of the scores: on wgpu without autodiff
-        // (Burn 0.22.1) top-k over the swapped tensor chose other positions.
+        // Each centroid's scores against the positions, `[batch, heads, clusters, n]`, padded
+        // positions masked. Laid out by their own product, not read through `swap_dims` of
+        // `[batch, heads, n, clusters]`: on wgpu without autodiff (Burn 0.22.1) top-k over the
+        // swapped tensor chose other positions.
         let key_pad = pad.clone().map(|pad| pad.reshape([batch, 1, 1, n]));
         let per_centroid = |x: &Tensor<4>| {
             let s = centroids
@@ -252,8 +244,7 @@ impl RoutingAttention {
         };
         let (q_by_centroid, k_by_centroid) = (per_centroid(&qn), per_centroid(&kn));
         if train {
-            let (q_scores, k_scores) = (scores(qn.clone()), scores(kn.clone()));
-            self.move_centroids(centroids, [qn, kn], [&q_scores, &k_scores], pad);
+            self.move_centroids(centroids, [qn, kn], [&q_by_centroid, &k_by_centroid], pad);
         }
         // w per sequence, the widest for the tensors; slots past a sequence's own w are off.
         let widths: Vec<usize> = lengths
@@ -317,7 +308,8 @@ impl RoutingAttention {
     }
 
     /// The k-means step: each centroid moves towards the mean of the normalised queries and
-    /// keys (`xs`, real positions) whose best score (`scores`) is its own.
+    /// keys (`xs`, real positions) whose best score (`scores`, `[batch, heads, clusters, n]`)
+    /// is its own.
     fn move_centroids(
         &self,
         centroids: Tensor<3>,
@@ -328,28 +320,28 @@ impl RoutingAttention {
         let [heads, clusters, d] = centroids.dims();
         let device = centroids.device();
         let ids =
-            Tensor::<1, Int>::arange(0..clusters as i64, &device).reshape([1, 1, 1, clusters]);
+            Tensor::<1, Int>::arange(0..clusters as i64, &device).reshape([1, 1, clusters, 1]);
         let mut sums = Tensor::<3>::zeros([heads, clusters, d], &device);
         let mut counts = Tensor::<3>::zeros([heads, clusters, 1], &device);
         for (x, score) in xs.into_iter().zip(scores) {
             let [batch, _, n, _] = x.dims();
+            // `[batch, heads, clusters, n]`: 1 where the position's best centroid is this one.
             let mut assigned = score
                 .clone()
-                .argmax(3)
-                .equal(ids.clone().expand([batch, heads, n, clusters]))
+                .argmax(2)
+                .equal(ids.clone().expand([batch, heads, clusters, n]))
                 .float();
             if let Some(pad) = pad {
-                assigned = assigned.mask_fill(pad.clone().reshape([batch, 1, n, 1]), 0.0);
+                assigned = assigned.mask_fill(pad.clone().reshape([batch, 1, 1, n]), 0.0);
             }
             let assigned = assigned.detach();
             sums = sums
                 + assigned
                     .clone()
-                    .swap_dims(2, 3)
                     .matmul(x.detach())
                     .sum_dim(0)
                     .reshape([heads, clusters, d]);
-            counts = counts + assigned.sum_dim(2).sum_dim(0).reshape([heads, clusters, 1]);
+            counts = counts + assigned.sum_dim(3).sum_dim(0).reshape([heads, clusters, 1]);
         }
         let means = sums.div(counts.clone().clamp_min(1.0));
         let moved = centroids
