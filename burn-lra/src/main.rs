@@ -170,6 +170,12 @@ struct TrainArgs {
     /// with 75 when another process is training in the directory.
     #[arg(long = "continue", conflicts_with = "resume")]
     continue_: bool,
+    /// With --resume or --continue: go on with a run whose checkpoint another backend trained,
+    /// on this --backend (say, started on a GPU, finished on a CPU). The change is recorded in
+    /// config.json and result.json (`config_changes`, field `backend`, from the checkpoint's
+    /// step); without this flag such a resume is refused.
+    #[arg(long)]
+    change_backend: bool,
     /// Stop after this step as if killed, leaving the checkpoint (for testing --resume).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -454,6 +460,7 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
                 (_, _, true) => ResumeMode::Restart,
                 _ => ResumeMode::Start,
             },
+            change_backend: args.change_backend,
             stop_after: args.stop_after,
         },
     )?;

@@ -87,6 +87,10 @@ pub struct TrainOptions {
     pub progress: bool,
     /// Whether to start a run or continue the one in `run_dir`.
     pub resume: ResumeMode,
+    /// Let a resume continue on another backend than the checkpoint's: recorded as a change of
+    /// the field `backend` from the checkpoint's step (the run is then no longer the same, bit
+    /// for bit, as one trained on a single backend).
+    pub change_backend: bool,
     /// Stop after this step as if killed (no result written): for testing resumption.
     pub stop_after: Option<usize>,
 }

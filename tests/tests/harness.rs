@@ -33,6 +33,7 @@ fn short_run_writes_config_metrics_and_result() {
         preset: "test".into(),
         progress: false,
         resume: ResumeMode::Start,
+        change_backend: false,
         stop_after: None,
     };
     let result = train(&config, &splits, &opts).unwrap();
@@ -99,6 +100,7 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
             preset: "tiny".into(),
             progress: false,
             resume: ResumeMode::Start,
+            change_backend: false,
             stop_after: None,
         },
     )

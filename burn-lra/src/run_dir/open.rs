@@ -53,13 +53,14 @@ pub(crate) struct Resume {
 /// Opens `run_dir` for training as `mode` asks: refuses a folder holding anything
 /// but the harness's files, a finished run (returns it with [`ResumeMode::Continue`]), an
 /// unfinished one with [`ResumeMode::Start`], a resume with nothing to resume, from a
-/// checkpoint that fails its checks or with a field a resume may not change; takes the
-/// directory's lock. A fresh run (or one killed before its first checkpoint, or restarted) gets
+/// checkpoint that fails its checks or with a field a resume may not change (the backend only
+/// with `change_backend`); takes the directory's lock. A fresh run (or one killed before its first checkpoint, or restarted) gets
 /// its `config.json` and an empty `metrics.jsonl`; a resumed one is returned, its files
 /// untouched until its checkpoint has loaded.
 pub(crate) fn open_run_dir(
     run_dir: &Path,
     mode: ResumeMode,
+    change_backend: bool,
     config: &RunConfig,
     record: &Record,
 ) -> Result<Opened> {
@@ -103,7 +104,8 @@ pub(crate) fn open_run_dir(
     }
     let resume = match (mode, find_checkpoint(run_dir)) {
         (ResumeMode::Resume | ResumeMode::Continue, Some(dir)) => {
-            Some(Box::new(check_resume(config, record, run_dir, &dir)?))
+            let resume = check_resume(config, record, run_dir, &dir, change_backend)?;
+            Some(Box::new(resume))
         }
         (ResumeMode::Start, Some(_)) => bail!(
             "{} holds an unfinished run; pass --resume to continue it, --restart to start it \
@@ -146,19 +148,41 @@ pub(crate) enum Opened {
 
 /// Checks that the run in `run_dir` can continue from the checkpoint `dir` with `config`: every
 /// checkpoint file as recorded, the same attention, seed, backend and data, a configuration that
-/// differs only in the fields a resume may change.
-fn check_resume(config: &RunConfig, record: &Record, run_dir: &Path, dir: &Path) -> Result<Resume> {
+/// differs only in the fields a resume may change. With `change_backend`, the backend may differ
+/// too: the change is recorded as the field `backend`, and the record names the new backend.
+fn check_resume(
+    config: &RunConfig,
+    record: &Record,
+    run_dir: &Path,
+    dir: &Path,
+    change_backend: bool,
+) -> Result<Resume> {
     let checkpoint = verify_checkpoint(dir)?;
-    let saved = checkpoint.record.clone();
-    if let Some((key, was, now)) = saved.identity_change(record) {
+    let mut saved = checkpoint.record.clone();
+    let moved = change_backend && saved.backend != record.backend;
+    let identity = Record {
+        backend: if moved { saved.backend } else { record.backend },
+        ..record.clone()
+    };
+    if let Some((key, was, now)) = saved.identity_change(&identity) {
+        let advice = if key == "backend" {
+            "--change-backend continues it there (recorded as a change); "
+        } else {
+            ""
+        };
         bail!(
             "cannot resume {}: its `{key}` differs from this command's (was {was}, now {now}); \
-             {RESTART_ADVICE}",
+             {advice}{RESTART_ADVICE}",
             run_dir.display(),
         );
     }
-    let changes = config_changes(&saved.run, config)
+    let mut changes = config_changes(&saved.run, config)
         .with_context(|| format!("cannot resume {}", run_dir.display()))?;
+    if moved {
+        let names = [saved.backend, record.backend].map(|backend| Value::from(backend.name()));
+        changes.insert(BACKEND_FIELD.into(), names);
+        saved.backend = record.backend;
+    }
     let state = checkpoint.state.clone();
     let state_path = checkpoint.file(lra_runs::layout::CHECKPOINT_STATE);
     // The metrics the checkpoint vouches for, checked before anything is loaded.
@@ -220,6 +244,10 @@ pub(crate) fn record_changes(
     write_atomic(&run_dir.join(CONFIG), resume.record.to_json()?.as_bytes())?;
     Ok(resume.record.config_changes.clone())
 }
+
+/// The name a backend change has among a resume's changes (`burn-lra train --change-backend`):
+/// the record's own field, beside the configuration's dotted ones.
+pub const BACKEND_FIELD: &str = "backend";
 
 /// The configuration fields a resume may change (a field matches when it is one of these or
 /// lies inside one): the learning-rate schedule, clipping, accumulation, the validation and

@@ -144,7 +144,13 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
         tokenizer_sha256: (data.tokenizer.as_ref()).map(|(_, json)| sha256_hex(json.as_bytes())),
         config_changes: Vec::new(),
     };
-    let (_lock, resume) = match open_run_dir(&opts.run_dir, opts.resume, config, &record)? {
+    let (_lock, resume) = match open_run_dir(
+        &opts.run_dir,
+        opts.resume,
+        opts.change_backend,
+        config,
+        &record,
+    )? {
         Opened::Finished(result) => {
             eprintln!(
                 "{} holds a finished run: nothing to do",

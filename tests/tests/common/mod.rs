@@ -58,6 +58,7 @@ pub fn options(run_dir: std::path::PathBuf, attention: &str) -> TrainOptions {
         preset: "test".into(),
         progress: false,
         resume: ResumeMode::Start,
+        change_backend: false,
         stop_after: None,
     }
 }
