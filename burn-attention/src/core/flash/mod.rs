@@ -136,8 +136,8 @@ pub(crate) fn try_gathered_attention(
 }
 
 /// `x.exp()`, on `flex` (f32) through the vectorised exponential of the fused kernel, whose
-/// inputs are clamped to [-87.3, 88.7]; for callers whose arguments are at most 0 (stabilised
-/// random features), where the clamp only turns results below 1e-38 into about 1e-38.
+/// results are 0 below -87.3 (where `f32`'s are subnormal) and inputs clamped above 88.7; for
+/// callers whose arguments are at most 0 (stabilised random features).
 pub(crate) fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     #[cfg(feature = "flex")]
     if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
@@ -267,9 +267,9 @@ mod extension {
             dropout: Option<DropMask>,
         ) -> FloatTensor<Self>;
 
-        /// Element-wise `exp`. On `flex`, a vectorised exponential (about 2 ulp, inputs
-        /// clamped to [-87.3, 88.7]) in place of the backend's scalar `expf`; elsewhere the
-        /// backend's own.
+        /// Element-wise `exp`. On `flex`, a vectorised exponential (about 2 ulp, 0 below
+        /// -87.3, inputs clamped above 88.7) in place of the backend's scalar `expf`;
+        /// elsewhere the backend's own.
         fn vector_exp(x: FloatTensor<Self>) -> FloatTensor<Self> {
             Self::float_exp(x)
         }
