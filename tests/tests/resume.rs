@@ -275,3 +275,82 @@ fn suspicious_settings_are_recorded_as_warnings() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A run started on flex and continued on ndarray: refused without `--change-backend` (the error
+/// names the field and the flag, and the run is left as it was); with it, the run finishes on
+/// ndarray, its validations before the move are the unbroken flex run's, and config.json and
+/// result.json name the new backend and record the move as the change of `backend` from the
+/// checkpoint's step. The flag changes nothing where the backend is the same.
+#[cfg(feature = "ndarray")]
+#[test]
+fn a_run_moves_to_another_backend_only_when_asked() {
+    use burn_lra::backend::BackendKind;
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("move");
+    let config = short_listops(30);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let unbroken = dir.join("unbroken");
+    train(&config, &splits, &options(unbroken.clone(), "softmax")).unwrap();
+    let run_dir = dir.join("run");
+    let mut opts = options(run_dir.clone(), "softmax");
+    opts.stop_after = Some(20);
+    train(&config, &splits, &opts).unwrap_err();
+    opts.stop_after = None;
+    opts.resume = ResumeMode::Resume;
+
+    opts.backend = BackendKind::Ndarray;
+    let before = std::fs::read(run_dir.join("config.json")).unwrap();
+    let err = format!("{:#}", train(&config, &splits, &opts).unwrap_err());
+    assert!(
+        err.contains("`backend` differs") && err.contains("--change-backend"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(run_dir.join("config.json")).unwrap(), before);
+
+    opts.change_backend = true;
+    let moved = train(&config, &splits, &opts).unwrap();
+    assert_eq!(moved.backend, BackendKind::Ndarray);
+    let change = backend_change(20, "flex", "ndarray");
+    assert_eq!(moved.config_changes, [change.clone()]);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["backend"], "ndarray");
+    assert_eq!(
+        record["config_changes"],
+        serde_json::to_value([change]).unwrap()
+    );
+    // Validations at steps 10 and 20 came before the move; the one at 30 after it.
+    let (was, now) = (
+        metrics_without_time(&unbroken),
+        metrics_without_time(&run_dir),
+    );
+    assert_eq!(now.len(), was.len());
+    assert_eq!(now[..2], was[..2]);
+    assert_eq!(now[2]["step"], 30);
+
+    // On the checkpoint's own backend the flag records nothing.
+    let same_dir = dir.join("same");
+    let mut same = options(same_dir.clone(), "softmax");
+    same.stop_after = Some(20);
+    train(&config, &splits, &same).unwrap_err();
+    same.stop_after = None;
+    same.resume = ResumeMode::Resume;
+    same.change_backend = true;
+    let resumed = train(&config, &splits, &same).unwrap();
+    assert!(resumed.config_changes.is_empty());
+    assert!(
+        compare_run_dirs(&same_dir, &unbroken).unwrap().is_empty(),
+        "a resume on the same backend is still the unbroken run"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The change a backend move records: `backend` from `was` to `now` from `from_step`.
+#[cfg(feature = "ndarray")]
+fn backend_change(from_step: usize, was: &str, now: &str) -> burn_lra::run_dir::ConfigChange {
+    burn_lra::run_dir::ConfigChange {
+        from_step,
+        fields: [("backend".to_string(), [was.into(), now.into()])].into(),
+    }
+}
