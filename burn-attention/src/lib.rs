@@ -17,7 +17,8 @@ mod registry;
 pub mod variants;
 
 pub use crate::core::contract::{
-    AttentionModule, CachedKeys, Capabilities, DecodingState, RecurrentState, SegmentMemory,
+    AttentionModule, CachedKeys, Capabilities, DecayedState, DecodingState, RecurrentState,
+    SegmentMemory,
 };
 pub use crate::core::error::AttentionError;
 pub use crate::core::features::{orthogonal_features, random_orthogonal};
@@ -58,6 +59,7 @@ pub use variants::performer::{
     PerformerAttention, PerformerConfig, PerformerKernel, favor_attention, favor_features,
 };
 pub use variants::reformer::{ReformerAttention, ReformerConfig};
+pub use variants::retnet::{RetNetAttention, RetNetConfig, retnet_log_decays};
 pub use variants::routing::{RoutingAttention, RoutingConfig};
 pub use variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 pub use variants::sinkhorn::{SinkhornAttention, SinkhornConfig};

@@ -29,6 +29,7 @@ use crate::variants::memory_compressed::{MemoryCompressedAttention, MemoryCompre
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
 use crate::variants::reformer::{ReformerAttention, ReformerConfig};
+use crate::variants::retnet::{RetNetAttention, RetNetConfig};
 use crate::variants::routing::{RoutingAttention, RoutingConfig};
 use crate::variants::set_transformer::{SetTransformerAttention, SetTransformerConfig};
 use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
@@ -270,6 +271,8 @@ registry! {
     Compressive(CompressiveConfig => CompressiveAttention),
     /// Routing Transformer: online k-means routing beside local attention.
     Routing(RoutingConfig => RoutingAttention),
+    /// RetNet: multi-scale retention, linear attention with a fixed decay per head.
+    RetNet(RetNetConfig => RetNetAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -68,8 +68,15 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// The registered variants without a per-head form (their keys and values pass through layers
 /// over all heads), which the per-head references here skip; each has its whole-module float64
 /// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
-/// tests/memory_compressed.rs, `etc` in tests/etc.rs.
-const NO_PER_HEAD_FORM: &[&str] = &["set-transformer", "memory-compressed", "etc", "compressive"];
+/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet` (normalised and gated over
+/// every head) in tests/retnet.rs.
+const NO_PER_HEAD_FORM: &[&str] = &[
+    "set-transformer",
+    "memory-compressed",
+    "etc",
+    "compressive",
+    "retnet",
+];
 
 fn cross_f64(
     attention: &Attention,
@@ -327,6 +334,11 @@ fn decoding_equals_causal_forward() {
                 (DecodingState::Recurrent(first), DecodingState::Recurrent(last)) => {
                     assert_eq!(first.s.dims(), last.s.dims(), "{}", config.name());
                     assert_eq!(first.z.dims(), last.z.dims(), "{}", config.name());
+                }
+                (DecodingState::Decayed(first), DecodingState::Decayed(last)) => {
+                    assert_eq!(first.s.dims(), last.s.dims(), "{}", config.name());
+                    let seen = last.seen.into_data().try_to_vec::<f32>().unwrap();
+                    assert_eq!(seen, [n as f32; 2], "{}", config.name());
                 }
                 (
                     DecodingState::KeyValueCache { .. },

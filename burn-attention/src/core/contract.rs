@@ -237,6 +237,9 @@ pub enum DecodingState {
         /// marks, per sequence, the positions outside its own block under way.
         current: Option<CachedKeys>,
     },
+    /// Linear attention with a decaying state (RetNet's retention): the decayed sums over
+    /// the tokens so far, so that a step costs O(d²) wherever it is in the sequence.
+    Decayed(DecayedState),
     /// The Compressive Transformer: the attention's own inputs so far (its compressed memory is
     /// made from the inputs, not from the keys); a step reads a bounded stretch of them.
     Inputs {
@@ -330,12 +333,13 @@ impl DecodingState {
                     padding,
                 ))
             }
-            Self::Recurrent(_) | Self::Compressed { .. } | Self::Inputs { .. } => {
-                Err(AttentionError::unsupported(
-                    variant,
-                    "another variant's decoding state (it carries a key/value cache)",
-                ))
-            }
+            Self::Recurrent(_)
+            | Self::Decayed(_)
+            | Self::Compressed { .. }
+            | Self::Inputs { .. } => Err(AttentionError::unsupported(
+                variant,
+                "another variant's decoding state (it carries a key/value cache)",
+            )),
         }
     }
 
@@ -364,6 +368,17 @@ impl DecodingState {
             )),
         }
     }
+}
+
+/// The state of linear attention with a decaying state after the tokens so far
+/// ([`crate::core::decay`]): `S = Σ_j exp(G_t − G_j) k_j v_jᵀ` and how many real tokens each
+/// sequence has seen (which gives the next token's position).
+#[derive(Debug, Clone)]
+pub struct DecayedState {
+    /// `S`: `[batch, heads, d_k, d_v]`.
+    pub s: Tensor<4>,
+    /// Real tokens seen, per sequence: `[batch, 1]`.
+    pub seen: Tensor<2>,
 }
 
 /// The recurrent state of causal kernelized attention after `t` tokens:

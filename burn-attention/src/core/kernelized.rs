@@ -196,6 +196,7 @@ pub fn recurrent_state(
         DecodingState::Empty => Ok(None),
         DecodingState::Recurrent(state) => Ok(Some(state)),
         DecodingState::KeyValueCache { .. }
+        | DecodingState::Decayed(_)
         | DecodingState::Compressed { .. }
         | DecodingState::Inputs { .. } => Err(AttentionError::unsupported(
             variant,

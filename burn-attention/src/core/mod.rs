@@ -1,9 +1,10 @@
 //! The ground floor every variant builds on: inputs and masks, errors, head projections, the
 //! exact softmax with its fused kernels, the kernelized core with its chunked causal and
-//! recurrent forms, random features, the module contract and what a variant states about
+//! recurrent forms, linear attention with a decaying state, rotary positions, random features, the module contract and what a variant states about
 //! itself. Nothing here imports a variant, the registry or the encoder.
 
 pub mod contract;
+pub mod decay;
 pub mod dropout;
 pub mod error;
 pub mod features;
@@ -13,6 +14,7 @@ pub mod input;
 pub mod kernelized;
 pub mod key_slots;
 pub mod params;
+pub mod rotary;
 pub mod segments;
 pub mod softmax;
 pub mod sparse;

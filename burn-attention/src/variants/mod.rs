@@ -16,6 +16,7 @@ pub mod memory_compressed;
 pub mod nystrom;
 pub mod performer;
 pub mod reformer;
+pub mod retnet;
 pub mod routing;
 pub mod set_transformer;
 pub mod sinkhorn;

@@ -1,0 +1,262 @@
+//! RetNet's retention against a float64 implementation written from the paper's parallel form
+//! (Sun et al. 2023, arXiv 2307.08621, eq. 5 and §2.2): per head, queries and keys rotated by
+//! their position (θ_i = 10000^{−i/(d/2−1)}), `D_ij = γ_h^{i−j}` for `j ≤ i` with
+//! `γ_h = 1 − 2^{−5−h}` (both sides, `γ_h^{|i−j|}`, for the non-causal form), `D` scaled row by
+//! row to `D_ij / √(Σ_j D_ij)`, `R = (Q Kᵀ / √d) ⊙ D`, `R_ij / max(|Σ_j R_ij|, 1)`, then the
+//! head's output normalised over its channels, gated by `swish(X W_G)` and projected. The
+//! reference sums every pair directly: no chunks, no recurrence, no decay taken as a ratio.
+//!
+//! With the module's own weights; lengths of one chunk, across chunk boundaries (150: three
+//! chunks of 64) and of 700 positions, where the slowest head's decay has fallen to 1e-10;
+//! padding at the end and inside a sequence (a padded position must change nothing: the real
+//! positions' outputs are those of the sequence without it); inputs at scale 1 and 4.
+
+mod reference;
+
+use burn::prelude::*;
+use burn_attention_zoo::core::decay::{decayed_causal, decayed_step};
+use burn_attention_zoo::{
+    AttentionInput, AttentionModule, DecodingState, RetNetAttention, RetNetConfig,
+};
+use reference::{linear_f64, max_rel_err, normal_tensor, to_rows};
+
+type Rows = Vec<Vec<f64>>;
+
+const D_MODEL: usize = 16;
+const HEADS: usize = 2;
+const D_HEAD: usize = D_MODEL / HEADS;
+/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
+/// normalised per head, of order 1).
+const TOLERANCE: f64 = 2e-3;
+
+/// Channel pairs `(2i, 2i+1)` of one head's row rotated by `p θ_i`.
+fn rotate(x: &[f64], p: f64) -> Vec<f64> {
+    let half = x.len() / 2;
+    let mut out = vec![0.0; x.len()];
+    for i in 0..half {
+        let theta = 10_000f64.powf(-(i as f64) / (half as f64 - 1.0));
+        let (s, c) = (p * theta).sin_cos();
+        out[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
+        out[2 * i + 1] = x[2 * i] * s + x[2 * i + 1] * c;
+    }
+    out
+}
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// The module's output for the real rows `x` of one sequence.
+fn retnet_f64(m: &RetNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
+    let n = x.len();
+    let q = linear_f64(&m.proj.query, x);
+    let k = linear_f64(&m.proj.key, x);
+    let v = linear_f64(&m.proj.value, x);
+    let gate = linear_f64(m.gate.as_ref().expect("the paper's gate"), x);
+    let mut merged = vec![Vec::with_capacity(D_MODEL); n];
+    for h in 0..HEADS {
+        let gamma = 1.0 - 2f64.powi(-5 - h as i32);
+        let cols = h * D_HEAD..(h + 1) * D_HEAD;
+        let qh: Rows = (0..n)
+            .map(|i| rotate(&q[i][cols.clone()], i as f64))
+            .collect();
+        let kh: Rows = (0..n)
+            .map(|j| rotate(&k[j][cols.clone()], j as f64))
+            .collect();
+        for (i, row) in merged.iter_mut().enumerate() {
+            let seen = |j: usize| !causal || j <= i;
+            let decay = |j: usize| gamma.powi((i as i64 - j as i64).unsigned_abs() as i32);
+            let mass: f64 = (0..n).filter(|&j| seen(j)).map(decay).sum();
+            let r: Vec<f64> = (0..n)
+                .map(|j| {
+                    if !seen(j) {
+                        return 0.0;
+                    }
+                    let score: f64 = qh[i].iter().zip(&kh[j]).map(|(a, b)| a * b).sum::<f64>()
+                        / (D_HEAD as f64).sqrt();
+                    score * decay(j) / mass.sqrt()
+                })
+                .collect();
+            let norm = r.iter().sum::<f64>().abs().max(1.0);
+            let mut o = [0.0; D_HEAD];
+            for (j, rj) in r.iter().enumerate() {
+                for (acc, a) in o.iter_mut().zip(&v[j][cols.clone()]) {
+                    *acc += rj / norm * a;
+                }
+            }
+            let mean = o.iter().sum::<f64>() / D_HEAD as f64;
+            let var = o.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / D_HEAD as f64;
+            row.extend(o.iter().map(|a| (a - mean) / (var + m.norm_eps).sqrt()));
+        }
+    }
+    let gated: Rows = merged
+        .iter()
+        .zip(&gate)
+        .map(|(y, g)| y.iter().zip(g).map(|(a, b)| a * silu(*b)).collect())
+        .collect();
+    linear_f64(&m.proj.output, &gated)
+}
+
+fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
+    let all = to_rows(&x.clone().slice(s![b..b + 1]).squeeze_dim::<2>(0));
+    keep.iter().map(|&i| all[i].clone()).collect()
+}
+
+#[test]
+fn retnet_matches_float64_reference() {
+    let device = Device::flex();
+    let m = RetNetConfig::new(D_MODEL, HEADS)
+        .with_bias(true)
+        .init(&device);
+    for (case, n) in [5usize, 64, 150, 700].into_iter().enumerate() {
+        for scale in [1.0, 4.0] {
+            let seed = 10 * case as u64 + scale as u64;
+            let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(scale);
+            // The second sequence: a padded position inside it (3, or 1 of 5) and the last
+            // quarter padded, all with large junk.
+            let inner = 3.min(n - 2);
+            let tail = n - n / 4;
+            let padded: Vec<bool> = (0..n).map(|i| i == inner || i >= tail).collect();
+            let junk = normal_tensor([1, n, D_MODEL], seed + 1, &device).mul_scalar(50.0);
+            let flags = Tensor::<1, Bool>::from_data(TensorData::new(padded.clone(), [n]), &device)
+                .reshape([1, n, 1]);
+            let second = x.clone().slice(s![1..2]).mask_where(flags, junk);
+            let x = Tensor::cat(vec![x.slice(s![0..1]), second], 0);
+            let mut mask = vec![false; n];
+            mask.extend(&padded);
+            let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [2, n]), &device);
+            let real = [
+                (0..n).collect::<Vec<_>>(),
+                (0..n).filter(|&i| !padded[i]).collect(),
+            ];
+            for causal in [true, false] {
+                let out = m.forward(
+                    AttentionInput::new(x.clone())
+                        .mask_pad(mask.clone())
+                        .causal(causal),
+                );
+                for (b, keep) in real.iter().enumerate() {
+                    let expected = retnet_f64(&m, &rows(&x, b, keep), causal);
+                    let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
+                    assert!(
+                        err < TOLERANCE,
+                        "n {n} scale {scale} causal {causal} batch {b}: relative error {err}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The recurrence `S_t = exp(g_t) S_{t−1} + k_t v_tᵀ`, `o_t = S_tᵀ q_t` in float64, token by
+/// token, over rows `[b·h·n][d]` (`g`: `[b·h·n][1]`): the outputs and the final states
+/// `[b·h·d][d]`.
+fn recurrence_f64(q: &Rows, k: &Rows, v: &Rows, g: &Rows, n: usize) -> (Rows, Rows) {
+    let d = q[0].len();
+    let (mut outputs, mut states) = (Vec::new(), Vec::new());
+    for seq in 0..q.len() / n {
+        let mut s = vec![vec![0.0; d]; d];
+        for t in seq * n..(seq + 1) * n {
+            let decay = g[t][0].exp();
+            for (a, row) in s.iter_mut().enumerate() {
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = decay * *x + k[t][a] * v[t][c];
+                }
+            }
+            outputs.push(
+                (0..d)
+                    .map(|c| (0..d).map(|a| s[a][c] * q[t][a]).sum())
+                    .collect(),
+            );
+        }
+        states.extend(s);
+    }
+    (outputs, states)
+}
+
+/// The chunked causal form and the token-by-token step give the float64 recurrence's outputs
+/// and final state whatever the chunk (1, 7, 64 and longer than the sequence), with decays
+/// from 0.5 to 1 drawn per position and head: over 300 positions their products reach 1e-40
+/// and below, which a product of factors in f32 would flush to 0 and a ratio of cumulative
+/// products would turn into 0/0.
+#[test]
+fn chunked_form_and_steps_equal_the_recurrence() {
+    let device = Device::flex();
+    let (b, h, n, d) = (2, 2, 300, 4);
+    let q = normal_tensor([b, h, n, d], 1, &device);
+    let k = normal_tensor([b, h, n, d], 2, &device).mul_scalar(0.5);
+    let v = normal_tensor([b, h, n, d], 3, &device);
+    let log_decay = normal_tensor([b, h, n, 1], 4, &device)
+        .abs()
+        .mul_scalar(-0.35)
+        .clamp_min(-std::f32::consts::LN_2);
+    let flat = |x: &Tensor<4>, w: usize| to_rows(&x.clone().reshape([b * h * n, w]));
+    let (expected, expected_state) = recurrence_f64(
+        &flat(&q, d),
+        &flat(&k, d),
+        &flat(&v, d),
+        &flat(&log_decay, 1),
+        n,
+    );
+    // The cumulative log-decays within a chunk are f32 sums: 1e-4 seen for one chunk of 300
+    // (exponents near -84 held to 6e-8 relative); shorter chunks stay below it.
+    let check = |what: String, out: Tensor<4>, state: Tensor<4>| {
+        let err = max_rel_err(&flat(&out, d), &expected, 1e-1);
+        assert!(err < 2e-4, "{what}: outputs off by {err}");
+        let state = to_rows(&state.reshape([b * h * d, d]));
+        let err = max_rel_err(&state, &expected_state, 1e-1);
+        assert!(err < 2e-4, "{what}: state off by {err}");
+    };
+    for chunk in [1, 7, 64, 512] {
+        let (out, s) = decayed_causal(q.clone(), k.clone(), v.clone(), log_decay.clone(), chunk);
+        check(format!("chunk {chunk}"), out, s);
+    }
+    let mut state = None;
+    let mut steps = Vec::new();
+    for t in 0..n {
+        let at = |x: &Tensor<4>| x.clone().slice(s![.., .., t..t + 1]);
+        let (o, s) = decayed_step(at(&q), at(&k), at(&v), at(&log_decay), state);
+        steps.push(o);
+        state = Some(s);
+    }
+    check("steps".into(), Tensor::cat(steps, 2), state.unwrap());
+}
+
+/// Decoding after a prompt carries the position on: the token after a prompt of 130 positions
+/// decodes as the causal forward pass's position 130, and the state after 1 token and after
+/// 131 has the same size.
+#[test]
+fn decoding_continues_the_prompt() {
+    let device = Device::flex();
+    let m = RetNetConfig::new(D_MODEL, HEADS).init(&device);
+    let x = normal_tensor([1, 131, D_MODEL], 7, &device);
+    let full = m.forward(AttentionInput::new(x.clone()).causal(true));
+    let (_, state) = m.prefill(x.clone().slice(s![.., 0..130])).unwrap();
+    let (next, state) = m.decode(x.slice(s![.., 130..131]), state).unwrap();
+    let err = max_rel_err(
+        &to_rows(&next.reshape([1, D_MODEL])),
+        &to_rows(&full.slice(s![.., 130..131]).reshape([1, D_MODEL])),
+        5e-2,
+    );
+    assert!(err < 1e-4, "decoded token off by {err}");
+    let DecodingState::Decayed(state) = state else {
+        panic!("retention decodes with a decayed state")
+    };
+    assert_eq!(state.s.dims(), [1, HEADS, D_HEAD, D_HEAD + 1]);
+}
+
+/// Odd head widths (the rotation turns pairs) and cross-attention are refused with the reason.
+#[test]
+fn refusals_name_the_reason() {
+    let device = Device::flex();
+    let err = RetNetConfig::new(12, 4).validate().unwrap_err().to_string();
+    assert!(err.contains("even width per head"), "{err}");
+    let m = RetNetConfig::new(D_MODEL, HEADS).init(&device);
+    let q = normal_tensor([1, 4, D_MODEL], 1, &device);
+    let kv = normal_tensor([1, 6, D_MODEL], 2, &device);
+    let err = m
+        .try_forward(AttentionInput::cross(q, kv.clone(), kv))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cross-attention"), "{err}");
+}
