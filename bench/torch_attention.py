@@ -16,7 +16,9 @@ transformers' LongformerSelfAttention and BigBirdBlockSparseAttention, each with
 projection), memory-compressed (memory-compressed-attention), set-transformer (isab-pytorch
 ISAB), axial (axial-attention AxialAttention), compressive and transformer-xl
 (compressive-transformer-pytorch SelfAttention over the segments, with and without compressed
-memory) and routing (routing-transformer SelfAttention). Installed by `cargo xtask bench setup`.
+memory), routing (routing-transformer SelfAttention) and retnet (RetNet's retention, a few lines
+of torch from the paper's chunkwise form: no package offers it alone). Installed by `cargo xtask
+bench setup`.
 """
 import argparse
 import json
@@ -49,6 +51,82 @@ def linear_attention(q, k, v):
 def efficient_attention(q, k, v):
     """Efficient Attention (Shen et al. 2021): `softmax_features(q) (softmax_positions(k)^T v)`."""
     return q.softmax(dim=-1) @ (k.softmax(dim=-2).transpose(-2, -1) @ v)
+
+
+def decayed_causal(q, k, v, log_decay, chunk=64):
+    """Causal linear attention with a decaying state, `o_i = sum_{j<=i} exp(G_i - G_j) (q_i.k_j)
+    v_j` with `G` the cumulative log-decay, in chunks (the chunkwise form of RetNet, Sun et al.
+    2023, section 2.3): within a chunk the masked `c x c` weights, across chunks the state each
+    chunk writes, carried by a `chunks x chunks` matrix of decays. Decays are `exp` of
+    non-positive differences of cumulative logs."""
+    b, h, n, dk = q.shape
+    dv = v.shape[-1]
+    c = min(chunk, n)
+    m = -(-n // c)
+    fill = m * c - n
+    pad = lambda t: F.pad(t, (0, 0, 0, fill)).view(b, h, m, c, t.shape[-1])
+    q, k, v, g = pad(q), pad(k), pad(v), pad(log_decay)
+    cum = g.cumsum(3)
+    past = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = (cum - cum.transpose(3, 4)).masked_fill(~past, 0).exp().masked_fill(~past, 0)
+    intra = ((q @ k.transpose(3, 4)) * decay) @ v
+    total = cum[..., -1:, :]
+    writes = ((k * (total - cum).exp()).transpose(3, 4) @ v).reshape(b, h, m, dk * dv)
+    ends = total.reshape(b, h, m).cumsum(2)
+    starts = ends - total.reshape(b, h, m)
+    earlier = torch.ones(m, m, dtype=torch.bool, device=q.device).tril(-1)
+    across = (starts[..., :, None] - ends[..., None, :]).masked_fill(~earlier, 0).exp()
+    before = (across.masked_fill(~earlier, 0) @ writes).view(b, h, m, dk, dv)
+    inter = (q * cum.exp()) @ before
+    return (intra + inter).reshape(b, h, m * c, dv)[:, :, :n]
+
+
+class Retention(nn.Module):
+    """RetNet's multi-scale retention (Sun et al. 2023, arXiv 2307.08621), written from the
+    paper as the library computes it: rotary positions (angles 10000^-linspace(0, 1, d/2)),
+    decays gamma_h = 1 - 2^(-5-h), the decays scaled by sqrt(sum_j D_ij) and the scores by
+    max(|sum_j R_ij|, 1), a per-head normalisation, the swish gate and the output projection.
+    Non-causal, as the benchmark: the decay gamma^|i-j| on every pair, the chunked causal form
+    over the sequence and its reverse, less the diagonal."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.g, self.o = (
+            nn.Linear(dim, dim, bias=False) for _ in range(5)
+        )
+        gammas = 1 - 2 ** (-5 - torch.arange(heads, dtype=torch.float64))
+        self.register_buffer("log_decay", gammas.log().float().view(1, heads, 1, 1))
+        self.register_buffer("theta", 10_000 ** -torch.linspace(0, 1, dim // heads // 2))
+
+    def forward(self, x):
+        b, n, dim = x.shape
+        h, d = self.heads, dim // self.heads
+        split = lambda t: t.view(b, n, h, d).transpose(1, 2)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        pos = torch.arange(n, device=x.device, dtype=x.dtype)
+        angle = pos[:, None] * self.theta[None, :]
+        cos, sin = angle.cos(), angle.sin()
+
+        def rotate(t):
+            even, odd = t[..., 0::2], t[..., 1::2]
+            return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
+
+        q, k = rotate(q) * d**-0.5, rotate(k)
+        v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+        g = self.log_decay.expand(b, h, n, 1)
+        flip = lambda t: t.flip(2)
+        sums = (
+            decayed_causal(q, k, v, g)
+            + flip(decayed_causal(flip(q), flip(k), flip(v), flip(g)))
+            - (q * k).sum(-1, keepdim=True) * v
+        )
+        gamma = self.log_decay.exp()
+        seen = pos.view(1, 1, n, 1) + 1
+        mass = ((1 - gamma**seen) + (1 - gamma ** (n - seen + 1))) / (1 - gamma) - 1
+        o = sums[..., :d] / torch.maximum(sums[..., d:].abs(), mass.sqrt())
+        y = F.layer_norm(o, (d,), eps=1e-5).transpose(1, 2).reshape(b, n, dim)
+        return self.o(F.silu(self.g(x)) * y)
 
 
 class Projected(nn.Module):
@@ -301,6 +379,8 @@ def build(name, dim, heads, n, params, dropout=0.0):
         return Segmented(
             dim, heads, segment, params.get("mem_len", 512), cmem, params.get("compression", 3)
         )
+    if name == "retnet":
+        return Retention(dim, heads)
     if name == "routing":
         from routing_transformer.routing_transformer import SelfAttention as RoutingAttention
 

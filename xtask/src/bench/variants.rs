@@ -173,6 +173,14 @@ pub(crate) const FACTS: &[BenchFacts] = &[
         params: r#"{"n_clusters":32,"window":128}"#,
         scores: Scores::Never,
     },
+    // Retention written from the paper's chunkwise form in bench/torch_attention.py (no
+    // package has it alone), non-causal as the benchmark runs: both directions less the diagonal.
+    BenchFacts {
+        name: "retnet",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
     BenchFacts {
         name: "synthesizer-dense",
         torch: None,
