@@ -50,6 +50,7 @@ pub use variants::linformer::{
 };
 pub use variants::local::{LocalAttention, LocalAttentionConfig, LocalForm};
 pub use variants::longformer::{LongformerAttention, LongformerConfig};
+pub use variants::mamba2::{Mamba2Attention, Mamba2Config};
 pub use variants::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 pub use variants::nystrom::{
     NystromAttention, NystromConfig, iterative_pinv, landmark_segments, nystrom_attention,

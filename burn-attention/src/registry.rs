@@ -25,6 +25,7 @@ use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::longformer::{LongformerAttention, LongformerConfig};
+use crate::variants::mamba2::{Mamba2Attention, Mamba2Config};
 use crate::variants::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::variants::nystrom::{NystromAttention, NystromConfig};
 use crate::variants::performer::{PerformerAttention, PerformerConfig};
@@ -273,6 +274,8 @@ registry! {
     Routing(RoutingConfig => RoutingAttention),
     /// RetNet: multi-scale retention, linear attention with a fixed decay per head.
     RetNet(RetNetConfig => RetNetAttention),
+    /// Mamba-2: the SSD mixer, a scalar decay per head that depends on the token.
+    Mamba2(Mamba2Config => Mamba2Attention),
 }
 
 /// Every registered variant, in the order listings show them.

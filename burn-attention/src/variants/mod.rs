@@ -12,6 +12,7 @@ pub mod linear;
 pub mod linformer;
 pub mod local;
 pub mod longformer;
+pub mod mamba2;
 pub mod memory_compressed;
 pub mod nystrom;
 pub mod performer;

@@ -1,0 +1,272 @@
+//! Mamba-2's state-space duality (SSD) mixer, the attention-like core of its layer.
+//!
+//! Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through
+//! Structured State Space Duality", arXiv 2405.21060. Per head `h`, a scalar decay that depends
+//! on the token: `Δ_t = softplus(x_t W_Δ + b_Δ)`, `a_t = exp(Δ_t A_h)` with `A_h = −exp(A_log,h)`,
+//! and the recurrence `S_t = a_t S_{t−1} + Δ_t B_t x_tᵀ`, `y_t = S_tᵀ C_t + D_h x_t`: in its dual,
+//! attention-like form `y_i = Σ_{j ≤ i} exp(Σ_{l=j+1..i} Δ_l A_h) (C_i·B_j) Δ_j x_j + D_h x_i`.
+//! The heads' outputs are gated and normalised as the paper's block does,
+//! `RMSNorm(y ⊙ silu(x W_z))`, then projected.
+//!
+//! Here `C`, `B` and `x` are the query, key and value projections, one per head (the paper's
+//! multi-head pattern; its default shares one `B` and `C` across heads); `Δ` a projection to one
+//! value per head. Initialisation as the paper's code: `A` uniform in [1, 16], `Δ` log-uniform in
+//! [0.001, 0.1] through the bias, `D` 1. Left out: the block's expansion of the width (2× in the
+//! paper) and its short causal convolution before the mixer; a `[model]` of an encoder supplies
+//! the rest of the block. Computed by the decaying-state core ([`crate::core::decay`]): causal
+//! in chunks of 64 with decays in log space, decoding with a `[d, d]` state per head, O(d²) a
+//! token. Padded positions neither decay nor write the state.
+//!
+//! Non-causal form (the encoder tasks): the forward scan plus a backward scan over the reversed
+//! sequence, as the bidirectional state-space models combine them (Hydra, Hwang et al. 2024,
+//! arXiv 2407.09941, in its simplest form: two scans sharing their projections, the diagonal
+//! counted once): position `i` reads `j > i` decayed by `exp(Σ_{l=i..j−1} Δ_l A_h)`. No
+//! cross-attention, attention mask or weights.
+
+use burn::module::Param;
+use burn::nn::{Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::{silu, softplus};
+
+use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
+use crate::core::decay::{
+    DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_step, without_padding,
+};
+use crate::core::error::{AttentionError, check_heads};
+use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
+use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::params::lazy_param;
+use crate::core::variant::{
+    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+};
+
+/// The registry entry.
+pub const INFO: VariantInfo = VariantInfo {
+    name: "mamba2",
+    paper: "Dao & Gu 2024, arXiv 2405.21060 (SSD)",
+    time: "O(n c d + n d²)",
+    memory: "O(n (c + d) + (n / c) d²), c = 64",
+    capabilities: Capabilities {
+        padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
+        causal: true,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: false,
+    },
+};
+
+/// Configuration of [`Mamba2Attention`].
+#[derive(Config, Debug)]
+pub struct Mamba2Config {
+    /// Model width; split evenly across heads.
+    pub d_model: usize,
+    /// Number of heads, each with its own decay.
+    pub n_heads: usize,
+    /// Biases on the C, B, x, gate and output projections.
+    #[config(default = false)]
+    pub bias: bool,
+    /// Epsilon of the gated RMSNorm.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+}
+
+impl Mamba2Config {
+    /// Checks the configuration; the error names the offending field.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
+        if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
+            return Err(AttentionError::field(
+                INFO.name,
+                "norm_eps",
+                "must be above 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module.
+    ///
+    /// # Panics
+    /// If [`validate`](Self::validate) fails; its message is the panic message.
+    pub fn init(&self, device: &Device) -> Mamba2Attention {
+        if let Err(err) = self.validate() {
+            panic!("{err}");
+        }
+        let (d, h) = (self.d_model, self.n_heads);
+        let linear =
+            |out: usize, bias: bool| LinearConfig::new(d, out).with_bias(bias).init(device);
+        Mamba2Attention {
+            proj: QkvoProjection::new(d, h, self.bias, device),
+            dt_proj: linear(h, false),
+            dt_bias: lazy_param([h], device, true, move |device| {
+                // Δ log-uniform in [0.001, 0.1]; the bias is softplus⁻¹(Δ) = Δ + ln(1 − e^{−Δ}).
+                let (low, high) = (0.001f64.ln(), 0.1f64.ln());
+                let dt = Tensor::<1>::random([h], Distribution::Uniform(low, high), device).exp();
+                dt.clone() + (-(dt.neg().exp()) + 1.0).log()
+            }),
+            a_log: lazy_param([h], device, true, move |device| {
+                Tensor::<1>::random([h], Distribution::Uniform(1.0, 16.0), device).log()
+            }),
+            d_skip: lazy_param([h], device, true, move |device| Tensor::ones([h], device)),
+            gate: linear(d, self.bias),
+            norm_weight: lazy_param([d], device, true, move |device| Tensor::ones([d], device)),
+            norm_eps: self.norm_eps,
+        }
+    }
+}
+
+impl VariantConfig for Mamba2Config {
+    variant_glue!(Mamba2Attention);
+    const VARIANTS: &'static [VariantInfo] = &[INFO];
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+}
+
+/// Mamba-2's SSD mixer. Create with [`Mamba2Config`].
+#[derive(Module, Debug)]
+pub struct Mamba2Attention {
+    /// `C` (query), `B` (key), `x` (value) and output projections.
+    pub proj: QkvoProjection,
+    /// `W_Δ`: one step size per head, `[d_model, heads]`.
+    pub dt_proj: Linear,
+    /// `b_Δ`, `[heads]`.
+    pub dt_bias: Param<Tensor<1>>,
+    /// `A_log`: `A_h = −exp(A_log,h)`, `[heads]`.
+    pub a_log: Param<Tensor<1>>,
+    /// `D`, the skip connection per head, `[heads]`.
+    pub d_skip: Param<Tensor<1>>,
+    /// `W_z`, the gate.
+    pub gate: Linear,
+    /// The gated RMSNorm's scale, `[d_model]`.
+    pub norm_weight: Param<Tensor<1>>,
+    /// Epsilon of the gated RMSNorm.
+    pub norm_eps: f64,
+}
+
+projection_shape!(Mamba2Attention);
+
+impl Mamba2Attention {
+    /// `Δ` per head and position, `[batch, heads, n, 1]`, and the log-decays `Δ A`.
+    fn steps(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let [batch, n, _] = x.dims();
+        let heads = self.a_log.val().dims()[0];
+        let bias = self.dt_bias.val().reshape([1, 1, heads]);
+        let dt = softplus(self.dt_proj.forward(x) + bias, 1.0)
+            .swap_dims(1, 2)
+            .reshape([batch, heads, n, 1]);
+        let a = self.a_log.val().exp().neg().reshape([1, heads, 1, 1]);
+        (dt.clone(), dt * a)
+    }
+
+    /// `y + D x` per head, merged, gated, normalised and projected.
+    fn finish(&self, y: Tensor<4>, v: Tensor<4>, x: Tensor<3>) -> Tensor<3> {
+        let heads = v.dims()[1];
+        let y = y + v * self.d_skip.val().reshape([1, heads, 1, 1]);
+        let y = merge_heads(y) * silu(self.gate.forward(x));
+        let d = y.dims()[2];
+        let rms = (y.clone().powi_scalar(2).mean_dim(2) + self.norm_eps).sqrt();
+        let y = y / rms * self.norm_weight.val().reshape([1, 1, d]);
+        self.proj.output.forward(y)
+    }
+
+    /// The mixer over `x: [batch, n, d_model]`, causal or not, padding left out; with the
+    /// causal form, also the decoding state after the last position.
+    fn mix(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        causal: bool,
+    ) -> (Tensor<3>, Option<DecodingState>) {
+        let [batch, n, _] = x.dims();
+        let (c, b, v) = self.proj.qkv(x.clone());
+        let (dt, log_decay) = self.steps(x.clone());
+        let (b, log_decay) = without_padding(b * dt, log_decay, &mask_pad);
+        if causal {
+            let (y, s) = decayed_causal(c, b, v.clone(), log_decay, DECAY_CHUNK);
+            let seen = match &mask_pad {
+                Some(mask) => mask.clone().bool_not().float().sum_dim(1),
+                None => Tensor::full([batch, 1], n as f32, &x.device()),
+            };
+            let state = DecodingState::Decayed(DecayedState { s, seen });
+            (self.finish(y, v, x), Some(state))
+        } else {
+            let y = decayed_bidirectional(c, b, v.clone(), log_decay, DECAY_CHUNK);
+            (self.finish(y, v, x), None)
+        }
+    }
+
+    fn check(&self, input: &AttentionInput) -> Result<HeadMasks, AttentionError> {
+        let masks = input.head_masks();
+        check_capabilities(&INFO, input.query_len(), input.key_len(), masks.causal)?;
+        if input.is_cross() {
+            return Err(AttentionError::unsupported(INFO.name, "cross-attention"));
+        }
+        let probe = Tensor::<4>::zeros([1, 1, input.query_len(), 1], &input.query().device());
+        check_attention_mask(&INFO, &masks, &probe, input.key_len())?;
+        Ok(masks)
+    }
+}
+
+impl AttentionModule for Mamba2Attention {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        INFO.capabilities
+    }
+
+    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        let masks = self.check(&input)?;
+        let x = input.query().clone();
+        Ok(self.mix(x, masks.key_pad, masks.causal).0)
+    }
+
+    /// The chunked causal form over the prompt; the state after it.
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (y, state) = self.mix(x, None, true);
+        Ok((y, state.expect("the causal form returns its state")))
+    }
+
+    /// As [`prefill`](Self::prefill), the padding left out of the state (it neither decays
+    /// nor writes it).
+    fn prefill_padded(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Tensor<2, Bool>,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let (y, state) = self.mix(x, Some(mask_pad), true);
+        Ok((y, state.expect("the causal form returns its state")))
+    }
+
+    fn decode(
+        &self,
+        x: Tensor<3>,
+        state: DecodingState,
+    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let batch = x.dims()[0];
+        let (s, seen) = match state {
+            DecodingState::Empty => (None, Tensor::zeros([batch, 1], &x.device())),
+            DecodingState::Decayed(state) => (Some(state.s), state.seen),
+            _ => {
+                return Err(AttentionError::unsupported(
+                    INFO.name,
+                    "another variant's decoding state (it carries a decayed state)",
+                ));
+            }
+        };
+        let (c, b, v) = self.proj.qkv(x.clone());
+        let (dt, log_decay) = self.steps(x.clone());
+        let (y, s) = decayed_step(c, b * dt, v.clone(), log_decay, s);
+        let state = DecayedState {
+            s,
+            seen: seen + 1.0,
+        };
+        Ok((self.finish(y, v, x), DecodingState::Decayed(state)))
+    }
+}

@@ -1,0 +1,184 @@
+//! Mamba-2's SSD mixer against a float64 implementation of the paper's recurrence (Dao & Gu
+//! 2024, arXiv 2405.21060, §3): per head, `Δ_t = softplus(x_t W_Δ + b_Δ)`, `A = −exp(A_log)`,
+//! `S_t = exp(Δ_t A) S_{t−1} + Δ_t B_t x_tᵀ`, `y_t = S_tᵀ C_t + D x_t`, token by token; then
+//! `RMSNorm(y ⊙ silu(x W_z))` and the output projection. The non-causal form adds the same
+//! recurrence run from the end of the sequence (position `i` reading `j > i` through the decays
+//! of `i..j−1`), the diagonal counted once.
+//!
+//! With the module's own weights, its step sizes scaled up so that decays over a few hundred
+//! positions span many orders of magnitude; lengths of one chunk, three and eleven; padding at
+//! the end and inside a sequence with large junk (a padded position must change nothing);
+//! inputs at scale 1 and 4.
+
+mod reference;
+
+use burn::prelude::*;
+use burn_attention_zoo::{AttentionInput, AttentionModule, Mamba2Attention, Mamba2Config};
+use reference::{linear_f64, max_rel_err, normal_tensor, softplus, to_rows, vector};
+
+type Rows = Vec<Vec<f64>>;
+
+const D_MODEL: usize = 16;
+const HEADS: usize = 2;
+const D_HEAD: usize = D_MODEL / HEADS;
+/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
+/// RMS-normalised, of order 1); 2.5e-4 seen (64 positions at scale 4: step sizes near 1 make
+/// large, cancelling state updates).
+const TOLERANCE: f64 = 2e-3;
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// One direction of the recurrence over `order` (the positions in scan order) for head `h`:
+/// each position's `S_tᵀ C_t`.
+fn scan(
+    order: &[usize],
+    h: usize,
+    (c, b, v): (&Rows, &Rows, &Rows),
+    (dt, a): (&Rows, f64),
+) -> Vec<Vec<f64>> {
+    let cols = h * D_HEAD..(h + 1) * D_HEAD;
+    let mut s = vec![vec![0.0; D_HEAD]; D_HEAD];
+    let mut out = vec![vec![0.0; D_HEAD]; c.len()];
+    for &t in order {
+        let decay = (dt[t][h] * a).exp();
+        for (i, row) in s.iter_mut().enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = decay * *x + dt[t][h] * b[t][cols.start + i] * v[t][cols.start + j];
+            }
+        }
+        out[t] = (0..D_HEAD)
+            .map(|j| (0..D_HEAD).map(|i| s[i][j] * c[t][cols.start + i]).sum())
+            .collect();
+    }
+    out
+}
+
+/// The module's output for the real rows `x` of one sequence.
+fn mamba2_f64(m: &Mamba2Attention, x: &[Vec<f64>], causal: bool) -> Rows {
+    let n = x.len();
+    let c = linear_f64(&m.proj.query, x);
+    let b = linear_f64(&m.proj.key, x);
+    let v = linear_f64(&m.proj.value, x);
+    let bias = vector(&m.dt_bias);
+    let dt: Rows = linear_f64(&m.dt_proj, x)
+        .iter()
+        .map(|row| {
+            row.iter()
+                .zip(&bias)
+                .map(|(a, c)| softplus(a + c))
+                .collect()
+        })
+        .collect();
+    let (a_log, d_skip) = (vector(&m.a_log), vector(&m.d_skip));
+    let mut y = vec![vec![0.0; D_MODEL]; n];
+    for h in 0..HEADS {
+        let a = -a_log[h].exp();
+        let forward: Vec<usize> = (0..n).collect();
+        let ahead = scan(&forward, h, (&c, &b, &v), (&dt, a));
+        let behind = if causal {
+            vec![vec![0.0; D_HEAD]; n]
+        } else {
+            // From the end: position i reads j > i through the decays of i..j−1, i.e. the
+            // reversed scan, whose own term (j = i) the forward scan has already counted.
+            let backward: Vec<usize> = (0..n).rev().collect();
+            let mut behind = scan(&backward, h, (&c, &b, &v), (&dt, a));
+            for (i, row) in behind.iter_mut().enumerate() {
+                let own: f64 = (0..D_HEAD)
+                    .map(|k| c[i][h * D_HEAD + k] * b[i][h * D_HEAD + k])
+                    .sum::<f64>()
+                    * dt[i][h];
+                for (j, value) in row.iter_mut().enumerate() {
+                    *value -= own * v[i][h * D_HEAD + j];
+                }
+            }
+            behind
+        };
+        for i in 0..n {
+            for j in 0..D_HEAD {
+                y[i][h * D_HEAD + j] =
+                    ahead[i][j] + behind[i][j] + d_skip[h] * v[i][h * D_HEAD + j];
+            }
+        }
+    }
+    let z = linear_f64(&m.gate, x);
+    let scale = vector(&m.norm_weight);
+    let normed: Rows = y
+        .iter()
+        .zip(&z)
+        .map(|(row, z)| {
+            let gated: Vec<f64> = row.iter().zip(z).map(|(a, g)| a * silu(*g)).collect();
+            let rms =
+                (gated.iter().map(|a| a * a).sum::<f64>() / D_MODEL as f64 + m.norm_eps).sqrt();
+            gated.iter().zip(&scale).map(|(a, w)| a / rms * w).collect()
+        })
+        .collect();
+    linear_f64(&m.proj.output, &normed)
+}
+
+fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
+    let all = to_rows(&x.clone().slice(s![b..b + 1]).squeeze_dim::<2>(0));
+    keep.iter().map(|&i| all[i].clone()).collect()
+}
+
+#[test]
+fn mamba2_matches_float64_reference() {
+    let device = Device::flex();
+    let mut m = Mamba2Config::new(D_MODEL, HEADS)
+        .with_bias(true)
+        .init(&device);
+    // Step sizes near 1 (the initial ones are 0.001-0.1): over 700 positions the decays reach
+    // far below f32's smallest normal number.
+    m.dt_bias = m.dt_bias.map(|b| b.add_scalar(3.0));
+    for (case, n) in [5usize, 64, 150, 700].into_iter().enumerate() {
+        for scale in [1.0, 4.0] {
+            let seed = 10 * case as u64 + scale as u64;
+            let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(scale);
+            let inner = 3.min(n - 2);
+            let tail = n - n / 4;
+            let padded: Vec<bool> = (0..n).map(|i| i == inner || i >= tail).collect();
+            let junk = normal_tensor([1, n, D_MODEL], seed + 1, &device).mul_scalar(50.0);
+            let flags = Tensor::<1, Bool>::from_data(TensorData::new(padded.clone(), [n]), &device)
+                .reshape([1, n, 1]);
+            let second = x.clone().slice(s![1..2]).mask_where(flags, junk);
+            let x = Tensor::cat(vec![x.slice(s![0..1]), second], 0);
+            let mut mask = vec![false; n];
+            mask.extend(&padded);
+            let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [2, n]), &device);
+            let real = [
+                (0..n).collect::<Vec<_>>(),
+                (0..n).filter(|&i| !padded[i]).collect(),
+            ];
+            for causal in [true, false] {
+                let out = m.forward(
+                    AttentionInput::new(x.clone())
+                        .mask_pad(mask.clone())
+                        .causal(causal),
+                );
+                for (b, keep) in real.iter().enumerate() {
+                    let expected = mamba2_f64(&m, &rows(&x, b, keep), causal);
+                    let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
+                    assert!(
+                        err < TOLERANCE,
+                        "n {n} scale {scale} causal {causal} batch {b}: relative error {err}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Cross-attention is refused with the reason.
+#[test]
+fn cross_attention_is_refused() {
+    let device = Device::flex();
+    let m = Mamba2Config::new(D_MODEL, HEADS).init(&device);
+    let q = normal_tensor([1, 4, D_MODEL], 1, &device);
+    let kv = normal_tensor([1, 6, D_MODEL], 2, &device);
+    let err = m
+        .try_forward(AttentionInput::cross(q, kv.clone(), kv))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cross-attention"), "{err}");
+}
