@@ -14,8 +14,8 @@
 //! decays, no sequential loop. Every decay is taken as `exp` of a difference of cumulative
 //! logs that is at most 0, never as a product of factors (hundreds of factors below one
 //! underflow in `f32`) nor as `exp(G_i) / exp(G_j)` (whose parts overflow). Memory:
-//! O(n (d_k + d_v) + n c) for the chunks and O((n / c) d_k d_v) for their states; no per-position
-//! `d_k × d_v` state is kept.
+//! O(n (d_k + d_v) + n c) for the chunks, O((n / c) d_k d_v) for their states and O((n / c)²) for
+//! the decays between them; no per-position `d_k × d_v` state is kept.
 //!
 //! **Recurrent form.** [`decayed_step`] carries `S` token by token in O(d_k d_v) a step,
 //! whatever the position.

@@ -46,7 +46,7 @@ pub const INFO: VariantInfo = VariantInfo {
     name: "mamba2",
     paper: "Dao & Gu 2024, arXiv 2405.21060 (SSD)",
     time: "O(n c d + n d²)",
-    memory: "O(n (c + d) + (n / c) d²), c = 64",
+    memory: "O(n (c + d) + (n / c) (d² + n / c)), c = 64",
     capabilities: Capabilities {
         padding_mask: true,
         attention_mask: false,

@@ -45,7 +45,7 @@ pub const INFO: VariantInfo = VariantInfo {
     name: "retnet",
     paper: "Sun et al. 2023, arXiv 2307.08621",
     time: "O(n c d + n d²)",
-    memory: "O(n (c + d) + (n / c) d²), c = 64",
+    memory: "O(n (c + d) + (n / c) (d² + n / c)), c = 64",
     capabilities: Capabilities {
         padding_mask: true,
         attention_mask: false,
