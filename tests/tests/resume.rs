@@ -311,7 +311,7 @@ fn a_run_moves_to_another_backend_only_when_asked() {
     let moved = train(&config, &splits, &opts).unwrap();
     assert_eq!(moved.backend, BackendKind::Ndarray);
     let change = backend_change(20, "flex", "ndarray");
-    assert_eq!(moved.config_changes, [change.clone()]);
+    assert_eq!(moved.config_changes, std::slice::from_ref(&change));
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap())
             .unwrap();
