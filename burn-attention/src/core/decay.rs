@@ -26,6 +26,8 @@
 
 use burn::prelude::*;
 
+use super::contract::DecodingState;
+use super::error::AttentionError;
 use super::input::causal_mask;
 
 /// Chunk length of the causal form: large enough that the intra-chunk products are efficient
@@ -184,4 +186,36 @@ pub fn decayed_step(
         None => write,
     };
     (q.matmul(state.clone()), state)
+}
+
+/// Real tokens per sequence, `[batch, 1]`, from `mask_pad: [batch, n]` (`true` = padding);
+/// without a mask, `n` each.
+pub fn real_tokens(
+    mask_pad: &Option<Tensor<2, Bool>>,
+    batch: usize,
+    n: usize,
+    device: &Device,
+) -> Tensor<2> {
+    match mask_pad {
+        Some(mask) => mask.clone().bool_not().float().sum_dim(1),
+        None => Tensor::full([batch, 1], n as f32, device),
+    }
+}
+
+/// The decayed state inside a decoding state, and the real tokens it has seen: `None` and 0
+/// before the first token; an error naming `variant` if another kind of attention made it.
+pub fn decayed_state(
+    state: DecodingState,
+    variant: &'static str,
+    batch: usize,
+    device: &Device,
+) -> Result<(Option<Tensor<4>>, Tensor<2>), AttentionError> {
+    match state {
+        DecodingState::Empty => Ok((None, Tensor::zeros([batch, 1], device))),
+        DecodingState::Decayed(state) => Ok((Some(state.s), state.seen)),
+        _ => Err(AttentionError::unsupported(
+            variant,
+            "another variant's decoding state (it carries a decayed state)",
+        )),
+    }
 }

@@ -4,7 +4,7 @@ use burn::prelude::*;
 
 use super::contract::{AttentionModule, Capabilities};
 use super::error::AttentionError;
-use super::input::HeadMasks;
+use super::input::{AttentionInput, HeadMasks};
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
 #[derive(Debug, Clone, Copy)]
@@ -238,3 +238,20 @@ macro_rules! variant_glue {
     };
 }
 pub(crate) use variant_glue;
+
+/// The masks of an input to a variant defined on one sequence only (the decaying attentions):
+/// refuses cross-attention, even between sequences of one length, and whatever else `info`'s
+/// capabilities exclude.
+pub fn check_self_attention(
+    info: &VariantInfo,
+    input: &AttentionInput,
+) -> Result<HeadMasks, AttentionError> {
+    let masks = input.head_masks();
+    check_capabilities(info, input.query_len(), input.key_len(), masks.causal)?;
+    if input.is_cross() {
+        return Err(AttentionError::unsupported(info.name, "cross-attention"));
+    }
+    let probe = Tensor::<4>::zeros([1, 1, input.query_len(), 1], &input.query().device());
+    check_attention_mask(info, &masks, &probe, input.key_len())?;
+    Ok(masks)
+}

@@ -31,14 +31,15 @@ use burn::tensor::activation::{silu, softplus};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
-    DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_step, without_padding,
+    DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
+    without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_self_attention, variant_glue,
 };
 
 /// The registry entry.
@@ -188,27 +189,13 @@ impl Mamba2Attention {
         let (b, log_decay) = without_padding(b * dt, log_decay, &mask_pad);
         if causal {
             let (y, s) = decayed_causal(c, b, v.clone(), log_decay, DECAY_CHUNK);
-            let seen = match &mask_pad {
-                Some(mask) => mask.clone().bool_not().float().sum_dim(1),
-                None => Tensor::full([batch, 1], n as f32, &x.device()),
-            };
+            let seen = real_tokens(&mask_pad, batch, n, &x.device());
             let state = DecodingState::Decayed(DecayedState { s, seen });
             (self.finish(y, v, x), Some(state))
         } else {
             let y = decayed_bidirectional(c, b, v.clone(), log_decay, DECAY_CHUNK);
             (self.finish(y, v, x), None)
         }
-    }
-
-    fn check(&self, input: &AttentionInput) -> Result<HeadMasks, AttentionError> {
-        let masks = input.head_masks();
-        check_capabilities(&INFO, input.query_len(), input.key_len(), masks.causal)?;
-        if input.is_cross() {
-            return Err(AttentionError::unsupported(INFO.name, "cross-attention"));
-        }
-        let probe = Tensor::<4>::zeros([1, 1, input.query_len(), 1], &input.query().device());
-        check_attention_mask(&INFO, &masks, &probe, input.key_len())?;
-        Ok(masks)
     }
 }
 
@@ -222,7 +209,7 @@ impl AttentionModule for Mamba2Attention {
     }
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let masks = self.check(&input)?;
+        let masks = check_self_attention(&INFO, &input)?;
         let x = input.query().clone();
         Ok(self.mix(x, masks.key_pad, masks.causal).0)
     }
@@ -250,16 +237,7 @@ impl AttentionModule for Mamba2Attention {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let batch = x.dims()[0];
-        let (s, seen) = match state {
-            DecodingState::Empty => (None, Tensor::zeros([batch, 1], &x.device())),
-            DecodingState::Decayed(state) => (Some(state.s), state.seen),
-            _ => {
-                return Err(AttentionError::unsupported(
-                    INFO.name,
-                    "another variant's decoding state (it carries a decayed state)",
-                ));
-            }
-        };
+        let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let (c, b, v) = self.proj.qkv(x.clone());
         let (dt, log_decay) = self.steps(x.clone());
         let (y, s) = decayed_step(c, b * dt, v.clone(), log_decay, s);

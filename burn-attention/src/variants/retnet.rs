@@ -30,14 +30,15 @@ use burn::tensor::activation::silu;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
-    DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_step, without_padding,
+    DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
+    without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+use crate::core::input::AttentionInput;
 use crate::core::rotary::{real_positions, rotate};
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, check_self_attention, variant_glue,
 };
 
 /// The registry entry.
@@ -225,10 +226,7 @@ impl RetNetAttention {
         if causal {
             let (sums, state) = decayed_causal(q, k, v, per_position, DECAY_CHUNK);
             let mass = decay_mass(log_decay, seen);
-            let total = match &mask_pad {
-                Some(mask) => mask.clone().bool_not().float().sum_dim(1),
-                None => Tensor::full([batch, 1], n as f32, &device),
-            };
+            let total = real_tokens(&mask_pad, batch, n, &device);
             let state = DecodingState::Decayed(DecayedState {
                 s: state,
                 seen: total,
@@ -236,27 +234,12 @@ impl RetNetAttention {
             (self.finish(sums, mass.sqrt(), x), Some(state))
         } else {
             let sums = decayed_bidirectional(q, k, v, per_position, DECAY_CHUNK);
-            let total = match &mask_pad {
-                Some(mask) => mask.clone().bool_not().float().sum_dim(1),
-                None => Tensor::full([batch, 1], n as f32, &device),
-            }
-            .reshape([batch, 1, 1, 1]);
+            let total = real_tokens(&mask_pad, batch, n, &device).reshape([batch, 1, 1, 1]);
             // Σ_j γ^{|i−j|} = both one-sided sums, less the diagonal they share.
             let after = (total - seen.clone() + 1.0).clamp_min(1.0);
             let mass = decay_mass(log_decay.clone(), seen) + decay_mass(log_decay, after) - 1.0;
             (self.finish(sums, mass.sqrt(), x), None)
         }
-    }
-
-    fn check(&self, input: &AttentionInput) -> Result<HeadMasks, AttentionError> {
-        let masks = input.head_masks();
-        check_capabilities(&INFO, input.query_len(), input.key_len(), masks.causal)?;
-        if input.is_cross() {
-            return Err(AttentionError::unsupported(INFO.name, "cross-attention"));
-        }
-        let probe = Tensor::<4>::zeros([1, 1, input.query_len(), 1], &input.query().device());
-        check_attention_mask(&INFO, &masks, &probe, input.key_len())?;
-        Ok(masks)
     }
 }
 
@@ -270,7 +253,7 @@ impl AttentionModule for RetNetAttention {
     }
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let masks = self.check(&input)?;
+        let masks = check_self_attention(&INFO, &input)?;
         let x = input.query().clone();
         Ok(self.retain(x, masks.key_pad, masks.causal).0)
     }
@@ -299,16 +282,7 @@ impl AttentionModule for RetNetAttention {
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let batch = x.dims()[0];
         let device = x.device();
-        let (s, seen) = match state {
-            DecodingState::Empty => (None, Tensor::zeros([batch, 1], &device)),
-            DecodingState::Decayed(state) => (Some(state.s), state.seen),
-            _ => {
-                return Err(AttentionError::unsupported(
-                    INFO.name,
-                    "another variant's decoding state (it carries a decayed state)",
-                ));
-            }
-        };
+        let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let (q, k, v) = self.proj.qkv(x.clone());
         let heads = q.dims()[1];
         let (q, k) = self.rotated(q, k, seen.clone());
