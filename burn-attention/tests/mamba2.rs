@@ -22,8 +22,8 @@ const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const D_HEAD: usize = D_MODEL / HEADS;
 /// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
-/// RMS-normalised, of order 1); 2.5e-4 seen (64 positions at scale 4: step sizes near 1 make
-/// large, cancelling state updates).
+/// RMS-normalised, of order 1); 4.8e-4 the largest seen over 52 runs, each with its own random
+/// weights (7e-3 before the decays were summed over their own spans).
 const TOLERANCE: f64 = 2e-3;
 
 fn silu(x: f64) -> f64 {

@@ -11,9 +11,12 @@
 //! contribution to the state, `U = Σ_j exp(G_last − G_j) k_j v_jᵀ`, is a `[d_k, d_v]` matrix,
 //! and the state before chunk `c` is `Σ_{c' < c} exp(C_{c−1} − C_{c'}) U_{c'}`, with `C` the
 //! cumulative log-decay at the chunks' ends: one product with a `chunks × chunks` matrix of
-//! decays, no sequential loop. Every decay is taken as `exp` of a difference of cumulative
-//! logs that is at most 0, never as a product of factors (hundreds of factors below one
-//! underflow in `f32`) nor as `exp(G_i) / exp(G_j)` (whose parts overflow). Memory:
+//! decays, no sequential loop. Every decay is taken as `exp` of a sum of log-decays that is
+//! at most 0, each sum accumulated from the terms of its own span: never as a product of
+//! factors (hundreds of factors below one underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
+//! (whose parts overflow), nor as `exp(G_i − G_j)` (the difference of two long cumulative
+//! sums loses the short span between them: after a thousand steps of decay `e^{-10}`, `G` is
+//! held to about `1e-3`, the error of a span of a few weak decays). Memory:
 //! O(n (d_k + d_v) + n c) for the chunks, O((n / c) d_k d_v) for their states and O((n / c)²) for
 //! the decays between them; no per-position `d_k × d_v` state is kept.
 //!
@@ -96,40 +99,46 @@ pub fn decayed_causal(
         x.reshape([batch, heads, chunks, c, width])
     };
     let (q, k, v) = (extend(q), extend(k), extend(v));
-    let within = extend(log_decay).cumsum(3); // G from each chunk's start, [b, h, chunks, c, 1]
+    let g = extend(log_decay); // [b, h, chunks, c, 1]
+    let within = g.clone().cumsum(3); // G from each chunk's start, [b, h, chunks, c, 1]
+    let spans = segment_sums(g); // G_i − G_j within each chunk, [b, h, chunks, c, c]
 
-    // Within each chunk: (q_i·k_j) exp(G_i − G_j) for j <= i. The differences above the
-    // diagonal (positive) are replaced before exp and their weights zeroed after.
+    // Within each chunk: (q_i·k_j) exp(G_i − G_j) for j <= i (the spans above the diagonal are
+    // 0; their weights are zeroed after).
     let future = causal_mask(c, &device).reshape([1, 1, 1, c, c]);
-    let decay = (within.clone() - within.clone().swap_dims(3, 4))
-        .mask_fill(future.clone(), 0.0)
-        .exp();
-    let weights = (q.clone().matmul(k.clone().swap_dims(3, 4)) * decay).mask_fill(future, 0.0);
+    let weights =
+        (q.clone().matmul(k.clone().swap_dims(3, 4)) * spans.clone().exp()).mask_fill(future, 0.0);
     let intra = weights.matmul(v.clone()); // [b, h, chunks, c, d_v]
 
-    // Each chunk's write to the state, decayed to the chunk's end: U = Σ_j exp(G_last − G_j) k_j v_jᵀ.
-    let total = within.clone().slice(s![.., .., .., c - 1..c]); // [b, h, chunks, 1, 1]
-    let to_end = (total.clone() - within.clone()).exp(); // [b, h, chunks, c, 1]
+    // Each chunk's write to the state, decayed to the chunk's end: U = Σ_j exp(G_last − G_j) k_j
+    // v_jᵀ, the spans' last row.
+    let to_end = spans.slice(s![.., .., .., c - 1..c]).exp().swap_dims(3, 4); // [b, h, chunks, c, 1]
     let writes = (k * to_end).swap_dims(3, 4).matmul(v); // [b, h, chunks, d_k, d_v]
     let writes = writes.reshape([batch, heads, chunks, d_k * d_v]);
 
-    // The state before each chunk: Σ_{c' < c} exp(C_{c−1} − C_{c'}) U_{c'}, C the cumulative
-    // log-decay at the chunks' ends.
-    let totals = total.reshape([batch, heads, chunks, 1]);
-    let ends = totals.clone().cumsum(2); // C, [b, h, chunks, 1]
-    let starts = ends.clone() - totals; // C_{c−1}
-    // c' >= c: the chunk itself and the later ones (the transpose of c' <= c).
-    let not_earlier = causal_mask(chunks, &device)
-        .bool_not()
-        .transpose()
-        .reshape([1, 1, chunks, chunks]);
-    let across = (starts - ends.clone().swap_dims(2, 3))
-        .mask_fill(not_earlier.clone(), 0.0)
+    // The state after each chunk: Σ_{c' <= c} exp(C_c − C_{c'}) U_{c'}, C the cumulative
+    // log-decay at the chunks' ends, the spans taken between chunks as within them.
+    let totals = within
+        .clone()
+        .slice(s![.., .., .., c - 1..c])
+        .reshape([batch, heads, chunks, 1]);
+    let later = causal_mask(chunks, &device).reshape([1, 1, chunks, chunks]);
+    let after = segment_sums(totals)
         .exp()
-        .mask_fill(not_earlier, 0.0); // [b, h, chunks, chunks]
-    let before = across
-        .matmul(writes.clone())
-        .reshape([batch, heads, chunks, d_k, d_v]);
+        .mask_fill(later, 0.0)
+        .matmul(writes); // [b, h, chunks, d_k · d_v]
+    let state = after
+        .clone()
+        .slice(s![.., .., chunks - 1..chunks])
+        .reshape([batch, heads, d_k, d_v]);
+    // The state before each chunk: the one after the chunk before it, none before the first.
+    let first = Tensor::zeros([batch, heads, 1, d_k * d_v], &device);
+    let before = if chunks == 1 {
+        first
+    } else {
+        Tensor::cat(vec![first, after.slice(s![.., .., 0..chunks - 1])], 2)
+    }
+    .reshape([batch, heads, chunks, d_k, d_v]);
     let inter = (q * within.exp()).matmul(before);
     let out = (intra + inter).reshape([batch, heads, chunks * c, d_v]);
     let out = if fill == 0 {
@@ -137,12 +146,28 @@ pub fn decayed_causal(
     } else {
         out.slice(s![.., .., 0..n])
     };
-
-    // The state after the last position: Σ_{c'} exp(C_last − C_{c'}) U_{c'}.
-    let last = ends.clone().slice(s![.., .., chunks - 1..chunks]); // [b, h, 1, 1]
-    let to_last = (last - ends).exp().swap_dims(2, 3); // [b, h, 1, chunks]
-    let state = to_last.matmul(writes).reshape([batch, heads, d_k, d_v]);
     (out, state)
+}
+
+/// The log-decays between positions: `Σ_{j < t ≤ i} g_t` at `[i, j]` for `j < i`, 0 for
+/// `j ≥ i`, over the positions on the second-to-last axis of `g: [..., m, 1]`; `[..., m, m]`.
+/// Each span is summed from its own terms (a cumulative sum, down the rows, of the terms after
+/// `j`), not taken as `G_i − G_j`: that difference of cumulative sums carries the rounding of
+/// everything summed before `j`, an error of about `ε |G_i|` in the exponent, which a long
+/// stretch of steep decays (|G| in the thousands) makes larger than the decay it measures.
+fn segment_sums<const D: usize>(g: Tensor<D>) -> Tensor<D> {
+    let mut dims = g.dims();
+    let m = dims[D - 2];
+    dims[D - 1] = m;
+    let mut grid = [1; D];
+    grid[D - 2] = m;
+    grid[D - 1] = m;
+    // Row t, column j: g_t where t > j, else 0.
+    let not_after = causal_mask(m, &g.device())
+        .transpose()
+        .bool_not()
+        .reshape(grid);
+    g.expand(dims).mask_fill(not_after, 0.0).cumsum(D - 2)
 }
 
 /// The non-causal form: `o_i = Σ_j exp(−|G_i − G_j|) (q_i·k_j) v_j`, the causal form over the
