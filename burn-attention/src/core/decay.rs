@@ -1,10 +1,14 @@
 //! Linear attention with a decaying state: the form the retention-style variants share
-//! (`retnet` today; the data-dependent scalar decays of the same family take the same path).
+//! (`retnet`'s fixed decays, `mamba2`'s data-dependent scalar ones, `gla`'s gates per key
+//! channel).
 //!
 //! With queries `q_i`, keys `k_j`, values `v_j` and a log-decay `g_t ≤ 0` per position,
 //! `o_i = Σ_{j ≤ i} exp(G_i − G_j) (q_i·k_j) v_j`, `G_i = Σ_{t ≤ i} g_t`: the output of the
 //! recurrence `S_t = exp(g_t) S_{t−1} + k_t v_tᵀ`, `o_t = S_tᵀ q_t`. A padded position neither
-//! decays nor writes the state: its `g` is 0 and its key zero ([`without_padding`]).
+//! decays nor writes the state: its `g` is 0 and its key zero ([`without_padding`]). With a
+//! gate per key channel (`g_t ∈ R^{d_k}`, GLA's), `S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ` and
+//! `o_i = Σ_{j ≤ i} Σ_a q_ia k_ja exp(G_ia − G_ja) v_j`: everything below holds channel by
+//! channel.
 //!
 //! **Chunked causal form.** The sequence is cut into chunks of `c` positions. Within a chunk the
 //! `c × c` weights `(q_i·k_j) exp(G_i − G_j)` (for `j ≤ i`) are formed directly; each chunk's
@@ -17,15 +21,15 @@
 //! (whose parts overflow), nor as `exp(G_i − G_j)` (the difference of two long cumulative
 //! sums loses the short span between them: after a thousand steps of decay `e^{-10}`, `G` is
 //! held to about `1e-3`, the error of a span of a few weak decays). Memory:
-//! O(n (d_k + d_v) + n c) for the chunks, O((n / c) d_k d_v) for their states and O((n / c)²) for
-//! the decays between them; no per-position `d_k × d_v` state is kept.
+//! O(n (d_k + d_v) + n c) for the chunks (`n c d_k` with gates per channel), O((n / c) d_k d_v)
+//! for their states and O((n / c)²) for the decays between them (`(n / c)² d_k` with gates);
+//! no per-position `d_k × d_v` state is kept.
 //!
 //! **Recurrent form.** [`decayed_step`] carries `S` token by token in O(d_k d_v) a step,
 //! whatever the position.
 //!
-//! **Non-causal form.** [`decayed_bidirectional`] sums both directions, `exp(−|G_i − G_j|)` on
-//! every pair: the causal form forwards, the same over the reversed sequence, less the diagonal
-//! both count.
+//! **Non-causal form.** [`decayed_bidirectional`] sums both directions: the causal form
+//! forwards, the same recurrence over the reversed sequence, less the diagonal both count.
 
 use burn::prelude::*;
 
@@ -36,6 +40,10 @@ use super::input::causal_mask;
 /// Chunk length of the causal form: large enough that the intra-chunk products are efficient
 /// matrix products, small enough that the `c × c` weights stay below the values in memory.
 pub const DECAY_CHUNK: usize = 64;
+
+/// Chunk length of the causal form with a decay per key channel (gates): its weights within a
+/// chunk take `c × c × d_k` per chunk, which 16 keeps at `16 d_k` a position.
+pub const GATE_CHUNK: usize = 16;
 
 /// Keys zeroed and log-decays set to 0 at the padded positions of `mask_pad: [batch, n]`
 /// (`true` = padding): a padded position neither writes nor decays the state.
@@ -63,13 +71,18 @@ pub fn without_padding(
 /// The causal form in chunks of `chunk` positions (see the module docs): the outputs and the
 /// state after the last position. The result does not depend on `chunk` beyond round-off.
 ///
+/// `log_decay` holds one log-decay per position (width 1: the state decays as a whole) or one
+/// per key channel (width `d_k`: a gate per row of the state, `S_t = Diag(exp(g_t)) S_{t−1} +
+/// k_t v_tᵀ`). Per channel, the weights within a chunk need a `c × c × d_k` tensor per chunk
+/// (`n c d_k` in all): such callers take shorter chunks ([`GATE_CHUNK`]).
+///
 /// # Shapes
 /// - `q`, `k`: `[batch, heads, n, d_k]`; `v`: `[batch, heads, n, d_v]`
-/// - `log_decay`: `[batch, heads, n, 1]`, every entry at most 0
+/// - `log_decay`: `[batch, heads, n, 1]` or `[batch, heads, n, d_k]`, every entry at most 0
 /// - outputs `[batch, heads, n, d_v]`; state `[batch, heads, d_k, d_v]`
 ///
 /// # Panics
-/// If `chunk` is 0.
+/// If `chunk` is 0, or `log_decay`'s width is neither 1 nor `d_k`.
 pub fn decayed_causal(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -79,69 +92,55 @@ pub fn decayed_causal(
 ) -> (Tensor<4>, Tensor<4>) {
     assert!(chunk > 0, "the chunk length must be at least 1");
     let [batch, heads, n, d_k] = q.dims();
-    let d_v = v.dims()[3];
+    let width = log_decay.dims()[3];
+    assert!(
+        width == 1 || width == d_k,
+        "one log-decay per position or per key channel ({d_k}), got {width}"
+    );
     let device = q.device();
     let c = chunk.min(n);
     let chunks = n.div_ceil(c);
     // Positions added at the end make the length a multiple of the chunk: a zero key writes
     // nothing and a zero log-decay decays nothing; their outputs are cut off below.
-    let fill = chunks * c - n;
-    let extend = |x: Tensor<4>| -> Tensor<5> {
-        let width = x.dims()[3];
-        let x = if fill == 0 {
-            x
-        } else {
-            Tensor::cat(
-                vec![x, Tensor::zeros([batch, heads, fill, width], &device)],
-                2,
-            )
-        };
-        x.reshape([batch, heads, chunks, c, width])
-    };
-    let (q, k, v) = (extend(q), extend(k), extend(v));
-    let g = extend(log_decay); // [b, h, chunks, c, 1]
-    let within = g.clone().cumsum(3); // G from each chunk's start, [b, h, chunks, c, 1]
-    let spans = segment_sums(g); // G_i − G_j within each chunk, [b, h, chunks, c, c]
+    let (q, k, v) = (
+        into_chunks(q, c, chunks),
+        into_chunks(k, c, chunks),
+        into_chunks(v, c, chunks),
+    );
+    let g = into_chunks(log_decay, c, chunks); // [b, h, chunks, c, w]
+    let within = g.clone().cumsum(3); // G from each chunk's start, [b, h, chunks, c, w]
+    // exp(G_i − G_j) within each chunk, [b, h, chunks, c (i), c (j), w]; 1 above the diagonal,
+    // where the weights are zeroed.
+    let decays = segment_sums(g.reshape([batch, heads, chunks, c, 1, width])).exp();
 
-    // Within each chunk: (q_i·k_j) exp(G_i − G_j) for j <= i (the spans above the diagonal are
-    // 0; their weights are zeroed after).
+    // Within each chunk: Σ_a q_ia k_ja exp(G_ia − G_ja) for j <= i; with one decay per
+    // position, (q_i·k_j) exp(G_i − G_j), a matrix product.
     let future = causal_mask(c, &device).reshape([1, 1, 1, c, c]);
-    let weights =
-        (q.clone().matmul(k.clone().swap_dims(3, 4)) * spans.clone().exp()).mask_fill(future, 0.0);
-    let intra = weights.matmul(v.clone()); // [b, h, chunks, c, d_v]
+    let scores = if width == 1 {
+        q.clone().matmul(k.clone().swap_dims(3, 4))
+            * decays.clone().reshape([batch, heads, chunks, c, c])
+    } else {
+        let pairs = q.clone().reshape([batch, heads, chunks, c, 1, d_k])
+            * k.clone().reshape([batch, heads, chunks, 1, c, d_k])
+            * decays.clone();
+        pairs.sum_dim(5).reshape([batch, heads, chunks, c, c])
+    };
+    let intra = scores.mask_fill(future, 0.0).matmul(v.clone()); // [b, h, chunks, c, d_v]
 
     // Each chunk's write to the state, decayed to the chunk's end: U = Σ_j exp(G_last − G_j) k_j
-    // v_jᵀ, the spans' last row.
-    let to_end = spans.slice(s![.., .., .., c - 1..c]).exp().swap_dims(3, 4); // [b, h, chunks, c, 1]
+    // v_jᵀ, the decays' last row.
+    let to_end = decays
+        .slice(s![.., .., .., c - 1..c])
+        .reshape([batch, heads, chunks, c, width]);
     let writes = (k * to_end).swap_dims(3, 4).matmul(v); // [b, h, chunks, d_k, d_v]
-    let writes = writes.reshape([batch, heads, chunks, d_k * d_v]);
-
-    // The state after each chunk: Σ_{c' <= c} exp(C_c − C_{c'}) U_{c'}, C the cumulative
-    // log-decay at the chunks' ends, the spans taken between chunks as within them.
     let totals = within
         .clone()
         .slice(s![.., .., .., c - 1..c])
-        .reshape([batch, heads, chunks, 1]);
-    let later = causal_mask(chunks, &device).reshape([1, 1, chunks, chunks]);
-    let after = segment_sums(totals)
-        .exp()
-        .mask_fill(later, 0.0)
-        .matmul(writes); // [b, h, chunks, d_k · d_v]
-    let state = after
-        .clone()
-        .slice(s![.., .., chunks - 1..chunks])
-        .reshape([batch, heads, d_k, d_v]);
-    // The state before each chunk: the one after the chunk before it, none before the first.
-    let first = Tensor::zeros([batch, heads, 1, d_k * d_v], &device);
-    let before = if chunks == 1 {
-        first
-    } else {
-        Tensor::cat(vec![first, after.slice(s![.., .., 0..chunks - 1])], 2)
-    }
-    .reshape([batch, heads, chunks, d_k, d_v]);
+        .reshape([batch, heads, chunks, width]);
+    let (before, state) = states_between_chunks(totals, writes);
     let inter = (q * within.exp()).matmul(before);
-    let out = (intra + inter).reshape([batch, heads, chunks * c, d_v]);
-    let out = if fill == 0 {
+    let out = (intra + inter).reshape([batch, heads, chunks * c, v_width(&state)]);
+    let out = if chunks * c == n {
         out
     } else {
         out.slice(s![.., .., 0..n])
@@ -149,29 +148,88 @@ pub fn decayed_causal(
     (out, state)
 }
 
+/// The state's value width, `d_v`, from `[batch, heads, d_k, d_v]`.
+fn v_width(state: &Tensor<4>) -> usize {
+    state.dims()[3]
+}
+
+/// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last
+/// chunk.
+fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
+    let [batch, heads, n, width] = x.dims();
+    let fill = chunks * c - n;
+    let x = if fill == 0 {
+        x
+    } else {
+        let zeros = Tensor::zeros([batch, heads, fill, width], &x.device());
+        Tensor::cat(vec![x, zeros], 2)
+    };
+    x.reshape([batch, heads, chunks, c, width])
+}
+
+/// The state before each chunk (`[batch, heads, chunks, d_k, d_v]`) and after the last
+/// (`[batch, heads, d_k, d_v]`), from each chunk's write decayed to its end (`writes`) and each
+/// chunk's whole log-decay (`totals: [batch, heads, chunks, w]`, `w` 1 or `d_k`): the state
+/// after chunk `c` is `Σ_{c' <= c} exp(C_c − C_{c'}) U_{c'}`, with `C` the cumulative log-decay
+/// at the chunks' ends, the spans summed between chunks as within them; one product with a
+/// `chunks × chunks` matrix of decays (per key channel where `w` is `d_k`), no sequential loop.
+fn states_between_chunks(totals: Tensor<4>, writes: Tensor<5>) -> (Tensor<5>, Tensor<4>) {
+    let [batch, heads, chunks, width] = totals.dims();
+    let [_, _, _, d_k, d_v] = writes.dims();
+    let later = causal_mask(chunks, &totals.device()).reshape([1, 1, chunks, chunks, 1]);
+    let decays = segment_sums(totals.reshape([batch, heads, chunks, 1, width]))
+        .exp()
+        .mask_fill(later, 0.0)
+        .permute([0, 1, 4, 2, 3]); // [b, h, w, chunks, chunks]
+    let rows = d_k / width * d_v; // the state's entries each decay reaches
+    let writes = writes
+        .reshape([batch, heads, chunks, width, rows])
+        .swap_dims(2, 3); // [b, h, w, chunks, rows]
+    let after = decays
+        .matmul(writes)
+        .swap_dims(2, 3)
+        .reshape([batch, heads, chunks, d_k, d_v]);
+    let last = after
+        .clone()
+        .slice(s![.., .., chunks - 1..chunks])
+        .reshape([batch, heads, d_k, d_v]);
+    // Before each chunk: the state after the chunk before it, none before the first.
+    let first = Tensor::zeros([batch, heads, 1, d_k, d_v], &last.device());
+    let before = if chunks == 1 {
+        first
+    } else {
+        Tensor::cat(vec![first, after.slice(s![.., .., 0..chunks - 1])], 2)
+    };
+    (before, last)
+}
+
 /// The log-decays between positions: `Σ_{j < t ≤ i} g_t` at `[i, j]` for `j < i`, 0 for
-/// `j ≥ i`, over the positions on the second-to-last axis of `g: [..., m, 1]`; `[..., m, m]`.
-/// Each span is summed from its own terms (a cumulative sum, down the rows, of the terms after
-/// `j`), not taken as `G_i − G_j`: that difference of cumulative sums carries the rounding of
-/// everything summed before `j`, an error of about `ε |G_i|` in the exponent, which a long
-/// stretch of steep decays (|G| in the thousands) makes larger than the decay it measures.
+/// `j ≥ i`, over the positions on the third-to-last axis of `g: [..., m, 1, w]` (each of the
+/// `w` channels on its own); `[..., m, m, w]`. Each span is summed from its own terms (a
+/// cumulative sum, down the rows, of the terms after `j`), not taken as `G_i − G_j`: that
+/// difference of cumulative sums carries the rounding of everything summed before `j`, an
+/// error of about `ε |G_i|` in the exponent, which a long stretch of steep decays (|G| in the
+/// thousands) makes larger than the decay it measures.
 fn segment_sums<const D: usize>(g: Tensor<D>) -> Tensor<D> {
     let mut dims = g.dims();
-    let m = dims[D - 2];
-    dims[D - 1] = m;
+    let m = dims[D - 3];
+    dims[D - 2] = m;
     let mut grid = [1; D];
+    grid[D - 3] = m;
     grid[D - 2] = m;
-    grid[D - 1] = m;
     // Row t, column j: g_t where t > j, else 0.
     let not_after = causal_mask(m, &g.device())
         .transpose()
         .bool_not()
         .reshape(grid);
-    g.expand(dims).mask_fill(not_after, 0.0).cumsum(D - 2)
+    g.expand(dims).mask_fill(not_after, 0.0).cumsum(D - 3)
 }
 
-/// The non-causal form: `o_i = Σ_j exp(−|G_i − G_j|) (q_i·k_j) v_j`, the causal form over the
-/// sequence and over its reverse, less the diagonal counted by both.
+/// The non-causal form: the causal form over the sequence and over its reverse, less the
+/// diagonal counted by both. Position `i` reads `j < i` through the decays of `j+1..=i`, as the
+/// causal form, and `j > i` through those of `i..j−1`: the recurrence run from the end, each
+/// position's decay applied to what comes from after it (per key channel where the decays
+/// are). With a fixed decay per head, `γ^{|i−j|}` on every pair.
 ///
 /// # Shapes
 /// As [`decayed_causal`]'s inputs; output `[batch, heads, n, d_v]`.
@@ -191,12 +249,13 @@ pub fn decayed_bidirectional(
     forward + flip(backward) - diagonal
 }
 
-/// One step of the recurrence: `S ← exp(g) S + k vᵀ`, output `Sᵀ q` (`state` `None`: no token
-/// yet). Returns the output and the new state.
+/// One step of the recurrence: `S ← exp(g) S + k vᵀ` (per key channel, `Diag(exp(g)) S`, where
+/// `g` has one per channel), output `Sᵀ q` (`state` `None`: no token yet). Returns the output
+/// and the new state.
 ///
 /// # Shapes
 /// - `q`, `k`: `[batch, heads, 1, d_k]`; `v`: `[batch, heads, 1, d_v]`; `log_decay`:
-///   `[batch, heads, 1, 1]`; state `[batch, heads, d_k, d_v]`
+///   `[batch, heads, 1, 1]` or `[batch, heads, 1, d_k]`; state `[batch, heads, d_k, d_v]`
 /// - output `[batch, heads, 1, d_v]`
 pub fn decayed_step(
     q: Tensor<4>,
@@ -207,7 +266,8 @@ pub fn decayed_step(
 ) -> (Tensor<4>, Tensor<4>) {
     let write = k.swap_dims(2, 3).matmul(v);
     let state = match state {
-        Some(state) => state * log_decay.exp() + write,
+        // [b, h, d_k or 1, 1]: one factor per row of the state, or one for all of it.
+        Some(state) => state * log_decay.swap_dims(2, 3).exp() + write,
         None => write,
     };
     (q.matmul(state.clone()), state)
