@@ -41,6 +41,7 @@ pub use variants::etc::{EtcAttention, EtcConfig, EtcGlobal};
 pub use variants::feedforward::{
     FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, KernelUnit,
 };
+pub use variants::gla::{GlaAttention, GlaConfig};
 pub use variants::linear::{
     LinearAttention, LinearAttentionConfig, elu_feature_map, linear_attention,
 };

@@ -21,6 +21,7 @@ use crate::variants::compressive::{CompressiveAttention, CompressiveConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::etc::{EtcAttention, EtcConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
+use crate::variants::gla::{GlaAttention, GlaConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
@@ -276,6 +277,8 @@ registry! {
     RetNet(RetNetConfig => RetNetAttention),
     /// Mamba-2: the SSD mixer, a scalar decay per head that depends on the token.
     Mamba2(Mamba2Config => Mamba2Attention),
+    /// GLA: gated linear attention, a gate per key channel that depends on the token.
+    Gla(GlaConfig => GlaAttention),
 }
 
 /// Every registered variant, in the order listings show them.

@@ -68,8 +68,8 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// The registered variants without a per-head form (their keys and values pass through layers
 /// over all heads), which the per-head references here skip; each has its whole-module float64
 /// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
-/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet` and `mamba2` (normalised and
-/// gated over every head) in tests/retnet.rs and tests/mamba2.rs.
+/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet`, `mamba2` and `gla`
+/// (normalised and gated over every head) in tests/retnet.rs, tests/mamba2.rs and tests/gla.rs.
 const NO_PER_HEAD_FORM: &[&str] = &[
     "set-transformer",
     "memory-compressed",
@@ -77,6 +77,7 @@ const NO_PER_HEAD_FORM: &[&str] = &[
     "compressive",
     "retnet",
     "mamba2",
+    "gla",
 ];
 
 fn cross_f64(

@@ -8,6 +8,7 @@ pub mod compressive;
 pub mod efficient;
 pub mod etc;
 pub mod feedforward;
+pub mod gla;
 pub mod linear;
 pub mod linformer;
 pub mod local;
