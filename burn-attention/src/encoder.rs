@@ -253,20 +253,63 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
     }
 }
 
-/// Configuration of an [`Encoder`]: `n_layers` identical blocks and a final LayerNorm.
+/// Configuration of an [`Encoder`]: `n_layers` blocks and a final LayerNorm. Every block is
+/// `block`, or, in a hybrid stack, `block` around the attention `layers` gives that layer.
 #[derive(Config, Debug)]
 pub struct EncoderConfig {
-    /// The block every layer repeats.
+    /// The block every layer repeats (its attention is every layer's unless `layers` is set).
     pub block: EncoderBlockConfig,
     /// Number of blocks.
     pub n_layers: usize,
+    /// A hybrid stack's attention for each layer, `n_layers` of them, all of the block's width
+    /// (e.g. a sliding-window softmax layer after every few linear ones); empty: every layer
+    /// takes `block.attention`. Set with [`with_layers`](Self::with_layers) or
+    /// [`named`](Self::named)'s `a+b` patterns.
+    #[config(default = "Vec::new()")]
+    pub layers: Vec<AttentionConfig>,
+}
+
+/// The separator of a hybrid stack's pattern of attentions in a name: `gla+gla+local`.
+pub const HYBRID_SEPARATOR: char = '+';
+
+/// The registry names in a hybrid stack's pattern (`gla+local` gives `gla` and `local`); a
+/// single name for a plain one.
+pub fn hybrid_pattern(name: &str) -> Vec<&str> {
+    name.split(HYBRID_SEPARATOR).collect()
+}
+
+/// A pattern of `pattern.len()` attentions repeated to `n_layers` layers; the error names
+/// `n_layers` when the pattern does not divide it.
+pub fn repeat_pattern<T: Clone>(pattern: &[T], n_layers: usize) -> Result<Vec<T>, AttentionError> {
+    if pattern.is_empty() || !n_layers.is_multiple_of(pattern.len()) {
+        return Err(AttentionError::field(
+            "encoder",
+            "n_layers",
+            format!(
+                "a hybrid pattern of {} layers must repeat a whole number of times in n_layers =                  {n_layers}",
+                pattern.len()
+            ),
+        ));
+    }
+    let mut layers = Vec::new();
+    if layers.try_reserve_exact(n_layers).is_err() {
+        return Err(AttentionError::field(
+            "encoder",
+            "n_layers",
+            format!("{n_layers} layers are more than memory can list"),
+        ));
+    }
+    layers.extend(pattern.iter().cloned().cycle().take(n_layers));
+    Ok(layers)
 }
 
 impl EncoderConfig {
     /// `n_layers` blocks of the variant called `name` with its paper defaults, width `d_model`,
     /// `n_heads` heads and a feed-forward layer of `d_ff`, in one call; the block's other
-    /// settings at their defaults (see [`EncoderBlockConfig`]). For the variants that need the
-    /// longest sequence, [`AttentionConfig::named`]'s error says how to give it.
+    /// settings at their defaults (see [`EncoderBlockConfig`]). A name of several variants
+    /// joined by `+` (`gla+gla+local`) is a hybrid stack: the pattern of layers, repeated to
+    /// `n_layers` (which it must divide). For the variants that need the longest sequence,
+    /// [`AttentionConfig::named`]'s error says how to give it.
     pub fn named(
         name: &str,
         d_model: usize,
@@ -274,16 +317,62 @@ impl EncoderConfig {
         d_ff: usize,
         n_layers: usize,
     ) -> Result<Self, AttentionError> {
-        let attention = AttentionConfig::named(name, d_model, n_heads)?;
-        let config = Self::new(EncoderBlockConfig::new(attention, d_ff), n_layers);
+        let pattern = hybrid_pattern(name)
+            .into_iter()
+            .map(|part| AttentionConfig::named(part, d_model, n_heads))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = Self::new(EncoderBlockConfig::new(pattern[0].clone(), d_ff), n_layers);
+        let config = if pattern.len() > 1 {
+            config.with_layers(repeat_pattern(&pattern, n_layers)?)
+        } else {
+            config
+        };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The attention of layer `layer` (`block.attention` unless the stack is hybrid).
+    ///
+    /// # Panics
+    /// If `layers` is set and `layer` is not below its length.
+    pub fn layer_attention(&self, layer: usize) -> &AttentionConfig {
+        if self.layers.is_empty() {
+            &self.block.attention
+        } else {
+            &self.layers[layer]
+        }
+    }
+
+    /// Every layer's attention, in order (`n_layers` of them).
+    pub fn layer_attentions(&self) -> Vec<&AttentionConfig> {
+        (0..self.n_layers)
+            .map(|i| self.layer_attention(i))
+            .collect()
+    }
+
+    /// The block of layer `layer`: `block` around the layer's attention.
+    fn layer_block(&self, layer: usize) -> EncoderBlockConfig {
+        let mut block = self.block.clone();
+        block.attention = self.layer_attention(layer).clone();
+        block
+    }
+
+    /// Whether the layers' attentions differ (a hybrid stack).
+    pub fn is_hybrid(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|a| a.name() != self.block.attention.name())
     }
 
     /// Sets the dropout on the attention weights, in every layer's attention (see
     /// [`AttentionConfig::with_weight_dropout`]; 0 by default).
     pub fn with_weight_dropout(mut self, dropout: f64) -> Self {
         self.block.attention = self.block.attention.with_weight_dropout(dropout);
+        self.layers = self
+            .layers
+            .into_iter()
+            .map(|a| a.with_weight_dropout(dropout))
+            .collect();
         self
     }
 
@@ -299,9 +388,9 @@ impl EncoderConfig {
         self.block.attention.d_model()
     }
 
-    /// Number of heads.
+    /// Number of heads (the first layer's).
     pub fn n_heads(&self) -> usize {
-        self.block.attention.n_heads()
+        self.layer_attention(0).n_heads()
     }
 
     /// Checks the configuration; the error names the offending field.
@@ -313,18 +402,65 @@ impl EncoderConfig {
                 "must be at least 1",
             ));
         }
-        self.block.validate()
+        self.block.validate()?;
+        if self.layers.is_empty() {
+            return Ok(());
+        }
+        if self.layers.len() != self.n_layers {
+            return Err(AttentionError::field(
+                "encoder",
+                "layers",
+                format!(
+                    "gives {} attentions for {} layers",
+                    self.layers.len(),
+                    self.n_layers
+                ),
+            ));
+        }
+        for (i, attention) in self.layers.iter().enumerate() {
+            attention.validate()?;
+            if attention.d_model() != self.d_model() {
+                return Err(AttentionError::field(
+                    "encoder",
+                    "layers",
+                    format!(
+                        "layer {i} ({}) is {} wide, the block {}",
+                        attention.name(),
+                        attention.d_model(),
+                        self.d_model()
+                    ),
+                ));
+            }
+            if self.is_hybrid() && attention.shares_projection() {
+                return Err(AttentionError::field(
+                    "encoder",
+                    "layers",
+                    format!(
+                        "layer {i} ({}) shares its projection across the layers (Linformer's \
+                         layerwise sharing), which needs every layer to be one",
+                        attention.name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Number of scalars the encoder's parameters will hold (frozen ones included), counted from
-    /// their shapes with checked arithmetic before any is allocated: one block is built, lazily,
-    /// and counted `n_layers` times, with the final norm and any projection the layers share.
-    /// `None` when the count does not fit in a `usize`; an error when the configuration is
-    /// invalid.
+    /// their shapes with checked arithmetic before any is allocated: each layer's block is
+    /// built, lazily, and counted (one block `n_layers` times unless the stack is hybrid), with
+    /// the final norm and any projection the layers share. `None` when the count does not fit in
+    /// a `usize`; an error when the configuration is invalid.
     pub fn num_params(&self, device: &Device) -> Result<Option<usize>, AttentionError> {
         self.validate()?;
-        let block = num_params_checked(&self.block.init(device));
-        let shared = match self.block.attention.init_shared_projection(device) {
+        let blocks = if self.layers.is_empty() {
+            num_params_checked(&self.block.init(device)).and_then(|b| b.checked_mul(self.n_layers))
+        } else {
+            (0..self.n_layers).try_fold(0usize, |sum, layer| {
+                sum.checked_add(num_params_checked(&self.layer_block(layer).init(device))?)
+            })
+        };
+        let shared = match self.layer_attention(0).init_shared_projection(device) {
             Some(projection) => num_params_checked(&projection),
             None => Some(0),
         };
@@ -333,8 +469,7 @@ impl EncoderConfig {
             self.block.norm_eps,
             device,
         ));
-        Ok(block
-            .and_then(|b| b.checked_mul(self.n_layers))
+        Ok(blocks
             .zip(shared.zip(norm))
             .and_then(|(blocks, (shared, norm))| blocks.checked_add(shared)?.checked_add(norm)))
     }
@@ -343,8 +478,13 @@ impl EncoderConfig {
     /// parameters of its layers' attentions ([`AttentionConfig::frozen_params`]), counted from
     /// shapes without allocating any. `None` when a count does not fit in a `usize`.
     pub fn num_trainable_params(&self, device: &Device) -> Result<Option<usize>, AttentionError> {
-        let frozen = (self.block.attention.frozen_params())
-            .and_then(|per_layer| per_layer.checked_mul(self.n_layers));
+        // A plain stack's count from one layer's (n_layers may be too many to list).
+        let frozen = if self.layers.is_empty() {
+            (self.block.attention.frozen_params())
+                .and_then(|per_layer| per_layer.checked_mul(self.n_layers))
+        } else {
+            (self.layers.iter()).try_fold(0usize, |sum, a| sum.checked_add(a.frozen_params()?))
+        };
         Ok(self
             .num_params(device)?
             .zip(frozen)
@@ -360,10 +500,10 @@ impl EncoderConfig {
             panic!("{err}");
         }
         let blocks = (0..self.n_layers)
-            .map(|_| self.block.init(device))
+            .map(|layer| self.layer_block(layer).init(device))
             .collect();
         let mut encoder = Encoder::new(blocks, self.block.norm_eps, device);
-        encoder.shared_projection = self.block.attention.init_shared_projection(device);
+        encoder.shared_projection = self.layer_attention(0).init_shared_projection(device);
         encoder
     }
 }
@@ -569,8 +709,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
 }
 
 impl Encoder<Attention> {
-    /// Number of heads of the blocks' attention (the first block's: an encoder built from a
-    /// configuration repeats one block).
+    /// Number of heads of the first block's attention (a hybrid stack's layers may differ).
     pub fn n_heads(&self) -> usize {
         self.blocks[0].n_heads()
     }

@@ -31,7 +31,10 @@ pub use crate::core::kernelized::{
 };
 pub use crate::core::params::{num_params_checked, num_trainable_params};
 pub use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
-pub use encoder::{BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig};
+pub use encoder::{
+    BlockSettings, Encoder, EncoderBlock, EncoderBlockConfig, EncoderConfig, HYBRID_SEPARATOR,
+    hybrid_pattern, repeat_pattern,
+};
 pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
 pub use variants::axial::{AxialAttention, AxialConfig};
 pub use variants::bigbird::{BigBirdAttention, BigBirdConfig};

@@ -356,6 +356,12 @@ impl AttentionConfig {
         self.info().name
     }
 
+    /// Whether the layers of an encoder share a projection of this attention's (Linformer's
+    /// `layerwise` sharing).
+    pub fn shares_projection(&self) -> bool {
+        matches!(self, Self::Linformer(c) if c.sharing == LinformerSharing::Layerwise)
+    }
+
     /// The projection shared by every layer of an encoder, for Linformer's `layerwise` sharing;
     /// `None` for everything else.
     pub fn init_shared_projection(&self, device: &Device) -> Option<Param<Tensor<3>>> {

@@ -20,13 +20,15 @@ pub struct ParamCount {
 }
 
 impl ParamCount {
-    /// Counts the classifier `spec` describes: the encoder from one lazily built block
+    /// Counts the classifier `spec` describes: the encoder from lazily built blocks, one for a
+    /// plain stack, one per layer for a hybrid one
     /// ([`burn_attention_zoo::EncoderConfig::num_params`] and `num_trainable_params`), the
     /// rest (embeddings, positions, head: all trained) from a lazily built one-layer classifier.
     pub fn of(spec: &ClassifierSpec) -> Result<Self> {
         let device = crate::backend::any_device()?;
         let mut one_layer = spec.clone();
         one_layer.encoder.n_layers = 1;
+        one_layer.encoder.layers.truncate(1);
         let model = LraClassifier::new(&one_layer, &device);
         let rest = burn_attention_zoo::num_params_checked(&model)
             .zip(burn_attention_zoo::num_params_checked(&model.encoder))
@@ -109,13 +111,14 @@ pub fn check_memory(
     shorter.data.max_len = config.data.max_len.min(512);
     let mut defaults = config.clone();
     defaults.attention.remove(attention);
+    // The fewest layers the attention takes: one, or a hybrid stack's pattern once.
     let mut one_layer = config.clone();
-    one_layer.model.n_layers = 1;
+    one_layer.model.n_layers = burn_attention_zoo::hybrid_pattern(attention).len();
     let field = if fits_as(&shorter)? {
         format!("`data.max_len` = {}", config.data.max_len)
     } else if config.attention.contains_key(attention) && fits_as(&defaults)? {
         format!("`attention.{attention}`")
-    } else if config.model.n_layers > 1 && fits_as(&one_layer)? {
+    } else if config.model.n_layers > one_layer.model.n_layers && fits_as(&one_layer)? {
         format!("`model.n_layers` = {}", config.model.n_layers)
     } else {
         "the `model` sizes (`d_model`, `d_ff`, `d_mlp`, `n_layers`)".to_string()

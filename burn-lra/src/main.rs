@@ -420,7 +420,9 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn train_command(mut args: TrainArgs) -> Result<()> {
-    burn_attention_zoo::variant(&args.attention)?;
+    for part in burn_attention_zoo::hybrid_pattern(&args.attention) {
+        burn_attention_zoo::variant(part)?;
+    }
     // Paths as the file system names them, so that a run records the same paths however the
     // command spelt them (`runs` or `/home/me/runs`).
     args.out = lra_runs::absolute(&args.out)?;

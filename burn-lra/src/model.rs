@@ -82,9 +82,14 @@ impl ClassifierSpec {
         })
     }
 
-    /// The attention's configuration.
-    pub fn attention(&self) -> &AttentionConfig {
-        &self.encoder.block.attention
+    /// The attention's configuration: every layer's, or, in a hybrid stack, each layer's in
+    /// order.
+    pub fn attentions(&self) -> Vec<&AttentionConfig> {
+        if self.encoder.is_hybrid() {
+            self.encoder.layer_attentions()
+        } else {
+            vec![&self.encoder.block.attention]
+        }
     }
 }
 

@@ -18,7 +18,8 @@ pub struct RunRecord<Run = Value> {
     /// The attention's name as the command line gave it.
     pub attention_name: String,
     /// The attention's full configuration after the presets and the configuration's
-    /// `[attention.<name>]` table were applied, as burn-attention writes it.
+    /// `[attention.<name>]` table were applied, as burn-attention writes it; for a hybrid
+    /// stack (`gla+local`), a list of each layer's, in order.
     pub attention_resolved: Value,
     /// The backend that trains the run.
     pub backend: BackendKind,

@@ -80,6 +80,45 @@ fn short_run_writes_config_metrics_and_result() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A hybrid stack named by its pattern (`gla+local`) trains like any attention: each layer
+/// takes its place in the pattern, config.json records every layer's configuration, the
+/// parameters counted are those of the layers built; a pattern that does not divide
+/// `model.n_layers` is refused with the field named.
+#[test]
+fn a_hybrid_stack_trains_and_records_its_layers() {
+    let dir = temp_dir("hybrid");
+    let mut config = RunConfig::preset("listops", "tiny").unwrap();
+    let generate = config.data.generate.as_mut().unwrap();
+    (generate.n_train, generate.n_val, generate.n_test) = (100, 20, 20);
+    config.training.steps = 4;
+    config.training.eval_every = 2;
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let run_dir = dir.join("run");
+    let mut opts = options(run_dir.clone(), "gla+local");
+    let result = train(&config, &splits, &opts).unwrap();
+    let config_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).unwrap())
+            .unwrap();
+    let layers = config_json["attention_resolved"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    assert!(layers[0].get("Gla").is_some() && layers[1].get("Local").is_some());
+    let task = burn_lra::tasks::find("listops").unwrap();
+    let spec = burn_lra::model::ClassifierSpec::resolve(&config, task, "gla+local").unwrap();
+    let built = burn_lra::model::LraClassifier::new(&spec, &burn::prelude::Device::flex());
+    assert_eq!(
+        Some(result.n_params),
+        burn_attention_zoo::num_params_checked(&built)
+    );
+    opts.attention = "gla+gla+local".into();
+    opts.run_dir = dir.join("three");
+    let err = format!("{:#}", train(&config, &splits, &opts).unwrap_err());
+    assert!(
+        err.contains("model.n_layers") && err.contains("pattern of 3"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The promise of the tiny preset (issue: "clearly beats the majority class"): one full seed of
 /// the preset, as `cargo xtask lra --preset tiny` runs it, at least 10 points above the share of
 /// the test set's most frequent class.

@@ -186,14 +186,19 @@ fn harness_names(harness: &Harness, command: &str) -> Result<Vec<String>> {
 }
 
 /// The attentions a `--attention` list names: every registered one when the list is empty or
-/// `all`; an unknown name is an error that lists the registered ones.
+/// `all`; a hybrid stack by its pattern (`gla+local`, each part registered); an unknown name is
+/// an error that lists the registered ones.
 pub(crate) fn resolve_attentions(list: &[String], harness: &Harness) -> Result<Vec<String>> {
     let registered = harness_names(harness, "list")?;
     match list {
         [] => Ok(registered),
         [all] if all == "all" => Ok(registered),
         list => {
-            if let Some(unknown) = list.iter().find(|a| !registered.contains(a)) {
+            let parts = list.iter().flat_map(|name| name.split('+'));
+            if let Some(unknown) = parts
+                .into_iter()
+                .find(|a| !registered.iter().any(|r| r == a))
+            {
                 bail!(
                     "unknown attention `{unknown}` (known: all, {})",
                     registered.join(", ")

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use burn_attention_zoo::{AttentionConfig, EncoderBlockConfig, EncoderConfig};
+use burn_attention_zoo::{
+    AttentionConfig, EncoderBlockConfig, EncoderConfig, hybrid_pattern, repeat_pattern,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -227,12 +229,23 @@ impl RunConfig {
         Ok(config)
     }
 
-    /// The encoder around the attention called `name`.
+    /// The encoder around the attention called `name`; a hybrid stack where `name` joins
+    /// several with `+` (`gla+local`: the pattern of layers, repeated to `model.n_layers`, each
+    /// layer's attention with its own `[attention.<name>]` parameters).
     pub fn encoder_config(&self, name: &str) -> Result<EncoderConfig> {
         let m = &self.model;
-        let block = EncoderBlockConfig::new(self.attention_config(name)?, m.d_ff)
-            .with_residual_dropout(m.dropout);
-        Ok(EncoderConfig::new(block, m.n_layers))
+        let pattern = hybrid_pattern(name)
+            .into_iter()
+            .map(|part| self.attention_config(part))
+            .collect::<Result<Vec<_>>>()?;
+        let block =
+            EncoderBlockConfig::new(pattern[0].clone(), m.d_ff).with_residual_dropout(m.dropout);
+        let encoder = EncoderConfig::new(block, m.n_layers);
+        if pattern.len() == 1 {
+            return Ok(encoder);
+        }
+        let layers = repeat_pattern(&pattern, m.n_layers).context("`model.n_layers`")?;
+        Ok(encoder.with_layers(layers))
     }
 }
 
@@ -307,6 +320,19 @@ mod tests {
                 config.encoder_config(variant.name).unwrap();
             }
         }
+    }
+
+    /// A hybrid stack's layers each take their own `[attention.<name>]` parameters.
+    #[test]
+    fn hybrid_layers_take_their_own_parameters() {
+        let text = format!("{}\n[attention.local]\nwindow = 5\n", listops_tiny());
+        let config = RunConfig::parse_toml(&text, "x").unwrap();
+        let encoder = config.encoder_config("performer+local").unwrap();
+        let layers = serde_json::to_value(encoder.layer_attentions()).unwrap();
+        assert_eq!(layers[0]["Performer"]["n_features"], 64);
+        assert_eq!(layers[1]["Local"]["window"], 5);
+        let err = config.encoder_config("local+local+local").unwrap_err();
+        assert!(format!("{err:#}").contains("`model.n_layers`"), "{err:#}");
     }
 
     #[test]

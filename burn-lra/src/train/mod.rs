@@ -54,7 +54,14 @@ pub const BUILD_COMMIT: &str = match option_env!("BURN_LRA_COMMIT") {
 /// error, raised by the configuration and the data readers.)
 pub fn suspicious_settings(plan: &RunPlan, data: &Splits) -> Vec<String> {
     let config = &plan.config;
-    let mut warnings = plan.classifier.attention().warnings();
+    let mut warnings: Vec<String> = Vec::new();
+    for attention in plan.classifier.attentions() {
+        for warning in attention.warnings() {
+            if !warnings.contains(&warning) {
+                warnings.push(warning);
+            }
+        }
+    }
     for split in [Some(&data.train), data.val.as_ref(), Some(&data.test)]
         .into_iter()
         .flatten()
@@ -131,7 +138,10 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
     let record = Record {
         run: config.clone(),
         attention_name: opts.attention.clone(),
-        attention_resolved: serde_json::to_value(plan.classifier.attention())?,
+        attention_resolved: match plan.classifier.attentions().as_slice() {
+            [one] => serde_json::to_value(one)?,
+            layers => serde_json::to_value(layers)?,
+        },
         seed: opts.seed,
         backend: opts.backend,
         preset: opts.preset.clone(),
