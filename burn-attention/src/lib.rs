@@ -39,6 +39,7 @@ pub use registry::{Attention, AttentionConfig, VARIANTS, variant};
 pub use variants::axial::{AxialAttention, AxialConfig};
 pub use variants::bigbird::{BigBirdAttention, BigBirdConfig};
 pub use variants::compressive::{CompressiveAttention, CompressiveConfig};
+pub use variants::deltanet::{DeltaDecay, DeltaNetAttention, DeltaNetConfig};
 pub use variants::efficient::{EfficientAttention, EfficientAttentionConfig, efficient_attention};
 pub use variants::etc::{EtcAttention, EtcConfig, EtcGlobal};
 pub use variants::feedforward::{

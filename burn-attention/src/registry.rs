@@ -18,6 +18,7 @@ use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::variants::compressive::{CompressiveAttention, CompressiveConfig};
+use crate::variants::deltanet::{DeltaNetAttention, DeltaNetConfig};
 use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::etc::{EtcAttention, EtcConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
@@ -279,6 +280,8 @@ registry! {
     Mamba2(Mamba2Config => Mamba2Attention),
     /// GLA: gated linear attention, a gate per key channel that depends on the token.
     Gla(GlaConfig => GlaAttention),
+    /// DeltaNet: linear attention written with the delta rule; `gated-deltanet` adds a decay.
+    DeltaNet(DeltaNetConfig => DeltaNetAttention),
 }
 
 /// Every registered variant, in the order listings show them.

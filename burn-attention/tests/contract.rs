@@ -68,8 +68,9 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 /// The registered variants without a per-head form (their keys and values pass through layers
 /// over all heads), which the per-head references here skip; each has its whole-module float64
 /// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
-/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet`, `mamba2` and `gla`
-/// (normalised and gated over every head) in tests/retnet.rs, tests/mamba2.rs and tests/gla.rs.
+/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet`, `mamba2`, `gla`, `deltanet` and
+/// `gated-deltanet` (normalised and gated over every head) in tests/retnet.rs, tests/mamba2.rs,
+/// tests/gla.rs and tests/deltanet.rs.
 const NO_PER_HEAD_FORM: &[&str] = &[
     "set-transformer",
     "memory-compressed",
@@ -78,6 +79,8 @@ const NO_PER_HEAD_FORM: &[&str] = &[
     "retnet",
     "mamba2",
     "gla",
+    "deltanet",
+    "gated-deltanet",
 ];
 
 fn cross_f64(

@@ -210,7 +210,7 @@ fn states_between_chunks(totals: Tensor<4>, writes: Tensor<5>) -> (Tensor<5>, Te
 /// difference of cumulative sums carries the rounding of everything summed before `j`, an
 /// error of about `ε |G_i|` in the exponent, which a long stretch of steep decays (|G| in the
 /// thousands) makes larger than the decay it measures.
-fn segment_sums<const D: usize>(g: Tensor<D>) -> Tensor<D> {
+pub(crate) fn segment_sums<const D: usize>(g: Tensor<D>) -> Tensor<D> {
     let mut dims = g.dims();
     let m = dims[D - 3];
     dims[D - 2] = m;

@@ -1,10 +1,11 @@
 //! The ground floor every variant builds on: inputs and masks, errors, head projections, the
 //! exact softmax with its fused kernels, the kernelized core with its chunked causal and
-//! recurrent forms, linear attention with a decaying state, rotary positions, random features, the module contract and what a variant states about
+//! recurrent forms, linear attention with a decaying state and with the delta rule, rotary positions, random features, the module contract and what a variant states about
 //! itself. Nothing here imports a variant, the registry or the encoder.
 
 pub mod contract;
 pub mod decay;
+pub mod delta;
 pub mod dropout;
 pub mod error;
 pub mod features;

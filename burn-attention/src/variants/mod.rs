@@ -5,6 +5,7 @@
 pub mod axial;
 pub mod bigbird;
 pub mod compressive;
+pub mod deltanet;
 pub mod efficient;
 pub mod etc;
 pub mod feedforward;

@@ -1,0 +1,244 @@
+//! Linear attention written with the delta rule: the state is corrected toward each value rather
+//! than summed into (`deltanet`, and `gated-deltanet` with a decay per position).
+//!
+//! With queries `q_t`, keys `k_t` (unit length in the variants), values `v_t`, writing strengths
+//! `β_t ∈ (0, 1)` and log-decays `g_t ≤ 0` (0 without gating), the state `S_t` (`[d_k, d_v]`)
+//! follows `S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `α_t = exp(g_t)`, and
+//! `o_t = S_tᵀ q_t`: the value stored under `k_t` moves a fraction `β_t` toward `v_t`. Equivalently
+//! `S_t = α_t S_{t−1} + k_t u_tᵀ` with the pseudo-value `u_t = β_t (v_t − α_t S_{t−1}ᵀ k_t)`. A
+//! padded position neither decays nor writes: its key, `β` and `g` are 0.
+//!
+//! **Chunked causal form** (Yang et al. 2024, arXiv 2406.06484, §3, with the decays of Yang,
+//! Kautz & Hatamizadeh 2025, arXiv 2412.06464, §3.3). Within a chunk of `c` positions starting
+//! from the state `S₀`, with `G` the cumulative log-decay from the chunk's start,
+//! `S_t = e^{G_t} S₀ + Σ_{j ≤ t} e^{G_t − G_j} k_j u_jᵀ`, so the pseudo-values solve the unit
+//! lower-triangular system `(I + A) u = diag(β) (V − diag(e^G) K S₀)`, `A_tj = β_t e^{G_t − G_j}
+//! (k_t·k_j)` for `j < t`: `u = U − W S₀` with `[U, W] = (I + A)⁻¹ diag(β) [V, diag(e^G) K]` (the
+//! WY form), solved once per chunk by forward substitution, which is exact at every size of `A`
+//! (the power series of `(I + A)⁻¹` has terms that grow combinatorially when keys repeat).
+//! Then `O = diag(e^G) Q S₀ + (Q Kᵀ ⊙ Γ ⊙ M) u` with `Γ_tj = e^{G_t − G_j}` and `M` the causal
+//! mask, and the state after the chunk `e^{G_c} S₀ + Σ_j e^{G_c − G_j} k_j u_jᵀ`. The
+//! transition between chunks, `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + …`, is a `d_k × d_k`
+//! matrix that depends on the chunk, so the chunks follow one another in a loop (as the paper's
+//! kernels do); everything within a chunk is batched over all chunks at once. Every decay is a
+//! span summed over its own terms, as in [`crate::core::decay`].
+//!
+//! **Recurrent form.** [`delta_step`], O(d_k d_v) a token.
+//!
+//! **Non-causal form.** [`delta_bidirectional`]: the forward recurrence's output plus that of
+//! the recurrence run from the end, read before the position's own write (the state after
+//! `i + 1` decayed by `α_i`), so that every position is written into the output once, by the
+//! forward scan.
+
+use burn::prelude::*;
+
+use super::decay::segment_sums;
+use super::input::causal_mask;
+
+/// Chunk length of the causal form: the forward substitution takes `c` steps a chunk (all
+/// chunks at once), the loop over chunks `n / c`.
+pub const DELTA_CHUNK: usize = 32;
+
+/// The causal form in chunks of `chunk` positions (see the module docs): the outputs and the
+/// state after the last position. The result does not depend on `chunk` beyond round-off.
+///
+/// # Shapes
+/// - `q`, `k`: `[batch, heads, n, d_k]`; `v`: `[batch, heads, n, d_v]`
+/// - `beta`, `log_decay`: `[batch, heads, n, 1]` (`log_decay` `None`: no decay)
+/// - `state`: `[batch, heads, d_k, d_v]`, the state before the first position (`None`: zeros)
+/// - outputs `[batch, heads, n, d_v]`; state `[batch, heads, d_k, d_v]`
+///
+/// # Panics
+/// If `chunk` is 0.
+pub fn delta_causal(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
+    state: Option<Tensor<4>>,
+    chunk: usize,
+) -> (Tensor<4>, Tensor<4>) {
+    assert!(chunk > 0, "the chunk length must be at least 1");
+    let [batch, heads, n, d_k] = q.dims();
+    let d_v = v.dims()[3];
+    let device = q.device();
+    let c = chunk.min(n);
+    let chunks = n.div_ceil(c);
+    let log_decay = log_decay.unwrap_or_else(|| Tensor::zeros([batch, heads, n, 1], &device));
+    let split = |x: Tensor<4>| into_chunks(x, c, chunks);
+    let (q, k, v, beta, g) = (split(q), split(k), split(v), split(beta), split(log_decay));
+    let within = g.clone().cumsum(3); // G, [b, h, chunks, c, 1]
+    // Γ_tj = e^{G_t − G_j} for j <= t (1 above the diagonal, zeroed where used).
+    let gamma = segment_sums(g.reshape([batch, heads, chunks, c, 1, 1]))
+        .exp()
+        .reshape([batch, heads, chunks, c, c]);
+    let strictly_lower = causal_mask(c, &device).transpose().reshape([1, 1, 1, c, c]);
+    let future = causal_mask(c, &device).reshape([1, 1, 1, c, c]);
+    let a = (k.clone().matmul(k.clone().swap_dims(3, 4)) * gamma.clone() * beta.clone())
+        .mask_fill(strictly_lower.bool_not(), 0.0);
+    let rhs = Tensor::cat(vec![v, k.clone() * within.clone().exp()], 4) * beta;
+    let solved = forward_substitution(a, rhs);
+    let u_all = solved.clone().slice(s![.., .., .., .., 0..d_v]);
+    let w_all = solved.slice(s![.., .., .., .., d_v..d_v + d_k]);
+    let scores =
+        (q.clone().matmul(k.clone().swap_dims(3, 4)) * gamma.clone()).mask_fill(future, 0.0);
+    let q_decayed = q * within.clone().exp();
+    // Per chunk: decays from each position to the chunk's end, and the chunk's whole decay.
+    let to_end = gamma
+        .slice(s![.., .., .., c - 1..c])
+        .reshape([batch, heads, chunks, c, 1]);
+    let k_to_end = k * to_end;
+    let total = within.slice(s![.., .., .., c - 1..c]).exp(); // [b, h, chunks, 1, 1]
+
+    let mut s = state.unwrap_or_else(|| Tensor::zeros([batch, heads, d_k, d_v], &device));
+    let mut outs = Vec::with_capacity(chunks);
+    for i in 0..chunks {
+        let at = |x: &Tensor<5>| -> Tensor<4> {
+            let dims = x.dims();
+            x.clone()
+                .slice(s![.., .., i..i + 1])
+                .reshape([batch, heads, dims[3], dims[4]])
+        };
+        let u = at(&u_all) - at(&w_all).matmul(s.clone());
+        outs.push(at(&q_decayed).matmul(s.clone()) + at(&scores).matmul(u.clone()));
+        let decay = at(&total);
+        s = s * decay + at(&k_to_end).swap_dims(2, 3).matmul(u);
+    }
+    let out = Tensor::cat(outs, 2);
+    let out = if chunks * c == n {
+        out
+    } else {
+        out.slice(s![.., .., 0..n])
+    };
+    (out, s)
+}
+
+/// Solves `(I + A) X = B` for each chunk, `A: [..., c, c]` strictly lower triangular,
+/// `B: [..., c, w]`, row by row: `X_t = B_t − Σ_{j < t} A_tj X_j`.
+fn forward_substitution(a: Tensor<5>, b: Tensor<5>) -> Tensor<5> {
+    let [batch, heads, chunks, c, width] = b.dims();
+    let mut rows: Vec<Tensor<5>> = Vec::with_capacity(c);
+    for t in 0..c {
+        let own = b.clone().slice(s![.., .., .., t..t + 1]);
+        let row = if t == 0 {
+            own
+        } else {
+            let earlier = Tensor::cat(rows.clone(), 3); // [b, h, chunks, t, w]
+            let coefficients = a.clone().slice(s![.., .., .., t..t + 1, 0..t]);
+            own - coefficients.matmul(earlier)
+        };
+        rows.push(row);
+    }
+    let x = Tensor::cat(rows, 3);
+    debug_assert_eq!(x.dims(), [batch, heads, chunks, c, width]);
+    x
+}
+
+/// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last
+/// chunk (a zero key, `β` and log-decay neither write nor decay).
+fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
+    let [batch, heads, n, width] = x.dims();
+    let fill = chunks * c - n;
+    let x = if fill == 0 {
+        x
+    } else {
+        let zeros = Tensor::zeros([batch, heads, fill, width], &x.device());
+        Tensor::cat(vec![x, zeros], 2)
+    };
+    x.reshape([batch, heads, chunks, c, width])
+}
+
+/// The non-causal form (see the module docs): the forward recurrence's outputs plus those of
+/// the recurrence over the reversed sequence read before each position's own write, decayed by
+/// the position's own decay: `S^←_{i+1}` seen from `i` as `α_i S^←_{i+1}ᵀ q_i`.
+///
+/// # Shapes
+/// As [`delta_causal`]'s inputs; output `[batch, heads, n, d_v]`.
+pub fn delta_bidirectional(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
+    chunk: usize,
+) -> Tensor<4> {
+    let [batch, heads, n, d_k] = q.dims();
+    let device = q.device();
+    let (forward, _) = delta_causal(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        (beta.clone(), log_decay.clone()),
+        None,
+        chunk,
+    );
+    if n == 1 {
+        return forward;
+    }
+    // Reversed, position r reads the state after r − 1, i.e. the output at r − 1 of the query
+    // of r: queries moved one step earlier (the last one unused), outputs one step later.
+    let flip = |x: Tensor<4>| x.flip([2]);
+    let q_own = match &log_decay {
+        Some(g) => q * g.clone().exp(),
+        None => q,
+    };
+    let q_reversed = flip(q_own);
+    let q_early = Tensor::cat(
+        vec![
+            q_reversed.slice(s![.., .., 1..n]),
+            Tensor::zeros([batch, heads, 1, d_k], &device),
+        ],
+        2,
+    );
+    let (backward, _) = delta_causal(
+        q_early,
+        flip(k),
+        flip(v),
+        (flip(beta), log_decay.map(flip)),
+        None,
+        chunk,
+    );
+    let d_v = backward.dims()[3];
+    // Reversed position r's output sits at r − 1; the first reversed position (the sequence's
+    // last) reads nothing from after it.
+    let backward = Tensor::cat(
+        vec![
+            Tensor::zeros([batch, heads, 1, d_v], &device),
+            backward.slice(s![.., .., 0..n - 1]),
+        ],
+        2,
+    );
+    forward + flip(backward)
+}
+
+/// One step of the recurrence (`state` `None`: no token yet): `S' = α S`, `u = β (v − S'ᵀ k)`,
+/// `S ← S' + k uᵀ`, output `Sᵀ q`. Returns the output and the new state.
+///
+/// # Shapes
+/// - `q`, `k`: `[batch, heads, 1, d_k]`; `v`: `[batch, heads, 1, d_v]`; `beta`, `log_decay`:
+///   `[batch, heads, 1, 1]`; state `[batch, heads, d_k, d_v]`
+/// - output `[batch, heads, 1, d_v]`
+pub fn delta_step(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
+    state: Option<Tensor<4>>,
+) -> (Tensor<4>, Tensor<4>) {
+    let [batch, heads, _, d_k] = k.dims();
+    let d_v = v.dims()[3];
+    let state = state.unwrap_or_else(|| Tensor::zeros([batch, heads, d_k, d_v], &k.device()));
+    let state = match log_decay {
+        Some(g) => state * g.exp(),
+        None => state,
+    };
+    let u = (v - k.clone().matmul(state.clone())) * beta;
+    let state = state + k.swap_dims(2, 3).matmul(u);
+    (q.matmul(state.clone()), state)
+}
+
+/// `x` scaled to unit length along its last axis (the variants' keys and queries; `1e-6` keeps a
+/// zero row at zero).
+pub fn unit_length(x: Tensor<4>) -> Tensor<4> {
+    let norm = x.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
+    x / norm
+}
