@@ -6,10 +6,12 @@
 //! cargo run --release --example char_lm -- --data-dir path/to/imdb   # aclImdb folder or .tar.gz
 //! cargo run --release --example char_lm                             # generated text
 //! cargo run --release --example char_lm -- --attention performer --seconds 60
+//! cargo run --release --example char_lm -- --attention gla+local          # a hybrid stack
 //! ```
 //!
 //! Model: byte embeddings plus sinusoidal positions, a pre-LN `Encoder` with causal attention
-//! (`linear` by default, any causal variant by `--attention`), a linear head over the 256 bytes.
+//! (`linear` by default, any causal variant by `--attention`, or a hybrid stack's pattern such
+//! as `gla+local`: one layer of each), a linear head over the 256 bytes.
 //! Decoding carries one `DecodingState` per layer: for the kernelized variants the sums
 //! `S = Σ φ(k) vᵀ` and `z = Σ φ(k)`, so a token costs the same at position 100 and 4,000.
 
@@ -23,6 +25,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionConfig, AttentionInput, DecodingState, Encoder, EncoderBlockConfig, EncoderConfig,
+    hybrid_pattern, repeat_pattern,
 };
 
 #[path = "shared/imdb.rs"]
@@ -108,18 +111,25 @@ fn run() -> Result<(), String> {
             .as_ref()
             .map_or("the generator".to_string(), |d| d.display().to_string())
     );
-    let attention = AttentionConfig::from_name(&args.attention, D_MODEL, HEADS, CONTEXT)
-        .map_err(|e| e.to_string())?;
-    if !attention.info().capabilities.causal {
-        return Err(format!(
-            "`{}` has no causal form; try linear or performer",
-            args.attention
-        ));
+    let mut pattern = Vec::new();
+    for name in hybrid_pattern(&args.attention) {
+        let attention =
+            AttentionConfig::from_name(name, D_MODEL, HEADS, CONTEXT).map_err(|e| e.to_string())?;
+        if !attention.info().capabilities.causal {
+            return Err(format!(
+                "`{name}` has no causal form; try linear, performer or gla"
+            ));
+        }
+        pattern.push(attention);
     }
+    let layers = repeat_pattern(&pattern, LAYERS).map_err(|e| e.to_string())?;
     let device = Device::flex();
     device.seed(0);
     let model = train(
-        CharLmConfig { attention },
+        CharLmConfig {
+            name: args.attention.clone(),
+            layers,
+        },
         &text,
         args.seconds,
         &device.clone().autodiff(),
@@ -135,9 +145,10 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// The model's configuration: its attention.
+/// The model's configuration: its attention (or hybrid pattern) and each layer's.
 struct CharLmConfig {
-    attention: AttentionConfig,
+    name: String,
+    layers: Vec<AttentionConfig>,
 }
 
 /// Bytes in, next-byte logits out.
@@ -151,10 +162,11 @@ struct CharLm {
 impl CharLmConfig {
     fn init(&self, device: &Device) -> CharLm {
         let block =
-            EncoderBlockConfig::new(self.attention.clone(), 2 * D_MODEL).with_residual_dropout(0.0);
+            EncoderBlockConfig::new(self.layers[0].clone(), 2 * D_MODEL).with_residual_dropout(0.0);
+        let encoder = EncoderConfig::new(block, LAYERS).with_layers(self.layers.clone());
         CharLm {
             embedding: EmbeddingConfig::new(VOCAB, D_MODEL).init(device),
-            encoder: EncoderConfig::new(block, LAYERS).init(device),
+            encoder: encoder.init(device),
             head: LinearConfig::new(D_MODEL, VOCAB).init(device),
         }
     }
@@ -228,7 +240,7 @@ fn train(config: CharLmConfig, text: &[u8], seconds: f64, device: &Device) -> Ch
     let mut running = None::<f64>;
     println!(
         "training {} ({LAYERS} layers, d_model {D_MODEL}, {HEADS} heads) on windows of {CONTEXT} bytes, batch {BATCH}, for {seconds} s",
-        config.attention.name()
+        config.name
     );
     while started.elapsed().as_secs_f64() < seconds {
         let mut window = Vec::with_capacity(BATCH * (CONTEXT + 1));
@@ -405,4 +417,34 @@ fn generated_text(bytes: usize) -> Vec<u8> {
         text.push(b' ');
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hybrid model (GLA then a sliding-window softmax layer) decodes from its prefilled
+    /// states as its causal forward pass computes: the next byte's logits after 20 bytes.
+    #[test]
+    fn a_hybrid_model_decodes_as_its_forward_pass() {
+        let device = Device::flex();
+        let layers = ["gla", "local"]
+            .map(|name| AttentionConfig::from_name(name, D_MODEL, HEADS, CONTEXT).unwrap())
+            .to_vec();
+        let model = CharLmConfig {
+            name: "gla+local".into(),
+            layers,
+        }
+        .init(&device);
+        let text = b"This movie was a treat";
+        let ids: Vec<i64> = text.iter().map(|&b| b as i64).collect();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, text.len()]), &device);
+        let full = model.forward(ids);
+        let (_, states) = model.prefill(&text[..20]);
+        let (next, _) = model.step(text[20], 20, states);
+        next.into_data().assert_approx_eq::<f32>(
+            &full.slice(s![.., 20..21]).into_data(),
+            burn::tensor::Tolerance::absolute(1e-4),
+        );
+    }
 }
