@@ -46,6 +46,7 @@ pub use variants::feedforward::{
     FeedForwardKernel, FeedForwardKernelAttention, FeedForwardKernelConfig, KernelUnit,
 };
 pub use variants::gla::{GlaAttention, GlaConfig};
+pub use variants::hedgehog::{HedgehogAttention, HedgehogConfig, hedgehog_features};
 pub use variants::linear::{
     LinearAttention, LinearAttentionConfig, elu_feature_map, linear_attention,
 };

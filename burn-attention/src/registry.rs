@@ -23,6 +23,7 @@ use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
 use crate::variants::etc::{EtcAttention, EtcConfig};
 use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::gla::{GlaAttention, GlaConfig};
+use crate::variants::hedgehog::{HedgehogAttention, HedgehogConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
 use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
@@ -282,6 +283,8 @@ registry! {
     Gla(GlaConfig => GlaAttention),
     /// DeltaNet: linear attention written with the delta rule; `gated-deltanet` adds a decay.
     DeltaNet(DeltaNetConfig => DeltaNetAttention),
+    /// Hedgehog: linear attention with a learned feature map that mimics softmax.
+    Hedgehog(HedgehogConfig => HedgehogAttention),
 }
 
 /// Every registered variant, in the order listings show them.

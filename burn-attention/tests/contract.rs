@@ -10,6 +10,7 @@
 mod reference;
 mod small;
 
+use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
 use burn_attention_zoo::{
@@ -18,8 +19,9 @@ use burn_attention_zoo::{
     padding_mask_from_lengths,
 };
 use reference::{
-    efficient_head, elu_plus_one, favor_features, kernelized_head, matmul, matrix, max_rel_err,
-    nystrom_cross_f64, phi_f64, project, softmax_head, softmax_rows, to_heads, to_rows, transpose,
+    efficient_head, elu_plus_one, favor_features, hedgehog_f64, kernelized_head, matmul, matrix,
+    max_rel_err, nystrom_cross_f64, phi_f64, project, softmax_head, softmax_rows, to_heads,
+    to_rows, transpose,
 };
 
 const D_MODEL: usize = 16;
@@ -85,7 +87,7 @@ const NO_PER_HEAD_FORM: &[&str] = &[
 
 fn cross_f64(
     attention: &Attention,
-    name: &str,
+    (name, head): (&str, usize),
     [q, k, v]: [&[Vec<f64>]; 3],
     (q_len, k_len): (usize, usize),
 ) -> Vec<Vec<f64>> {
@@ -110,6 +112,13 @@ fn cross_f64(
             kernelized_head(&favor_features(q, &w), &favor_features(k, &w), v, all)
         }
         (_, Attention::FeedForward(m)) => kernelized_head(&phi_f64(m, q), &phi_f64(m, k), v, all),
+        (_, Attention::Hedgehog(m)) => {
+            let map = |w: &Param<Tensor<3>>, x: &[Vec<f64>]| {
+                let w = to_rows(&w.val().slice(s![head..head + 1]).squeeze_dim::<2>(0));
+                hedgehog_f64(&w, x)
+            };
+            kernelized_head(&map(&m.query_map, q), &map(&m.key_map, k), v, all)
+        }
         (_, Attention::Linformer(m)) => {
             let e = first_projection(m.e.as_ref().unwrap().val());
             let f = first_projection(m.f.as_ref().unwrap().val());
@@ -166,7 +175,7 @@ fn cross_attention_matches_float64_reference() {
             for h in 0..N_HEADS {
                 let expected = cross_f64(
                     &attention,
-                    name,
+                    (name, h),
                     [&q[b][h], &k[b][h], &v[b][h]],
                     (q_lens[b], k_lens[b]),
                 );

@@ -10,6 +10,7 @@ pub mod efficient;
 pub mod etc;
 pub mod feedforward;
 pub mod gla;
+pub mod hedgehog;
 pub mod linear;
 pub mod linformer;
 pub mod local;

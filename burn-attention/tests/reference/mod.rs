@@ -446,3 +446,17 @@ pub fn sinusoid(delta: i64, d_model: usize) -> Vec<f64> {
         .chain((0..half).map(|f| angle(f).cos()))
         .collect()
 }
+
+/// Hedgehog's feature map in float64, `[softmax(x W), softmax(−x W)]` per row.
+pub fn hedgehog_f64(w: &[Vec<f64>], x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let z = matmul(x, w);
+    let neg: Vec<Vec<f64>> = z.iter().map(|r| r.iter().map(|a| -a).collect()).collect();
+    softmax_rows(&z)
+        .into_iter()
+        .zip(softmax_rows(&neg))
+        .map(|(mut a, b)| {
+            a.extend(b);
+            a
+        })
+        .collect()
+}
