@@ -16,9 +16,13 @@ transformers' LongformerSelfAttention and BigBirdBlockSparseAttention, each with
 projection), memory-compressed (memory-compressed-attention), set-transformer (isab-pytorch
 ISAB), axial (axial-attention AxialAttention), compressive and transformer-xl
 (compressive-transformer-pytorch SelfAttention over the segments, with and without compressed
-memory), routing (routing-transformer SelfAttention) and retnet (RetNet's retention, a few lines
-of torch from the paper's chunkwise form: no package offers it alone). Installed by `cargo xtask
-bench setup`.
+memory), routing (routing-transformer SelfAttention), and the linear attentions with a state
+that decays, gates or is written by the delta rule, a few lines of torch each from the papers'
+chunkwise forms, as the library computes them (the packages that have them, flash-linear-attention
+and mamba-ssm, need a GPU and Triton or CUDA kernels): retnet (RetNet's retention), mamba2 (the
+SSD mixer), gla, deltanet and gated-deltanet (the WY form, torch.linalg.solve_triangular within a
+chunk), and hedgehog (its feature maps around linear attention). Installed by `cargo xtask bench
+setup`.
 """
 import argparse
 import json
@@ -53,32 +57,222 @@ def efficient_attention(q, k, v):
     return q.softmax(dim=-1) @ (k.softmax(dim=-2).transpose(-2, -1) @ v)
 
 
+def segment_sums(g):
+    """`out[..., i, j, :] = sum_{j < t <= i} g[..., t, :]` over the positions on the
+    second-to-last axis of `g: [..., c, w]` (0 for j >= i): each span summed from its own terms,
+    as the library does, not as a difference of cumulative sums."""
+    c = g.shape[-2]
+    x = g.unsqueeze(-2).expand(*g.shape[:-2], c, c, g.shape[-1])
+    after = torch.ones(c, c, dtype=torch.bool, device=g.device).tril(-1)
+    return x.masked_fill(~after[..., None], 0).cumsum(-3)
+
+
 def decayed_causal(q, k, v, log_decay, chunk=64):
     """Causal linear attention with a decaying state, `o_i = sum_{j<=i} exp(G_i - G_j) (q_i.k_j)
-    v_j` with `G` the cumulative log-decay, in chunks (the chunkwise form of RetNet, Sun et al.
-    2023, section 2.3): within a chunk the masked `c x c` weights, across chunks the state each
-    chunk writes, carried by a `chunks x chunks` matrix of decays. Decays are `exp` of
-    non-positive differences of cumulative logs."""
+    v_j` with `G` the cumulative log-decay (one per position, width 1, or one per key channel,
+    width d_k: GLA's gates), in chunks (the chunkwise form of RetNet, Sun et al. 2023, section
+    2.3; GLA, Yang et al. 2024, section 4): within a chunk the masked `c x c` weights, across
+    chunks the state each chunk writes, carried by a `chunks x chunks` matrix of decays. Every
+    decay is `exp` of a span summed over its own terms."""
     b, h, n, dk = q.shape
-    dv = v.shape[-1]
+    dv, w = v.shape[-1], log_decay.shape[-1]
     c = min(chunk, n)
     m = -(-n // c)
     fill = m * c - n
     pad = lambda t: F.pad(t, (0, 0, 0, fill)).view(b, h, m, c, t.shape[-1])
     q, k, v, g = pad(q), pad(k), pad(v), pad(log_decay)
     cum = g.cumsum(3)
+    decays = segment_sums(g).exp()  # [b, h, m, c, c, w]
     past = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    decay = (cum - cum.transpose(3, 4)).masked_fill(~past, 0).exp().masked_fill(~past, 0)
-    intra = ((q @ k.transpose(3, 4)) * decay) @ v
-    total = cum[..., -1:, :]
-    writes = ((k * (total - cum).exp()).transpose(3, 4) @ v).reshape(b, h, m, dk * dv)
-    ends = total.reshape(b, h, m).cumsum(2)
-    starts = ends - total.reshape(b, h, m)
-    earlier = torch.ones(m, m, dtype=torch.bool, device=q.device).tril(-1)
-    across = (starts[..., :, None] - ends[..., None, :]).masked_fill(~earlier, 0).exp()
-    before = (across.masked_fill(~earlier, 0) @ writes).view(b, h, m, dk, dv)
+    if w == 1:
+        scores = (q @ k.transpose(3, 4)) * decays[..., 0]
+    else:
+        scores = (q[..., :, None, :] * k[..., None, :, :] * decays).sum(-1)
+    intra = scores.masked_fill(~past, 0) @ v
+    writes = (k * decays[..., -1, :, :]).transpose(3, 4) @ v  # [b, h, m, dk, dv]
+    totals = segment_sums(cum[..., -1, :]).exp()  # [b, h, m, m, w]
+    upto = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
+    totals = totals.masked_fill(~upto[..., None], 0).permute(0, 1, 4, 2, 3)  # [b, h, w, m, m]
+    after = totals @ writes.reshape(b, h, m, w, dk // w * dv).transpose(2, 3)
+    after = after.transpose(2, 3).reshape(b, h, m, dk, dv)
+    before = torch.cat([torch.zeros_like(after[:, :, :1]), after[:, :, :-1]], 2)
     inter = (q * cum.exp()) @ before
     return (intra + inter).reshape(b, h, m * c, dv)[:, :, :n]
+
+
+def decayed_both_ways(q, k, v, log_decay, chunk=64):
+    """The non-causal form: the causal one over the sequence and over its reverse, less the
+    diagonal both count."""
+    flip = lambda t: t.flip(2)
+    return (
+        decayed_causal(q, k, v, log_decay, chunk)
+        + flip(decayed_causal(flip(q), flip(k), flip(v), flip(log_decay), chunk))
+        - (q * k).sum(-1, keepdim=True) * v
+    )
+
+
+def heads_of(x, heads):
+    b, n, d = x.shape
+    return x.view(b, n, heads, d // heads).transpose(1, 2)
+
+
+def merged(x):
+    b, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * d)
+
+
+def per_head(x):
+    """`[b, n, heads]` as `[b, heads, n, 1]`."""
+    return x.transpose(1, 2).unsqueeze(-1)
+
+
+def rms_heads(o, eps=1e-5):
+    return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2's SSD mixer (Dao & Gu 2024, arXiv 2405.21060) as the library computes it: C, B, x
+    per head, Delta = softplus(x W + b), A = -exp(A_log), D skip, the gated RMSNorm, the output
+    projection; non-causal as the benchmark runs, both directions less the diagonal."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.c, self.b, self.x, self.z, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(5))
+        self.dt = nn.Linear(dim, heads, bias=False)
+        self.dt_bias = nn.Parameter(torch.full((heads,), -3.0))
+        self.a_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
+        self.d = nn.Parameter(torch.ones(heads))
+        self.norm = nn.Parameter(torch.ones(dim))
+
+    def forward(self, inp):
+        h = self.heads
+        c, b, x = heads_of(self.c(inp), h), heads_of(self.b(inp), h), heads_of(self.x(inp), h)
+        dt = per_head(F.softplus(self.dt(inp) + self.dt_bias))
+        g = dt * -self.a_log.exp().view(1, h, 1, 1)
+        y = decayed_both_ways(c, b * dt, x, g) + x * self.d.view(1, h, 1, 1)
+        y = merged(y) * F.silu(self.z(inp))
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm
+        return self.o(y)
+
+
+class GatedLinearAttention(nn.Module):
+    """GLA (Yang et al. 2024, arXiv 2312.06635) as the library computes it: keys and queries
+    half the width, gates sigmoid(x W1 W2 + b)^(1/16) per key channel, chunks of 16, per-head
+    RMSNorm, swish output gate; non-causal, both directions less the diagonal."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k = nn.Linear(dim, dim // 2, bias=False), nn.Linear(dim, dim // 2, bias=False)
+        self.v, self.o = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Sequential(nn.Linear(dim, 16, bias=False), nn.Linear(16, dim // 2))
+        self.r = nn.Linear(dim, dim)
+        self.norm = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = self.heads
+        q, k, v = heads_of(self.q(x), h), heads_of(self.k(x), h), heads_of(self.v(x), h)
+        q = q * q.shape[-1] ** -0.5
+        g = heads_of(F.logsigmoid(self.gate(x)) / 16, h)
+        o = merged(rms_heads(decayed_both_ways(q, k, v, g, chunk=16))) * self.norm
+        return self.o(F.silu(self.r(x)) * o)
+
+
+def delta_causal(q, k, v, beta, g, chunk=32):
+    """The (gated) delta rule in chunks (Yang et al. 2024, arXiv 2406.06484, section 3; decays as
+    Yang, Kautz & Hatamizadeh 2025): per chunk the WY pseudo-values from the unit lower-triangular
+    system, solved by torch.linalg.solve_triangular, then the chunks one after another."""
+    b, h, n, dk = q.shape
+    dv = v.shape[-1]
+    c = min(chunk, n)
+    m = -(-n // c)
+    fill = m * c - n
+    pad = lambda t: F.pad(t, (0, 0, 0, fill)).view(b, h, m, c, t.shape[-1])
+    q, k, v, beta, g = pad(q), pad(k), pad(v), pad(beta), pad(g)
+    cum = g.cumsum(3)
+    gamma = segment_sums(g)[..., 0].exp()  # [b, h, m, c, c]
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)
+    a = ((k @ k.transpose(3, 4)) * gamma * beta).masked_fill(~lower, 0)
+    eye = torch.eye(c, device=q.device)
+    rhs = torch.cat([v, k * cum.exp()], -1) * beta
+    solved = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+    u_all, w_all = solved[..., :dv], solved[..., dv:]
+    past = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    scores = ((q @ k.transpose(3, 4)) * gamma).masked_fill(~past, 0)
+    qd, kd, total = q * cum.exp(), k * gamma[..., -1, :, None], cum[..., -1:, :].exp()
+    s = q.new_zeros(b, h, dk, dv)
+    outs = []
+    for i in range(m):
+        u = u_all[:, :, i] - w_all[:, :, i] @ s
+        outs.append(qd[:, :, i] @ s + scores[:, :, i] @ u)
+        s = s * total[:, :, i] + kd[:, :, i].transpose(2, 3) @ u
+    return torch.cat(outs, 2)[:, :, :n]
+
+
+class DeltaNet(nn.Module):
+    """DeltaNet and Gated DeltaNet as the library computes them: L2(silu(x W)) queries and keys,
+    beta = sigmoid(x W_b), the gated form's decay exp(-exp(A_log) softplus(x W_a + b)), silu
+    values and output gate; per-head RMSNorm; non-causal as the forward recurrence plus the
+    reversed one read before each position's own write."""
+
+    def __init__(self, dim, heads, gated):
+        super().__init__()
+        self.heads, self.gated = heads, gated
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.beta = nn.Linear(dim, heads, bias=False)
+        if gated:
+            self.dt = nn.Linear(dim, heads, bias=False)
+            self.dt_bias = nn.Parameter(torch.full((heads,), -3.0))
+            self.a_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
+            self.g = nn.Linear(dim, dim, bias=False)
+        self.norm = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = self.heads
+        unit = lambda t: F.normalize(heads_of(F.silu(t), h), dim=-1, eps=1e-6)
+        q, k, v = unit(self.q(x)), unit(self.k(x)), heads_of(self.v(x), h)
+        q = q * q.shape[-1] ** -0.5
+        beta = per_head(torch.sigmoid(self.beta(x)))
+        if self.gated:
+            v = F.silu(v)
+            dt = per_head(F.softplus(self.dt(x) + self.dt_bias))
+            g = dt * -self.a_log.exp().view(1, h, 1, 1)
+        else:
+            g = torch.zeros_like(beta)
+        n = x.shape[1]
+        flip = lambda t: t.flip(2)
+        forward = delta_causal(q, k, v, beta, g)
+        early = torch.cat([flip(q * g.exp())[:, :, 1:], torch.zeros_like(q[:, :, :1])], 2)
+        backward = delta_causal(early, flip(k), flip(v), flip(beta), flip(g))
+        backward = torch.cat([torch.zeros_like(backward[:, :, :1]), backward[:, :, : n - 1]], 2)
+        o = merged(rms_heads(forward + flip(backward))) * self.norm
+        if self.gated:
+            o = o * F.silu(self.g(x))
+        return self.o(o)
+
+
+class Hedgehog(nn.Module):
+    """Hedgehog (Zhang et al. 2024, arXiv 2402.04347): feature maps [softmax(x W), softmax(-x W)]
+    per head for queries and keys (W from the identity), then non-causal linear attention."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        d = dim // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.wq = nn.Parameter(torch.eye(d).repeat(heads, 1, 1))
+        self.wk = nn.Parameter(torch.eye(d).repeat(heads, 1, 1))
+
+    def forward(self, x):
+        h = self.heads
+        feature = lambda t, w: torch.cat([(t @ w).softmax(-1), (-(t @ w)).softmax(-1)], -1)
+        q = feature(heads_of(self.q(x), h), self.wq)
+        k = feature(heads_of(self.k(x), h), self.wk)
+        v = heads_of(self.v(x), h)
+        kv = k.transpose(-2, -1) @ v
+        z = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)
+        return self.o(merged((q @ kv) / z))
 
 
 class Retention(nn.Module):
@@ -115,12 +309,7 @@ class Retention(nn.Module):
         q, k = rotate(q) * d**-0.5, rotate(k)
         v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         g = self.log_decay.expand(b, h, n, 1)
-        flip = lambda t: t.flip(2)
-        sums = (
-            decayed_causal(q, k, v, g)
-            + flip(decayed_causal(flip(q), flip(k), flip(v), flip(g)))
-            - (q * k).sum(-1, keepdim=True) * v
-        )
+        sums = decayed_both_ways(q, k, v, g)
         gamma = self.log_decay.exp()
         seen = pos.view(1, 1, n, 1) + 1
         mass = ((1 - gamma**seen) + (1 - gamma ** (n - seen + 1))) / (1 - gamma) - 1
@@ -381,6 +570,14 @@ def build(name, dim, heads, n, params, dropout=0.0):
         )
     if name == "retnet":
         return Retention(dim, heads)
+    if name == "mamba2":
+        return Mamba2Mixer(dim, heads)
+    if name == "gla":
+        return GatedLinearAttention(dim, heads)
+    if name in ("deltanet", "gated-deltanet"):
+        return DeltaNet(dim, heads, gated=name == "gated-deltanet")
+    if name == "hedgehog":
+        return Hedgehog(dim, heads)
     if name == "routing":
         from routing_transformer.routing_transformer import SelfAttention as RoutingAttention
 

@@ -181,6 +181,39 @@ pub(crate) const FACTS: &[BenchFacts] = &[
         params: "{}",
         scores: Scores::Never,
     },
+    // The rest of the family, written the same way from each paper's chunkwise form (their
+    // packages, flash-linear-attention and mamba-ssm, need a GPU), non-causal as the benchmark
+    // runs: both scans of the library's non-causal forms.
+    BenchFacts {
+        name: "mamba2",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "gla",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "deltanet",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "gated-deltanet",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
+    BenchFacts {
+        name: "hedgehog",
+        torch: Some("bench/torch_attention.py"),
+        params: "{}",
+        scores: Scores::Never,
+    },
     BenchFacts {
         name: "synthesizer-dense",
         torch: None,
