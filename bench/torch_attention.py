@@ -111,6 +111,13 @@ def decayed_both_ways(q, k, v, log_decay, chunk=64):
     )
 
 
+def decayed(q, k, v, log_decay, causal, chunk=64):
+    """The causal form, or both ways."""
+    if causal:
+        return decayed_causal(q, k, v, log_decay, chunk)
+    return decayed_both_ways(q, k, v, log_decay, chunk)
+
+
 def heads_of(x, heads):
     b, n, d = x.shape
     return x.view(b, n, heads, d // heads).transpose(1, 2)
@@ -133,11 +140,11 @@ def rms_heads(o, eps=1e-5):
 class Mamba2Mixer(nn.Module):
     """Mamba-2's SSD mixer (Dao & Gu 2024, arXiv 2405.21060) as the library computes it: C, B, x
     per head, Delta = softplus(x W + b), A = -exp(A_log), D skip, the gated RMSNorm, the output
-    projection; non-causal as the benchmark runs, both directions less the diagonal."""
+    projection; causal, or both directions less the diagonal."""
 
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.c, self.b, self.x, self.z, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(5))
         self.dt = nn.Linear(dim, heads, bias=False)
         self.dt_bias = nn.Parameter(torch.full((heads,), -3.0))
@@ -150,7 +157,7 @@ class Mamba2Mixer(nn.Module):
         c, b, x = heads_of(self.c(inp), h), heads_of(self.b(inp), h), heads_of(self.x(inp), h)
         dt = per_head(F.softplus(self.dt(inp) + self.dt_bias))
         g = dt * -self.a_log.exp().view(1, h, 1, 1)
-        y = decayed_both_ways(c, b * dt, x, g) + x * self.d.view(1, h, 1, 1)
+        y = decayed(c, b * dt, x, g, self.causal) + x * self.d.view(1, h, 1, 1)
         y = merged(y) * F.silu(self.z(inp))
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm
         return self.o(y)
@@ -159,11 +166,11 @@ class Mamba2Mixer(nn.Module):
 class GatedLinearAttention(nn.Module):
     """GLA (Yang et al. 2024, arXiv 2312.06635) as the library computes it: keys and queries
     half the width, gates sigmoid(x W1 W2 + b)^(1/16) per key channel, chunks of 16, per-head
-    RMSNorm, swish output gate; non-causal, both directions less the diagonal."""
+    RMSNorm, swish output gate; causal, or both directions less the diagonal."""
 
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.q, self.k = nn.Linear(dim, dim // 2, bias=False), nn.Linear(dim, dim // 2, bias=False)
         self.v, self.o = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, 16, bias=False), nn.Linear(16, dim // 2))
@@ -175,7 +182,7 @@ class GatedLinearAttention(nn.Module):
         q, k, v = heads_of(self.q(x), h), heads_of(self.k(x), h), heads_of(self.v(x), h)
         q = q * q.shape[-1] ** -0.5
         g = heads_of(F.logsigmoid(self.gate(x)) / 16, h)
-        o = merged(rms_heads(decayed_both_ways(q, k, v, g, chunk=16))) * self.norm
+        o = merged(rms_heads(decayed(q, k, v, g, self.causal, chunk=16))) * self.norm
         return self.o(F.silu(self.r(x)) * o)
 
 
@@ -213,12 +220,12 @@ def delta_causal(q, k, v, beta, g, chunk=32):
 class DeltaNet(nn.Module):
     """DeltaNet and Gated DeltaNet as the library computes them: L2(silu(x W)) queries and keys,
     beta = sigmoid(x W_b), the gated form's decay exp(-exp(A_log) softplus(x W_a + b)), silu
-    values and output gate; per-head RMSNorm; non-causal as the forward recurrence plus the
+    values and output gate; per-head RMSNorm; causal, or the forward recurrence plus the
     reversed one read before each position's own write."""
 
-    def __init__(self, dim, heads, gated):
+    def __init__(self, dim, heads, gated, causal=False):
         super().__init__()
-        self.heads, self.gated = heads, gated
+        self.heads, self.gated, self.causal = heads, gated, causal
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
         self.beta = nn.Linear(dim, heads, bias=False)
         if gated:
@@ -243,6 +250,9 @@ class DeltaNet(nn.Module):
         n = x.shape[1]
         flip = lambda t: t.flip(2)
         forward = delta_causal(q, k, v, beta, g)
+        if self.causal:
+            o = merged(rms_heads(forward)) * self.norm
+            return self.o(o * F.silu(self.g(x)) if self.gated else o)
         early = torch.cat([flip(q * g.exp())[:, :, 1:], torch.zeros_like(q[:, :, :1])], 2)
         backward = delta_causal(early, flip(k), flip(v), flip(beta), flip(g))
         backward = torch.cat([torch.zeros_like(backward[:, :, :1]), backward[:, :, : n - 1]], 2)
@@ -254,11 +264,12 @@ class DeltaNet(nn.Module):
 
 class Hedgehog(nn.Module):
     """Hedgehog (Zhang et al. 2024, arXiv 2402.04347): feature maps [softmax(x W), softmax(-x W)]
-    per head for queries and keys (W from the identity), then non-causal linear attention."""
+    per head for queries and keys (W from the identity), then linear attention (causal: the
+    decaying form's chunks with no decay, the normaliser as a column of ones)."""
 
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         d = dim // heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
         self.wq = nn.Parameter(torch.eye(d).repeat(heads, 1, 1))
@@ -270,6 +281,10 @@ class Hedgehog(nn.Module):
         q = feature(heads_of(self.q(x), h), self.wq)
         k = feature(heads_of(self.k(x), h), self.wk)
         v = heads_of(self.v(x), h)
+        if self.causal:
+            ones = torch.ones_like(v[..., :1])
+            sums = decayed_causal(q, k, torch.cat([v, ones], -1), torch.zeros_like(ones))
+            return self.o(merged(sums[..., :-1] / sums[..., -1:]))
         kv = k.transpose(-2, -1) @ v
         z = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)
         return self.o(merged((q @ kv) / z))
@@ -280,12 +295,12 @@ class Retention(nn.Module):
     paper as the library computes it: rotary positions (angles 10000^-linspace(0, 1, d/2)),
     decays gamma_h = 1 - 2^(-5-h), the decays scaled by sqrt(sum_j D_ij) and the scores by
     max(|sum_j R_ij|, 1), a per-head normalisation, the swish gate and the output projection.
-    Non-causal, as the benchmark: the decay gamma^|i-j| on every pair, the chunked causal form
-    over the sequence and its reverse, less the diagonal."""
+    Non-causal: the decay gamma^|i-j| on every pair, the chunked causal form over the sequence
+    and its reverse, less the diagonal; or causal."""
 
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.q, self.k, self.v, self.g, self.o = (
             nn.Linear(dim, dim, bias=False) for _ in range(5)
         )
@@ -309,10 +324,14 @@ class Retention(nn.Module):
         q, k = rotate(q) * d**-0.5, rotate(k)
         v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         g = self.log_decay.expand(b, h, n, 1)
-        sums = decayed_both_ways(q, k, v, g)
         gamma = self.log_decay.exp()
         seen = pos.view(1, 1, n, 1) + 1
-        mass = ((1 - gamma**seen) + (1 - gamma ** (n - seen + 1))) / (1 - gamma) - 1
+        if self.causal:
+            sums = decayed_causal(q, k, v, g)
+            mass = (1 - gamma**seen) / (1 - gamma)
+        else:
+            sums = decayed_both_ways(q, k, v, g)
+            mass = ((1 - gamma**seen) + (1 - gamma ** (n - seen + 1))) / (1 - gamma) - 1
         o = sums[..., :d] / torch.maximum(sums[..., d:].abs(), mass.sqrt())
         y = F.layer_norm(o, (d,), eps=1e-5).transpose(1, 2).reshape(b, n, dim)
         return self.o(F.silu(self.g(x)) * y)
@@ -323,11 +342,12 @@ class Projected(nn.Module):
     `[batch, heads, n, d]` tensors (torch's scaled_dot_product_attention by default, with
     `dropout` on its weights while training)."""
 
-    def __init__(self, dim, heads, attend=None, dropout=0.0):
+    def __init__(self, dim, heads, attend=None, dropout=0.0, causal=False):
         super().__init__()
         self.heads = heads
         self.attend = attend
         self.dropout = dropout
+        self.causal = causal
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
 
     def forward(self, x):
@@ -336,7 +356,7 @@ class Projected(nn.Module):
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         if self.attend is None:
             p = self.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         else:
             out = self.attend(q, k, v)
         return self.o(out.transpose(1, 2).reshape(b, n, d))
@@ -466,11 +486,17 @@ class Segmented(nn.Module):
         return torch.cat(out, 1)
 
 
-def build(name, dim, heads, n, params, dropout=0.0):
+# The attentions whose PyTorch side here has a causal form (`--causal`).
+CAUSAL = ("softmax", "retnet", "mamba2", "gla", "deltanet", "gated-deltanet", "hedgehog")
+
+
+def build(name, dim, heads, n, params, dropout=0.0, causal=False):
     """The attention `name`; `dropout` on its weights where it has weights to drop (softmax,
-    linformer), as ours applies the preset's attention dropout."""
+    linformer), as ours applies the preset's attention dropout; `causal` for those in CAUSAL."""
+    if causal and name not in CAUSAL:
+        raise SystemExit(f"error: no causal PyTorch form of `{name}` in this benchmark")
     if name == "softmax":
-        return Projected(dim, heads, dropout=dropout)
+        return Projected(dim, heads, dropout=dropout, causal=causal)
     if name == "linear":
         return Projected(dim, heads, attend=linear_attention)
     if name == "efficient":
@@ -569,15 +595,15 @@ def build(name, dim, heads, n, params, dropout=0.0):
             dim, heads, segment, params.get("mem_len", 512), cmem, params.get("compression", 3)
         )
     if name == "retnet":
-        return Retention(dim, heads)
+        return Retention(dim, heads, causal)
     if name == "mamba2":
-        return Mamba2Mixer(dim, heads)
+        return Mamba2Mixer(dim, heads, causal)
     if name == "gla":
-        return GatedLinearAttention(dim, heads)
+        return GatedLinearAttention(dim, heads, causal)
     if name in ("deltanet", "gated-deltanet"):
-        return DeltaNet(dim, heads, gated=name == "gated-deltanet")
+        return DeltaNet(dim, heads, gated=name == "gated-deltanet", causal=causal)
     if name == "hedgehog":
-        return Hedgehog(dim, heads)
+        return Hedgehog(dim, heads, causal)
     if name == "routing":
         from routing_transformer.routing_transformer import SelfAttention as RoutingAttention
 
@@ -660,10 +686,12 @@ def main():
     p = case_parser(__doc__, batch=1, repeats="--reps")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--causal", action="store_true", help="causal masking (the CAUSAL variants)")
     a = p.parse_args()
     set_up(a)
     device = torch.device(a.device)
-    module = build(a.attention, a.d_model, a.heads, a.n, json.loads(a.params)).to(device)
+    params = json.loads(a.params)
+    module = build(a.attention, a.d_model, a.heads, a.n, params, causal=a.causal).to(device)
     peak = Peak(device)
     peak.start()
     forward, both = [], []

@@ -1,6 +1,7 @@
 //! `bench attention`: one attention layer at doubling lengths, forward and forward + backward
 //! time and peak memory, ours (`burn-lra bench-attention`) beside PyTorch's
-//! (`bench/torch_attention.py`); with `--causal`, causal masking, ours only.
+//! (`bench/torch_attention.py`); with `--causal`, causal masking, beside PyTorch where the
+//! script has the variant's causal form.
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -8,7 +9,7 @@ use serde_json::{Value, json};
 use super::Args;
 use super::protocol::{Benchmark, Session, case_args, quadratic_skip, scores_gib, strings};
 use super::rounds::{Case, Invocation};
-use super::variants::{has_torch, params};
+use super::variants::{has_torch, has_torch_causal, params};
 
 /// `bench attention` with its settings.
 pub(crate) struct AttentionBenchmark<'a> {
@@ -54,20 +55,26 @@ impl Benchmark for AttentionBenchmark<'_> {
                 Ok(Invocation::new(session.harness.as_ref(), &ours, &common))
             }
         };
-        // The PyTorch side is measured without masks only.
-        let torch = (args.torch && !args.causal && has_torch(name)).then(|| {
+        // Causal, only where the script has the variant's causal form.
+        let with_torch = if args.causal {
+            has_torch_causal(name)
+        } else {
+            has_torch(name)
+        };
+        let torch = (args.torch && with_torch).then(|| {
             let script = session.script.to_string_lossy();
-            Invocation::new(
-                "python3".as_ref(),
-                &[
-                    &script,
-                    "--threads",
-                    &session.threads.to_string(),
-                    "--device",
-                    &args.torch_device,
-                ],
-                &common,
-            )
+            let threads = session.threads.to_string();
+            let mut flags = vec![
+                script.as_ref(),
+                "--threads",
+                &threads,
+                "--device",
+                &args.torch_device,
+            ];
+            if args.causal {
+                flags.push("--causal");
+            }
+            Invocation::new("python3".as_ref(), &flags, &common)
         });
         Ok(Case {
             name: name.to_string(),

@@ -37,7 +37,8 @@ pub enum BenchCommand {
     /// spell of a shared machine then lands in one round of a case). Softmax-style cases whose
     /// score matrices would need more than --max-quadratic-gib are skipped and marked so
     /// (composed softmax: not on flex or tch, where the fused kernels need memory linear in n).
-    /// With --causal: causal masking (ours only, the variants that support it), written as
+    /// With --causal: causal masking (the variants that support it; PyTorch's side where
+    /// bench/torch_attention.py has the causal form), written as
     /// attention-causal-BACKEND.{json,md,svg}.
     Attention(BenchFlags),
     /// LRA's efficiency protocol: training steps per second and peak memory of a task's model
@@ -83,7 +84,7 @@ pub struct BenchFlags {
     /// Passes over all the cases; each figure is the median over them.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: u64,
-    /// Causal masking (`attention`; ours only).
+    /// Causal masking (`attention`; PyTorch's side where its script has the causal form).
     #[arg(long)]
     causal: bool,
     /// Ours only, without the PyTorch side.
@@ -178,7 +179,8 @@ pub(crate) struct Args {
     pub(crate) task: String,
     /// The task's preset.
     pub(crate) preset: String,
-    /// `bench attention` with causal masking (ours only: the variants that support it).
+    /// `bench attention` with causal masking (the variants that support it; PyTorch's side
+    /// where bench/torch_attention.py has the causal form).
     pub(crate) causal: bool,
 }
 

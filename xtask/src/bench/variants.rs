@@ -241,6 +241,23 @@ pub(crate) fn has_torch(attention: &str) -> bool {
     facts(attention).torch.is_some()
 }
 
+/// The attentions whose PyTorch side has a causal form in bench/torch_attention.py (its
+/// `CAUSAL`): with `--causal` only these are measured beside PyTorch.
+const TORCH_CAUSAL: &[&str] = &[
+    "softmax",
+    "retnet",
+    "mamba2",
+    "gla",
+    "deltanet",
+    "gated-deltanet",
+    "hedgehog",
+];
+
+/// Whether `bench attention --causal` has a PyTorch side for `attention`.
+pub(crate) fn has_torch_causal(attention: &str) -> bool {
+    has_torch(attention) && TORCH_CAUSAL.contains(&attention)
+}
+
 /// The parameters both sides use for `attention` (`bench attention`).
 pub(crate) fn params(attention: &str) -> Value {
     serde_json::from_str(facts(attention).params).expect("the table's parameters are JSON")
@@ -283,6 +300,18 @@ mod tests {
                 );
             }
         }
+        let causal_line = script
+            .lines()
+            .find(|line| line.starts_with("CAUSAL = ("))
+            .expect("bench/torch_attention.py lists its causal forms");
+        let listed: Vec<&str> = causal_line
+            .trim_start_matches("CAUSAL = (")
+            .trim_end_matches(')')
+            .split(", ")
+            .map(|name| name.trim_matches('"'))
+            .collect();
+        assert_eq!(listed, TORCH_CAUSAL, "the causal lists differ");
+        assert!(has_torch_causal("gla") && !has_torch_causal("performer"));
         assert_eq!(scores_fraction("softmax", "wgpu"), 1.0);
         assert_eq!(scores_fraction("softmax", "flex"), 0.0);
         assert_eq!(scores_fraction("synthesizer-dense", "flex"), 1.0);
