@@ -18,7 +18,9 @@ use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, DecodingState, DeltaNetAttention, DeltaNetConfig,
 };
-use reference::{linear_f64, max_rel_err, normal_tensor, sigmoid, softplus, to_rows, vector};
+use reference::{
+    linear_f64, max_rel_err, normal_tensor, padded_pair, sigmoid, softplus, to_rows, vector,
+};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -179,23 +181,7 @@ fn deltanet_matches_float64_reference() {
         for (case, n) in [5usize, 32, 75, 300].into_iter().enumerate() {
             for scale in [1.0, 4.0] {
                 let seed = 10 * case as u64 + scale as u64;
-                let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(scale);
-                let inner = 3.min(n - 2);
-                let tail = n - n / 4;
-                let padded: Vec<bool> = (0..n).map(|i| i == inner || i >= tail).collect();
-                let junk = normal_tensor([1, n, D_MODEL], seed + 1, &device).mul_scalar(50.0);
-                let flags =
-                    Tensor::<1, Bool>::from_data(TensorData::new(padded.clone(), [n]), &device)
-                        .reshape([1, n, 1]);
-                let second = x.clone().slice(s![1..2]).mask_where(flags, junk);
-                let x = Tensor::cat(vec![x.slice(s![0..1]), second], 0);
-                let mut mask = vec![false; n];
-                mask.extend(&padded);
-                let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [2, n]), &device);
-                let real = [
-                    (0..n).collect::<Vec<_>>(),
-                    (0..n).filter(|&i| !padded[i]).collect(),
-                ];
+                let (x, mask, real) = padded_pair([n, D_MODEL], seed, scale, &device);
                 for causal in [true, false] {
                     let out = m.forward(
                         AttentionInput::new(x.clone())

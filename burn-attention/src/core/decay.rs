@@ -154,8 +154,8 @@ fn v_width(state: &Tensor<4>) -> usize {
 }
 
 /// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last
-/// chunk.
-fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
+/// chunk (a zero key, log-decay or writing strength neither writes nor decays).
+pub(crate) fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
     let [batch, heads, n, width] = x.dims();
     let fill = chunks * c - n;
     let x = if fill == 0 {

@@ -32,7 +32,7 @@
 
 use burn::prelude::*;
 
-use super::decay::segment_sums;
+use super::decay::{into_chunks, segment_sums};
 use super::input::causal_mask;
 
 /// Chunk length of the causal form: the forward substitution takes `c` steps a chunk (all
@@ -132,20 +132,6 @@ fn forward_substitution(a: Tensor<5>, b: Tensor<5>) -> Tensor<5> {
     let x = Tensor::cat(rows, 3);
     debug_assert_eq!(x.dims(), [batch, heads, chunks, c, width]);
     x
-}
-
-/// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last
-/// chunk (a zero key, `β` and log-decay neither write nor decay).
-fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
-    let [batch, heads, n, width] = x.dims();
-    let fill = chunks * c - n;
-    let x = if fill == 0 {
-        x
-    } else {
-        let zeros = Tensor::zeros([batch, heads, fill, width], &x.device());
-        Tensor::cat(vec![x, zeros], 2)
-    };
-    x.reshape([batch, heads, chunks, c, width])
 }
 
 /// The non-causal form (see the module docs): the forward recurrence's outputs plus those of

@@ -255,3 +255,74 @@ pub fn check_self_attention(
     check_attention_mask(info, &masks, &probe, input.key_len())?;
     Ok(masks)
 }
+
+/// The [`AttentionModule`](crate::core::contract::AttentionModule) of a variant defined on one
+/// sequence that decodes from a state it carries (the decaying, gated and delta-rule
+/// attentions), from three inherent methods of the module:
+/// `fn info(&self) -> &'static VariantInfo`;
+/// `fn mix(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>, causal: bool) ->
+/// (Tensor<3>, Option<DecodingState>)`, the attention over `x` with the padding left out (the
+/// causal form also returns the state after the last position);
+/// `fn step(&self, x: Tensor<3>, state: DecodingState) -> Result<(Tensor<3>, DecodingState),
+/// AttentionError>`, one token from the state. Cross-attention and attention masks are refused
+/// by [`check_self_attention`].
+macro_rules! recurrent_module {
+    ($module:ty) => {
+        impl $crate::core::contract::AttentionModule for $module {
+            fn name(&self) -> &'static str {
+                self.info().name
+            }
+
+            fn capabilities(&self) -> $crate::core::contract::Capabilities {
+                self.info().capabilities
+            }
+
+            fn try_forward(
+                &self,
+                input: $crate::core::input::AttentionInput,
+            ) -> Result<Tensor<3>, $crate::core::error::AttentionError> {
+                let masks = $crate::core::variant::check_self_attention(self.info(), &input)?;
+                let x = input.query().clone();
+                Ok(self.mix(x, masks.key_pad, masks.causal).0)
+            }
+
+            /// The chunked causal form over the prompt; the state after it.
+            fn prefill(
+                &self,
+                x: Tensor<3>,
+            ) -> Result<
+                (Tensor<3>, $crate::core::contract::DecodingState),
+                $crate::core::error::AttentionError,
+            > {
+                let (y, state) = self.mix(x, None, true);
+                Ok((y, state.expect("the causal form returns its state")))
+            }
+
+            /// As [`prefill`](Self::prefill), the padding left out of the state (it neither
+            /// decays nor writes it).
+            fn prefill_padded(
+                &self,
+                x: Tensor<3>,
+                mask_pad: Tensor<2, Bool>,
+            ) -> Result<
+                (Tensor<3>, $crate::core::contract::DecodingState),
+                $crate::core::error::AttentionError,
+            > {
+                let (y, state) = self.mix(x, Some(mask_pad), true);
+                Ok((y, state.expect("the causal form returns its state")))
+            }
+
+            fn decode(
+                &self,
+                x: Tensor<3>,
+                state: $crate::core::contract::DecodingState,
+            ) -> Result<
+                (Tensor<3>, $crate::core::contract::DecodingState),
+                $crate::core::error::AttentionError,
+            > {
+                self.step(x, state)
+            }
+        }
+    };
+}
+pub(crate) use recurrent_module;

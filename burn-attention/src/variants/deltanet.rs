@@ -32,15 +32,14 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{sigmoid, silu, softplus};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
+use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{decayed_state, real_tokens};
 use crate::core::delta::{DELTA_CHUNK, delta_bidirectional, delta_causal, delta_step, unit_length};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
-use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_self_attention, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -246,7 +245,7 @@ impl DeltaNetAttention {
 
     /// The attention over `x: [batch, n, d_model]`, causal or not, padding left out; with the
     /// causal form, also the decoding state after the last position.
-    fn attend(
+    fn mix(
         &self,
         x: Tensor<3>,
         mask_pad: Option<Tensor<2, Bool>>,
@@ -277,39 +276,9 @@ impl DeltaNetAttention {
     }
 }
 
-impl AttentionModule for DeltaNetAttention {
-    fn name(&self) -> &'static str {
-        self.info().name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
-
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let masks = check_self_attention(self.info(), &input)?;
-        let x = input.query().clone();
-        Ok(self.attend(x, masks.key_pad, masks.causal).0)
-    }
-
-    /// The chunked causal form over the prompt; the state after it.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.attend(x, None, true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state (it neither decays
-    /// nor writes it).
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.attend(x, Some(mask_pad), true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    fn decode(
+impl DeltaNetAttention {
+    /// One token from the decoding state.
+    fn step(
         &self,
         x: Tensor<3>,
         state: DecodingState,
@@ -325,3 +294,5 @@ impl AttentionModule for DeltaNetAttention {
         Ok((self.finish(o, x), DecodingState::Decayed(state)))
     }
 }
+
+recurrent_module!(DeltaNetAttention);

@@ -27,17 +27,16 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{log_sigmoid, silu};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
+use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
     GATE_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_self_attention, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
 };
 
 /// The registry entry.
@@ -220,7 +219,7 @@ impl GlaAttention {
 
     /// The attention over `x: [batch, n, d_model]`, causal or not, padding left out; with the
     /// causal form, also the decoding state after the last position.
-    fn attend(
+    fn mix(
         &self,
         x: Tensor<3>,
         mask_pad: Option<Tensor<2, Bool>>,
@@ -241,39 +240,14 @@ impl GlaAttention {
     }
 }
 
-impl AttentionModule for GlaAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
+impl GlaAttention {
+    /// The registry entry.
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
     }
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
-
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let masks = check_self_attention(&INFO, &input)?;
-        let x = input.query().clone();
-        Ok(self.attend(x, masks.key_pad, masks.causal).0)
-    }
-
-    /// The chunked causal form over the prompt; the state after it.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.attend(x, None, true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state (it neither decays
-    /// nor writes it).
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.attend(x, Some(mask_pad), true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    fn decode(
+    /// One token from the decoding state.
+    fn step(
         &self,
         x: Tensor<3>,
         state: DecodingState,
@@ -289,3 +263,5 @@ impl AttentionModule for GlaAttention {
         Ok((self.finish(o, x), DecodingState::Decayed(state)))
     }
 }
+
+recurrent_module!(GlaAttention);

@@ -29,17 +29,16 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{silu, softplus};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecayedState, DecodingState};
+use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
     DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
-use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
 use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_self_attention, variant_glue,
+    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
 };
 
 /// The registry entry.
@@ -199,39 +198,14 @@ impl Mamba2Attention {
     }
 }
 
-impl AttentionModule for Mamba2Attention {
-    fn name(&self) -> &'static str {
-        INFO.name
+impl Mamba2Attention {
+    /// The registry entry.
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
     }
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
-
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let masks = check_self_attention(&INFO, &input)?;
-        let x = input.query().clone();
-        Ok(self.mix(x, masks.key_pad, masks.causal).0)
-    }
-
-    /// The chunked causal form over the prompt; the state after it.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.mix(x, None, true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state (it neither decays
-    /// nor writes it).
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (y, state) = self.mix(x, Some(mask_pad), true);
-        Ok((y, state.expect("the causal form returns its state")))
-    }
-
-    fn decode(
+    /// One token from the decoding state.
+    fn step(
         &self,
         x: Tensor<3>,
         state: DecodingState,
@@ -248,3 +222,5 @@ impl AttentionModule for Mamba2Attention {
         Ok((self.finish(y, v, x), DecodingState::Decayed(state)))
     }
 }
+
+recurrent_module!(Mamba2Attention);

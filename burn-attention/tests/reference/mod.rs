@@ -460,3 +460,33 @@ pub fn hedgehog_f64(w: &[Vec<f64>], x: &[Vec<f64>]) -> Vec<Vec<f64>> {
         })
         .collect()
 }
+
+/// The batch the one-sequence variants' float64 tests take: two sequences of `n` rows of
+/// standard normal draws times `scale` (from `seed`); the second with a padded position inside
+/// it (3, or `n − 2` when shorter) and its last quarter padded, all with junk of scale 50 (which
+/// must change nothing). Returns the batch `[2, n, width]`, its padding mask and each sequence's
+/// real positions.
+pub fn padded_pair(
+    [n, width]: [usize; 2],
+    seed: u64,
+    scale: f64,
+    device: &Device,
+) -> (Tensor<3>, Tensor<2, Bool>, [Vec<usize>; 2]) {
+    let x = normal_tensor([2, n, width], seed, device).mul_scalar(scale);
+    let inner = 3.min(n - 2);
+    let tail = n - n / 4;
+    let padded: Vec<bool> = (0..n).map(|i| i == inner || i >= tail).collect();
+    let junk = normal_tensor([1, n, width], seed + 1, device).mul_scalar(50.0);
+    let flags = Tensor::<1, Bool>::from_data(TensorData::new(padded.clone(), [n]), device)
+        .reshape([1, n, 1]);
+    let second = x.clone().slice(s![1..2]).mask_where(flags, junk);
+    let x = Tensor::cat(vec![x.slice(s![0..1]), second], 0);
+    let mut mask = vec![false; n];
+    mask.extend(&padded);
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [2, n]), device);
+    let real = [
+        (0..n).collect::<Vec<_>>(),
+        (0..n).filter(|&i| !padded[i]).collect(),
+    ];
+    (x, mask, real)
+}
