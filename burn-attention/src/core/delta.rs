@@ -14,8 +14,9 @@
 //! `S_t = e^{G_t} S₀ + Σ_{j ≤ t} e^{G_t − G_j} k_j u_jᵀ`, so the pseudo-values solve the unit
 //! lower-triangular system `(I + A) u = diag(β) (V − diag(e^G) K S₀)`, `A_tj = β_t e^{G_t − G_j}
 //! (k_t·k_j)` for `j < t`: `u = U − W S₀` with `[U, W] = (I + A)⁻¹ diag(β) [V, diag(e^G) K]` (the
-//! WY form), solved once per chunk by forward substitution, which is exact at every size of `A`
-//! (the power series of `(I + A)⁻¹` has terms that grow combinatorially when keys repeat).
+//! WY form), with `(I + A)⁻¹` inverted by blocks for all chunks at once (`log₂ c` rounds of
+//! matrix products; exact algebra, where the power series of `(I + A)⁻¹` has terms that grow
+//! combinatorially when keys repeat).
 //! Then `O = diag(e^G) Q S₀ + (Q Kᵀ ⊙ Γ ⊙ M) u` with `Γ_tj = e^{G_t − G_j}` and `M` the causal
 //! mask, and the state after the chunk `e^{G_c} S₀ + Σ_j e^{G_c − G_j} k_j u_jᵀ`. The
 //! transition between chunks, `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + …`, is a `d_k × d_k`
@@ -35,7 +36,7 @@ use burn::prelude::*;
 use super::decay::{into_chunks, segment_sums};
 use super::input::causal_mask;
 
-/// Chunk length of the causal form: the forward substitution takes `c` steps a chunk (all
+/// Chunk length of the causal form: the inversion within chunks takes `log₂ c` rounds (all
 /// chunks at once), the loop over chunks `n / c`.
 pub const DELTA_CHUNK: usize = 32;
 
@@ -77,7 +78,11 @@ pub fn delta_causal(
     let a = (k.clone().matmul(k.clone().swap_dims(3, 4)) * gamma.clone() * beta.clone())
         .mask_fill(strictly_lower.bool_not(), 0.0);
     let rhs = Tensor::cat(vec![v, k.clone() * within.clone().exp()], 4) * beta;
-    let solved = forward_substitution(a, rhs);
+    let width = rhs.dims()[4];
+    let inverse = unit_lower_inverse(a.reshape([batch * heads * chunks, c, c]));
+    let solved = inverse
+        .matmul(rhs.reshape([batch * heads * chunks, c, width]))
+        .reshape([batch, heads, chunks, c, width]);
     let u_all = solved.clone().slice(s![.., .., .., .., 0..d_v]);
     let w_all = solved.slice(s![.., .., .., .., d_v..d_v + d_k]);
     let scores =
@@ -113,25 +118,56 @@ pub fn delta_causal(
     (out, s)
 }
 
-/// Solves `(I + A) X = B` for each chunk, `A: [..., c, c]` strictly lower triangular,
-/// `B: [..., c, w]`, row by row: `X_t = B_t − Σ_{j < t} A_tj X_j`.
-fn forward_substitution(a: Tensor<5>, b: Tensor<5>) -> Tensor<5> {
-    let [batch, heads, chunks, c, width] = b.dims();
-    let mut rows: Vec<Tensor<5>> = Vec::with_capacity(c);
-    for t in 0..c {
-        let own = b.clone().slice(s![.., .., .., t..t + 1]);
-        let row = if t == 0 {
-            own
-        } else {
-            let earlier = Tensor::cat(rows.clone(), 3); // [b, h, chunks, t, w]
-            let coefficients = a.clone().slice(s![.., .., .., t..t + 1, 0..t]);
-            own - coefficients.matmul(earlier)
-        };
-        rows.push(row);
+/// `(I + A)⁻¹` for `A: [m, c, c]` strictly lower triangular (one per chunk, batch and head),
+/// by blocks: the inverses of the diagonal blocks of size `s` give those of size `2s`,
+/// `[[P, 0], [C, Q]]⁻¹ = [[P⁻¹, 0], [−Q⁻¹ C P⁻¹, Q⁻¹]]`, from `1 × 1` blocks (whose inverse is 1)
+/// to the whole (`c` padded to a power of two with the identity): `log₂ c` rounds of batched
+/// matrix products, where substitution row by row takes `c` dependent steps. Exact algebra, no
+/// power series (whose terms grow combinatorially when keys repeat).
+fn unit_lower_inverse(a: Tensor<3>) -> Tensor<3> {
+    let [m, c, _] = a.dims();
+    let device = a.device();
+    let p = c.next_power_of_two();
+    let a = if p == c {
+        a
+    } else {
+        let a = Tensor::cat(vec![a, Tensor::zeros([m, p - c, c], &device)], 1);
+        Tensor::cat(vec![a, Tensor::zeros([m, p, p - c], &device)], 2)
+    };
+    let mut inverse = Tensor::<4>::ones([m, p, 1, 1], &device); // blocks of 1
+    let mut size = 1;
+    while size < p {
+        let blocks = p / (2 * size);
+        // The lower-left block of each diagonal block of 2·size: its second half's rows, the
+        // columns of its first half (the block's own columns picked by an identity mask).
+        let rows = a
+            .clone()
+            .reshape([m, blocks, 2, size, p])
+            .slice(s![.., .., 1..2])
+            .reshape([m, blocks, size, blocks, 2 * size]);
+        let own = Tensor::<2>::eye(blocks, &device).reshape([1, blocks, 1, blocks, 1]);
+        let lower = (rows * own)
+            .sum_dim(3)
+            .reshape([m, blocks, size, 2 * size])
+            .slice(s![.., .., .., 0..size]);
+        let pairs = inverse.reshape([m, blocks, 2, size, size]);
+        let first = pairs
+            .clone()
+            .slice(s![.., .., 0..1])
+            .reshape([m, blocks, size, size]);
+        let second = pairs.slice(s![.., .., 1..2]).reshape([m, blocks, size, size]);
+        let corner = second.clone().matmul(lower).matmul(first.clone()).neg();
+        let zeros = Tensor::zeros([m, blocks, size, size], &device);
+        inverse = Tensor::cat(
+            vec![
+                Tensor::cat(vec![first, zeros], 3),
+                Tensor::cat(vec![corner, second], 3),
+            ],
+            2,
+        );
+        size *= 2;
     }
-    let x = Tensor::cat(rows, 3);
-    debug_assert_eq!(x.dims(), [batch, heads, chunks, c, width]);
-    x
+    inverse.reshape([m, p, p]).slice(s![.., 0..c, 0..c])
 }
 
 /// The non-causal form (see the module docs): the forward recurrence's outputs plus those of
