@@ -15,15 +15,16 @@
 //! contribution to the state, `U = Σ_j exp(G_last − G_j) k_j v_jᵀ`, is a `[d_k, d_v]` matrix,
 //! and the state before chunk `c` is `Σ_{c' < c} exp(C_{c−1} − C_{c'}) U_{c'}`, with `C` the
 //! cumulative log-decay at the chunks' ends: one product with a `chunks × chunks` matrix of
-//! decays, no sequential loop. Every decay is taken as `exp` of a sum of log-decays that is
+//! decays, no sequential loop (with gates per key channel that matrix would hold `(n / c)² d_k`
+//! decays, and the chunks' states follow one another in a loop instead). Every decay is taken as `exp` of a sum of log-decays that is
 //! at most 0, each sum accumulated from the terms of its own span: never as a product of
 //! factors (hundreds of factors below one underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
 //! (whose parts overflow), nor as `exp(G_i − G_j)` (the difference of two long cumulative
 //! sums loses the short span between them: after a thousand steps of decay `e^{-10}`, `G` is
 //! held to about `1e-3`, the error of a span of a few weak decays). Memory:
 //! O(n (d_k + d_v) + n c) for the chunks (`n c d_k` with gates per channel), O((n / c) d_k d_v)
-//! for their states and O((n / c)²) for the decays between them (`(n / c)² d_k` with gates);
-//! no per-position `d_k × d_v` state is kept.
+//! for their states and O((n / c)²) for the decays between them (with gates per channel the
+//! chunks' states follow one another instead); no per-position `d_k × d_v` state is kept.
 //!
 //! **Recurrent form.** [`decayed_step`] carries `S` token by token in O(d_k d_v) a step,
 //! whatever the position.
@@ -171,30 +172,47 @@ pub(crate) fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
 /// (`[batch, heads, d_k, d_v]`), from each chunk's write decayed to its end (`writes`) and each
 /// chunk's whole log-decay (`totals: [batch, heads, chunks, w]`, `w` 1 or `d_k`): the state
 /// after chunk `c` is `Σ_{c' <= c} exp(C_c − C_{c'}) U_{c'}`, with `C` the cumulative log-decay
-/// at the chunks' ends, the spans summed between chunks as within them; one product with a
-/// `chunks × chunks` matrix of decays (per key channel where `w` is `d_k`), no sequential loop.
+/// at the chunks' ends. One decay per position: one product with the `chunks × chunks` matrix of
+/// decays, the spans summed between chunks as within them, no sequential loop. Per key channel,
+/// that matrix would take `(n / c)² d_k` (a gigabyte at 16K positions and 8 heads of 32 key
+/// channels in chunks of 16), so the chunks' states follow one another instead, each the last
+/// decayed by its chunk's gates plus its write: `(n / c) d_k d_v` in all.
 fn states_between_chunks(totals: Tensor<4>, writes: Tensor<5>) -> (Tensor<5>, Tensor<4>) {
     let [batch, heads, chunks, width] = totals.dims();
     let [_, _, _, d_k, d_v] = writes.dims();
-    let later = causal_mask(chunks, &totals.device()).reshape([1, 1, chunks, chunks, 1]);
-    let decays = segment_sums(totals.reshape([batch, heads, chunks, 1, width]))
+    let device = totals.device();
+    if width > 1 {
+        let decays = totals.exp();
+        let mut state = Tensor::<4>::zeros([batch, heads, d_k, d_v], &device);
+        let mut before = Vec::with_capacity(chunks);
+        for i in 0..chunks {
+            before.push(state.clone().unsqueeze_dim::<5>(2));
+            let decay = decays
+                .clone()
+                .slice(s![.., .., i..i + 1])
+                .reshape([batch, heads, d_k, 1]);
+            let write = writes
+                .clone()
+                .slice(s![.., .., i..i + 1])
+                .reshape([batch, heads, d_k, d_v]);
+            state = state * decay + write;
+        }
+        return (Tensor::cat(before, 2), state);
+    }
+    let later = causal_mask(chunks, &device).reshape([1, 1, chunks, chunks]);
+    let decays = segment_sums(totals.reshape([batch, heads, chunks, 1, 1]))
+        .reshape([batch, heads, chunks, chunks])
         .exp()
-        .mask_fill(later, 0.0)
-        .permute([0, 1, 4, 2, 3]); // [b, h, w, chunks, chunks]
-    let rows = d_k / width * d_v; // the state's entries each decay reaches
-    let writes = writes
-        .reshape([batch, heads, chunks, width, rows])
-        .swap_dims(2, 3); // [b, h, w, chunks, rows]
+        .mask_fill(later, 0.0);
     let after = decays
-        .matmul(writes)
-        .swap_dims(2, 3)
+        .matmul(writes.reshape([batch, heads, chunks, d_k * d_v]))
         .reshape([batch, heads, chunks, d_k, d_v]);
     let last = after
         .clone()
         .slice(s![.., .., chunks - 1..chunks])
         .reshape([batch, heads, d_k, d_v]);
     // Before each chunk: the state after the chunk before it, none before the first.
-    let first = Tensor::zeros([batch, heads, 1, d_k, d_v], &last.device());
+    let first = Tensor::zeros([batch, heads, 1, d_k, d_v], &device);
     let before = if chunks == 1 {
         first
     } else {

@@ -155,7 +155,9 @@ fn unit_lower_inverse(a: Tensor<3>) -> Tensor<3> {
             .clone()
             .slice(s![.., .., 0..1])
             .reshape([m, blocks, size, size]);
-        let second = pairs.slice(s![.., .., 1..2]).reshape([m, blocks, size, size]);
+        let second = pairs
+            .slice(s![.., .., 1..2])
+            .reshape([m, blocks, size, size]);
         let corner = second.clone().matmul(lower).matmul(first.clone()).neg();
         let zeros = Tensor::zeros([m, blocks, size, size], &device);
         inverse = Tensor::cat(

@@ -44,7 +44,7 @@ pub const INFO: VariantInfo = VariantInfo {
     name: "gla",
     paper: "Yang et al. 2024, arXiv 2312.06635",
     time: "O(n c d + n d²)",
-    memory: "O(n c d + (n / c) (d² + (n / c) d)), c = 16",
+    memory: "O(n c d + (n / c) d²), c = 16",
     capabilities: Capabilities {
         padding_mask: true,
         attention_mask: false,
