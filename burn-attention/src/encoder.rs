@@ -286,7 +286,7 @@ pub fn repeat_pattern<T: Clone>(pattern: &[T], n_layers: usize) -> Result<Vec<T>
             "encoder",
             "n_layers",
             format!(
-                "a hybrid pattern of {} layers must repeat a whole number of times in n_layers =                  {n_layers}",
+                "must be a whole multiple of the hybrid pattern of {} layers, got {n_layers}",
                 pattern.len()
             ),
         ));
