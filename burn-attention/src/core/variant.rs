@@ -298,7 +298,7 @@ macro_rules! recurrent_module {
                 Ok((y, state.expect("the causal form returns its state")))
             }
 
-            /// As [`prefill`](Self::prefill), the padding left out of the state (it neither
+            /// As `prefill`, the padding left out of the state (it neither
             /// decays nor writes it).
             fn prefill_padded(
                 &self,
