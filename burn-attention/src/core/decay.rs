@@ -93,6 +93,7 @@ pub fn decayed_causal(
 ) -> (Tensor<4>, Tensor<4>) {
     assert!(chunk > 0, "the chunk length must be at least 1");
     let [batch, heads, n, d_k] = q.dims();
+    let d_v = v.dims()[3];
     let width = log_decay.dims()[3];
     assert!(
         width == 1 || width == d_k,
@@ -140,18 +141,13 @@ pub fn decayed_causal(
         .reshape([batch, heads, chunks, width]);
     let (before, state) = states_between_chunks(totals, writes);
     let inter = (q * within.exp()).matmul(before);
-    let out = (intra + inter).reshape([batch, heads, chunks * c, v_width(&state)]);
+    let out = (intra + inter).reshape([batch, heads, chunks * c, d_v]);
     let out = if chunks * c == n {
         out
     } else {
         out.slice(s![.., .., 0..n])
     };
     (out, state)
-}
-
-/// The state's value width, `d_v`, from `[batch, heads, d_k, d_v]`.
-fn v_width(state: &Tensor<4>) -> usize {
-    state.dims()[3]
 }
 
 /// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last
