@@ -323,7 +323,8 @@ fn decode_all<S>(
 
 /// Decoding token by token equals the causal forward pass at every position, for every causal
 /// variant, over 70 positions (two chunks of the chunked causal form) at input norms of √d_model
-/// and 3√d_model; the kernelized variants' state is the same size after 1 token and after 70.
+/// and 3√d_model; the kernelized and decaying variants' state is the same size
+/// ([`DecodingState::num_elements`]) after 1 token and after 70, softmax's cache n times the first.
 #[test]
 fn decoding_equals_causal_forward() {
     let device = device();
@@ -344,13 +345,18 @@ fn decoding_equals_causal_forward() {
             let (_, first) = attention
                 .decode(x.clone().slice(s![.., 0..1]), DecodingState::default())
                 .unwrap();
+            let (first_size, last_size) = (first.num_elements(), state.num_elements());
             match (first, state) {
                 (DecodingState::Recurrent(first), DecodingState::Recurrent(last)) => {
                     assert_eq!(first.s.dims(), last.s.dims(), "{}", config.name());
                     assert_eq!(first.z.dims(), last.z.dims(), "{}", config.name());
+                    assert_eq!(first_size, last_size, "{}", config.name());
                 }
                 (DecodingState::Decayed(first), DecodingState::Decayed(last)) => {
                     assert_eq!(first.s.dims(), last.s.dims(), "{}", config.name());
+                    let [b, h, d_k, d_v] = last.s.dims();
+                    assert_eq!(last_size, b * h * d_k * d_v + b, "{}", config.name());
+                    assert_eq!(first_size, last_size, "{}", config.name());
                     let seen = last.seen.into_data().try_to_vec::<f32>().unwrap();
                     assert_eq!(seen, [n as f32; 2], "{}", config.name());
                 }
@@ -358,7 +364,11 @@ fn decoding_equals_causal_forward() {
                     DecodingState::KeyValueCache { .. },
                     DecodingState::KeyValueCache { keys, .. },
                 ) if !config.name().starts_with("local") => {
-                    assert_eq!(keys.dims()[2], n, "{}", config.name())
+                    assert_eq!(keys.dims()[2], n, "{}", config.name());
+                    // Keys and values: 2 sequences × heads × n positions × d_head each.
+                    let d_head = keys.dims()[3];
+                    assert_eq!(last_size, 2 * 2 * N_HEADS * n * d_head, "{}", config.name());
+                    assert_eq!(first_size * n, last_size, "{}", config.name());
                 }
                 (
                     DecodingState::KeyValueCache { .. },

@@ -5,6 +5,10 @@
 //!
 //! As on the PyTorch side: dropout off (the PyPI packages default to none), the forward pass
 //! alone runs without autodiff (PyTorch's `no_grad`), forward + backward with it.
+//!
+//! Also here: one decoding case ([`run_decode`], `cargo xtask bench decode`), the time of a
+//! token decoded at a given position and the size of the state it decodes from, and one case of
+//! LRA's efficiency protocol ([`run_train`], `cargo xtask bench lra`).
 
 use std::time::Instant;
 
@@ -146,6 +150,120 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
         n: args.n,
         forward_ms: median(forward),
         forward_backward_ms: median(forward_backward),
+        peak_mib: (peak - rss_before).max(0.0) / 1024.0,
+    })
+}
+
+/// What to measure in one decoding case: the cost of one token at one position.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DecodeBenchArgs {
+    /// Attention, by registry name (one with a causal form).
+    #[arg(long)]
+    pub attention: String,
+    /// The position the timed tokens are decoded at: a prompt of this many tokens is prefilled
+    /// first, and each timed token is decoded from that prompt's state.
+    #[arg(long)]
+    pub n: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 512)]
+    pub d_model: usize,
+    /// Timed tokens (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Untimed tokens before them.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Attention parameters as JSON, e.g. `{"window": 256}`.
+    #[arg(long, default_value = "{}")]
+    pub params: String,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub backend: BackendKind,
+}
+
+/// One decoding measurement, printed as a JSON line.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeBenchResult {
+    /// Attention name.
+    pub attention: String,
+    /// The position decoded at (the prompt's length).
+    pub n: usize,
+    /// Median time of one decoding step at position `n`, milliseconds.
+    pub token_ms: f64,
+    /// Time of prefilling the prompt of `n` tokens in one pass, milliseconds.
+    pub prefill_ms: f64,
+    /// The decoding state after the prompt, MiB (its numbers at 4 bytes each:
+    /// `DecodingState::num_elements`).
+    pub state_mib: f64,
+    /// Peak resident memory of the process minus the resident memory before the prompt, MiB
+    /// (Linux `VmHWM` - `VmRSS`).
+    pub peak_mib: f64,
+}
+
+/// Measures decoding at one position: prefills a random prompt of `n` tokens (inference, no
+/// autodiff), then decodes `warmup + reps` random tokens, each from the prompt's state (so each
+/// timed token is the `n + 1`-th), and reports the median time of a token.
+pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
+    check_sizes(&[
+        ("--n", args.n),
+        ("--batch", args.batch),
+        ("--heads", args.heads),
+        ("--d-model", args.d_model),
+        ("--reps", args.reps),
+    ])?;
+    let params: Map<String, Value> = serde_json::from_str(&args.params)
+        .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
+    let n_max = args
+        .n
+        .checked_add(1)
+        .context("`--n` is too large: the decoded token's position overflows")?;
+    let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, n_max)?
+        .with_params(&params)?
+        .with_weight_dropout(0.0);
+    config.check_input(n_max, n_max, true)?;
+    let device = args.backend.device()?;
+    device.seed(0);
+    let attention = config.init(&device);
+    let sync = |t: Tensor<3>| t.sum().into_scalar::<f64>();
+    let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
+
+    let prompt = Tensor::<3>::random(
+        [args.batch, args.n, args.d_model],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    );
+    let started = Instant::now();
+    let (y, state) = attention.prefill(prompt)?;
+    sync(y);
+    let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
+
+    let mut times = Vec::new();
+    for rep in 0..args.warmup + args.reps {
+        let token = Tensor::<3>::random(
+            [args.batch, 1, args.d_model],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        );
+        let started = Instant::now();
+        let (y, _) = attention.decode(token, state.clone())?;
+        sync(y);
+        if rep >= args.warmup {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let peak = proc_status_kib("VmHWM:").unwrap_or(0.0);
+    Ok(DecodeBenchResult {
+        attention: args.attention.clone(),
+        n: args.n,
+        token_ms: median(times),
+        prefill_ms,
+        state_mib: state.num_elements() as f64 * 4.0 / (1u64 << 20) as f64,
         peak_mib: (peak - rss_before).max(0.0) / 1024.0,
     })
 }

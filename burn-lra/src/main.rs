@@ -35,6 +35,9 @@ enum Command {
         /// Names only, one per line.
         #[arg(long)]
         names: bool,
+        /// Only the attentions with a causal form (which decode token by token).
+        #[arg(long)]
+        causal: bool,
     },
     /// List the registered tasks.
     Tasks {
@@ -47,6 +50,9 @@ enum Command {
     /// Time one attention at one length (forward, forward + backward, peak memory) and print a
     /// JSON line; `cargo xtask bench attention` drives it.
     BenchAttention(burn_lra::bench::BenchArgs),
+    /// Time the decoding of one token after a prompt of a given length (and the decoding
+    /// state's size) and print a JSON line; `cargo xtask bench decode` drives it.
+    BenchDecode(burn_lra::bench::DecodeBenchArgs),
     /// Time training steps of the Text model at one length (LRA's efficiency protocol: steps per
     /// second, peak memory) and print a JSON line; `cargo xtask bench lra` drives it.
     BenchTrain(burn_lra::bench::TrainBenchArgs),
@@ -209,16 +215,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// The registered attentions `burn-lra list` shows: all, or with `causal` those with a causal
+/// form.
+fn listed(causal: bool) -> Vec<&'static burn_attention_zoo::VariantInfo> {
+    burn_attention_zoo::VARIANTS
+        .iter()
+        .filter(|v| !causal || v.capabilities.causal)
+        .collect()
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::List { names: true } => {
-            for v in burn_attention_zoo::VARIANTS {
+        Command::List {
+            names: true,
+            causal,
+        } => {
+            for v in listed(causal) {
                 println!("{}", v.name);
             }
             Ok(())
         }
-        Command::List { names: false } => {
-            let variants = burn_attention_zoo::VARIANTS;
+        Command::List {
+            names: false,
+            causal,
+        } => {
+            let variants = listed(causal);
             // Columns as wide as their longest entry (names and costs grow with the registry).
             let name_width = variants
                 .iter()
@@ -277,6 +298,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train_command(args),
         Command::BenchAttention(args) => {
             println!("{}", serde_json::to_string(&burn_lra::bench::run(&args)?)?);
+            Ok(())
+        }
+        Command::BenchDecode(args) => {
+            println!(
+                "{}",
+                serde_json::to_string(&burn_lra::bench::run_decode(&args)?)?
+            );
             Ok(())
         }
         Command::BenchTrain(args) if args.describe => {

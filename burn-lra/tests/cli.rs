@@ -262,6 +262,72 @@ fn bench_attention_prints_one_json_line() {
     }
 }
 
+/// `bench-decode` (one case of `cargo xtask bench decode`) prints one JSON line: its state is a
+/// key/value cache for softmax, 2 × heads × n × d_head numbers (both positions' exact sizes),
+/// and retnet's fixed `d_head × (d_head + 1)` per head (its last column the decayed count its
+/// normalisation reads) plus the count of tokens seen, at both; a
+/// variant without a causal form is refused, naming it.
+#[test]
+fn bench_decode_prints_one_json_line() {
+    let decode = |attention: &str, n: usize| {
+        Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+            .args([
+                "bench-decode",
+                "--attention",
+                attention,
+                "--n",
+                &n.to_string(),
+            ])
+            .args([
+                "--d-model",
+                "32",
+                "--heads",
+                "2",
+                "--reps",
+                "2",
+                "--warmup",
+                "0",
+            ])
+            .output()
+            .unwrap()
+    };
+    let mib = |numbers: usize| numbers as f64 * 4.0 / (1u64 << 20) as f64;
+    for n in [10, 40] {
+        let v = json_line(decode("softmax", n));
+        assert_eq!(
+            (v["attention"].as_str(), v["n"].as_u64()),
+            (Some("softmax"), Some(n as u64))
+        );
+        assert!(v["token_ms"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["prefill_ms"].as_f64().unwrap() > 0.0, "{v}");
+        assert_eq!(v["state_mib"].as_f64(), Some(mib(2 * 2 * n * 16)), "{v}");
+        let v = json_line(decode("retnet", n));
+        assert_eq!(v["state_mib"].as_f64(), Some(mib(2 * 16 * 17 + 1)), "{v}");
+    }
+    let refused = decode("nystrom", 10);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("nystrom"),
+        "{stderr}"
+    );
+}
+
+/// `list --causal` lists the attentions with a causal form: softmax and retnet, not nystrom.
+#[test]
+fn list_causal_keeps_the_causal_attentions() {
+    let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+        .args(["list", "--names", "--causal"])
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = names.lines().collect();
+    assert!(
+        names.contains(&"softmax") && names.contains(&"retnet"),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"nystrom"), "{names:?}");
+}
+
 /// `bench-train` (one case of `cargo xtask bench lra`) trains the Text model at the requested
 /// length and batch and prints one JSON line whose rate is the inverse of its step time and whose
 /// parameter count is the one `burn-lra params` reports for the same preset; `--describe` prints

@@ -166,7 +166,7 @@ fn private_copy(path: &Path, backend: BackendKind) -> Result<Harness> {
 
 /// Refuses a task the harness does not register, listing those it does.
 pub(crate) fn check_task(task: &lra_runs::Task, harness: &Harness) -> Result<()> {
-    let registered = harness_names(harness, "tasks")?;
+    let registered = harness_names(harness, &["tasks"])?;
     if !registered.iter().any(|name| task == name.as_str()) {
         bail!("unknown task `{task}` (known: {})", registered.join(", "));
     }
@@ -174,10 +174,13 @@ pub(crate) fn check_task(task: &lra_runs::Task, harness: &Harness) -> Result<()>
 }
 
 /// The names `burn-lra <command> --names` prints, one per line.
-fn harness_names(harness: &Harness, command: &str) -> Result<Vec<String>> {
-    let output = Command::new(harness).args([command, "--names"]).output()?;
+fn harness_names(harness: &Harness, command: &[&str]) -> Result<Vec<String>> {
+    let output = Command::new(harness)
+        .args(command)
+        .arg("--names")
+        .output()?;
     if !output.status.success() {
-        bail!("burn-lra {command} --names failed");
+        bail!("burn-lra {} --names failed", command.join(" "));
     }
     Ok(String::from_utf8_lossy(&output.stdout)
         .lines()
@@ -185,14 +188,23 @@ fn harness_names(harness: &Harness, command: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The attentions a `--attention` list names: every registered one when the list is empty or
-/// `all`; a hybrid stack by its pattern (`gla+local`, each part registered); an unknown name is
-/// an error that lists the registered ones.
-pub(crate) fn resolve_attentions(list: &[String], harness: &Harness) -> Result<Vec<String>> {
-    let registered = harness_names(harness, "list")?;
+/// The attentions a `--attention` list names: every registered one (with `causal_only`, every
+/// one with a causal form) when the list is empty or `all`; a hybrid stack by its pattern
+/// (`gla+local`, each part registered); an unknown name is an error that lists the registered
+/// ones.
+pub(crate) fn resolve_attentions(
+    list: &[String],
+    harness: &Harness,
+    causal_only: bool,
+) -> Result<Vec<String>> {
+    let registered = harness_names(harness, &["list"])?;
+    let every = || match causal_only {
+        true => harness_names(harness, &["list", "--causal"]),
+        false => Ok(registered.clone()),
+    };
     match list {
-        [] => Ok(registered),
-        [all] if all == "all" => Ok(registered),
+        [] => every(),
+        [all] if all == "all" => every(),
         list => {
             let parts = list.iter().flat_map(|name| name.split('+'));
             if let Some(unknown) = parts

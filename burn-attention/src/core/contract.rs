@@ -275,6 +275,28 @@ pub struct CachedKeys {
 }
 
 impl DecodingState {
+    /// How many numbers the state holds (padding flags not counted): what decoding keeps in
+    /// memory between tokens, 4 bytes each in f32. Constant over the sequence for the recurrent
+    /// states ([`Recurrent`](Self::Recurrent), [`Decayed`](Self::Decayed)); growing with the
+    /// tokens seen for the caches.
+    pub fn num_elements(&self) -> usize {
+        let count = |t: &Tensor<4>| t.shape().num_elements();
+        match self {
+            Self::Empty => 0,
+            Self::KeyValueCache { keys, values, .. } => count(keys) + count(values),
+            Self::Recurrent(state) => {
+                count(&state.s) + count(&state.z) + state.key_max.as_ref().map_or(0, count)
+            }
+            Self::Compressed { blocks, current } => [blocks, current]
+                .into_iter()
+                .flatten()
+                .map(|c| count(&c.keys) + count(&c.values))
+                .sum(),
+            Self::Decayed(state) => count(&state.s) + state.seen.shape().num_elements(),
+            Self::Inputs { states, .. } => states.shape().num_elements(),
+        }
+    }
+
     /// Whether this is the cache of prompts of different lengths (its padding marked), which
     /// the position-dependent patterns decode on from row by row.
     pub(crate) fn is_padded_cache(&self) -> bool {

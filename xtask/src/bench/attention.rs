@@ -26,8 +26,12 @@ impl Benchmark for AttentionBenchmark<'_> {
         }
     }
 
-    fn script(&self) -> &'static str {
-        "torch_attention.py"
+    fn script(&self) -> Option<&'static str> {
+        Some("torch_attention.py")
+    }
+
+    fn causal_only(&self) -> bool {
+        self.args.causal
     }
 
     fn case(&self, session: &Session, name: &str, n: usize) -> Result<Case> {
@@ -61,8 +65,9 @@ impl Benchmark for AttentionBenchmark<'_> {
         } else {
             has_torch(name)
         };
-        let torch = (args.torch && with_torch).then(|| {
-            let script = session.script.to_string_lossy();
+        let script = session.script.as_ref().filter(|_| args.torch && with_torch);
+        let torch = script.map(|script| {
+            let script = script.to_string_lossy();
             let threads = session.threads.to_string();
             let mut flags = vec![
                 script.as_ref(),

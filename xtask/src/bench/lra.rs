@@ -23,8 +23,8 @@ impl Benchmark for LraBenchmark<'_> {
         "lra"
     }
 
-    fn script(&self) -> &'static str {
-        "torch_lra.py"
+    fn script(&self) -> Option<&'static str> {
+        Some("torch_lra.py")
     }
 
     fn case(&self, session: &Session, name: &str, n: usize) -> Result<Case> {
@@ -63,8 +63,12 @@ impl Benchmark for LraBenchmark<'_> {
                 Ok(Invocation::new(session.harness.as_ref(), &ours, &common))
             }
         };
-        let torch = (args.torch && has_torch(name)).then(|| {
-            let script = session.script.to_string_lossy();
+        let script = session
+            .script
+            .as_ref()
+            .filter(|_| args.torch && has_torch(name));
+        let torch = script.map(|script| {
+            let script = script.to_string_lossy();
             Invocation::new(
                 "python3".as_ref(),
                 &[

@@ -4,7 +4,8 @@
 //! - [`attention`]: one attention layer's forward and forward + backward time and peak memory
 //!   at doubling lengths (the Linformer paper's table);
 //! - [`lra`]: a task model's training steps per second and peak memory (LRA's Table 2);
-//! - [`protocol`]: what both share: a case per (attention, length), one process per side,
+//! - [`decode`]: the time of one decoded token and its state's size at each position;
+//! - [`protocol`]: what they share: a case per (attention, length), one process per side,
 //!   the harness and PyTorch script, the report's files; [`rounds`]: passes over the cases and
 //!   their medians;
 //! - [`variants`]: every variant's benchmark facts in one table (its PyTorch counterpart, the
@@ -19,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use lra_runs::BackendKind;
 
 pub(crate) mod attention;
+pub(crate) mod decode;
 pub(crate) mod lra;
 pub(crate) mod protocol;
 pub(crate) mod report;
@@ -47,6 +49,12 @@ pub enum BenchCommand {
     /// for the Text task's `lra` preset, lra-PRESET-BACKEND for another of its presets and
     /// lra-TASK-PRESET-BACKEND for another task.
     Lra(BenchFlags),
+    /// What generating one more token costs at each position (--lengths: 100,1000,4000): the
+    /// time of one decoding step after a prompt of n tokens and the size of the state it
+    /// decodes from, for the attentions with a causal form (one process per case, --reps
+    /// tokens each, --rounds passes as for `attention`); ours only. Writes
+    /// decode-BACKEND.{json,md,svg}.
+    Decode(BenchFlags),
     /// Re-renders the markdown and SVG of a results JSON (after a change of layout).
     Report {
         /// bench/results/NAME.json
@@ -63,7 +71,8 @@ pub struct BenchFlags {
     /// Registry names, comma-separated, or all (the default).
     #[arg(long, value_delimiter = ',')]
     attention: Vec<String>,
-    /// Sequence lengths [attention: 512,1024,...,16384; lra: 1024,2048,3072,4096].
+    /// Sequence lengths [attention: 512,1024,...,16384; lra: 1024,2048,3072,4096; decode: the
+    /// positions decoded at, 100,1000,4000].
     #[arg(long, value_delimiter = ',')]
     lengths: Option<Vec<usize>>,
     /// Sequences per batch [attention: 1; lra: 32].
@@ -75,9 +84,9 @@ pub struct BenchFlags {
     /// Model width (`attention`).
     #[arg(long, default_value_t = 512)]
     d_model: usize,
-    /// Timed runs per case.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
-    reps: u64,
+    /// Timed runs per case [attention, lra: 3; decode: 20 tokens].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: Option<u64>,
     /// Untimed runs before them.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
@@ -138,7 +147,7 @@ impl BenchFlags {
             batch: self.batch.unwrap_or(defaults.batch),
             heads: self.heads,
             d_model: self.d_model,
-            reps: self.reps as usize,
+            reps: self.reps.map_or(defaults.reps, |reps| reps as usize),
             warmup: self.warmup,
             rounds: self.rounds as usize,
             torch: !self.no_torch,
@@ -217,6 +226,16 @@ impl Args {
             ..Self::attention()
         }
     }
+
+    /// The defaults of `bench decode`: one sequence at positions 100, 1,000 and 4,000, 20
+    /// tokens a case.
+    fn decode() -> Self {
+        Args {
+            lengths: vec![100, 1000, 4000],
+            reps: 20,
+            ..Self::attention()
+        }
+    }
 }
 
 /// Entry point of `cargo xtask bench ...`.
@@ -230,6 +249,10 @@ pub fn bench(command: BenchCommand) -> Result<()> {
         BenchCommand::Lra(flags) => {
             let args = flags.resolve(Args::lra())?;
             protocol::run(&lra::LraBenchmark { args: &args }, &args)
+        }
+        BenchCommand::Decode(flags) => {
+            let args = flags.resolve(Args::decode())?;
+            protocol::run(&decode::DecodeBenchmark { args: &args }, &args)
         }
         BenchCommand::Report { path } => {
             report::render_files(&path)?;

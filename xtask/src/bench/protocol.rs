@@ -17,8 +17,13 @@ use crate::harness::{Harness, build_harness, resolve_attentions, workspace_root}
 pub(crate) trait Benchmark {
     /// The report's name (`attention`, `attention-causal`, `lra`).
     fn name(&self) -> &'static str;
-    /// The PyTorch side's script in `bench/`.
-    fn script(&self) -> &'static str;
+    /// The PyTorch side's script in `bench/`, if it has one.
+    fn script(&self) -> Option<&'static str>;
+    /// Whether only the attentions with a causal form are measured (an empty `--attention`
+    /// list or `all` then means those).
+    fn causal_only(&self) -> bool {
+        false
+    }
     /// The case of `attention` at length `n`.
     fn case(&self, session: &Session, attention: &str, n: usize) -> Result<Case>;
     /// One measurement, as the progress line shows it.
@@ -32,7 +37,7 @@ pub(crate) trait Benchmark {
 /// report.
 pub(crate) fn run(benchmark: &impl Benchmark, args: &Args) -> Result<()> {
     report_stem(args, benchmark.name())?;
-    let session = Session::start(args, benchmark.script())?;
+    let session = Session::start(args, benchmark)?;
     let mut cases = Vec::new();
     for name in &session.names {
         for &n in &args.lengths {
@@ -73,21 +78,23 @@ pub(crate) struct Session {
     pub threads: usize,
     /// The time limit of one process.
     pub timeout: Duration,
-    /// The PyTorch side's script.
-    pub script: PathBuf,
+    /// The PyTorch side's script, if the benchmark has one.
+    pub script: Option<PathBuf>,
 }
 
 impl Session {
-    /// Builds the harness and resolves the attentions.
-    fn start(args: &Args, script: &str) -> Result<Self> {
+    /// Builds the harness and resolves the attentions `benchmark` measures.
+    fn start(args: &Args, benchmark: &impl Benchmark) -> Result<Self> {
         let harness = build_harness(args.backend)?;
-        let names = resolve_attentions(&args.attentions, &harness)?;
+        let names = resolve_attentions(&args.attentions, &harness, benchmark.causal_only())?;
         Ok(Session {
             harness,
             names,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             timeout: Duration::from_secs(args.timeout),
-            script: workspace_root().join("bench").join(script),
+            script: benchmark
+                .script()
+                .map(|script| workspace_root().join("bench").join(script)),
         })
     }
 }

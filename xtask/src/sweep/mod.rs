@@ -35,7 +35,7 @@ pub fn lra(args: LraArgs) -> Result<()> {
         return Ok(());
     }
     check_task(&args.task, &harness)?;
-    let attentions = resolve_attentions(&args.attention, &harness)?;
+    let attentions = resolve_attentions(&args.attention, &harness, false)?;
     let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
     let failures = match args.executor {
         Executor::Local => local::run(&args, &harness, unfinished)?,

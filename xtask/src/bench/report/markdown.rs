@@ -236,3 +236,105 @@ pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String
     md.push_str(&not_measured(report));
     md
 }
+
+/// The tables of a `bench decode` report.
+pub(crate) fn decode(report: &Value, names: &[String], lengths: &[usize]) -> String {
+    let m = &report["machine"];
+    let s = &report["setup"];
+    let mut md = format!(
+        "# Decoding cost by position, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} \
+         threads. Batch {}, {} heads, d_model {}, one attention layer without autodiff: a random \
+         prompt of n tokens prefilled, then each timed token decoded from the prompt's state \
+         (the token at position n + 1); {}. The state is the numbers it holds at 4 bytes each \
+         (`DecodingState::num_elements`).\n\n",
+        report["backend"].as_str().unwrap_or(""),
+        m["cpu"].as_str().unwrap_or(""),
+        m["cores"],
+        m["memory_gib"],
+        m["commit"].as_str().unwrap_or(""),
+        report["threads"],
+        s["batch"],
+        s["heads"],
+        s["d_model"],
+        protocol(s, "tokens"),
+    );
+    let all: Vec<&String> = names.iter().collect();
+    for (title, key, digits) in [
+        ("Time per decoded token, ms, at position n", "token_ms", 3),
+        ("Decoding state after n tokens, MiB", "state_mib", 3),
+        (
+            "Prefill of the n-token prompt, ms (one pass)",
+            "prefill_ms",
+            1,
+        ),
+    ] {
+        md.push_str(&format!("## {title}\n\n"));
+        table(&mut md, &all, lengths, |name, n| {
+            cell(metric(report, "ours", name, n, key), digits)
+        });
+    }
+    if let (Some(&first), Some(&last)) = (lengths.first(), lengths.last())
+        && last > first
+    {
+        md.push_str(&format!(
+            "## Growth from position {first} to {last}: time per token, then state\n\n\
+             A state of fixed size shows 1.00× whatever the position; a key/value cache \
+             grows with it ({:.0}×).\n\n| attention | time | state |\n|---|---|---|\n",
+            last as f64 / first as f64
+        ));
+        for name in names {
+            let growth = |key| {
+                Some(
+                    metric(report, "ours", name, last, key)?
+                        / metric(report, "ours", name, first, key)?,
+                )
+            };
+            let times = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}×"));
+            md.push_str(&format!(
+                "| {name} | {} | {} |\n",
+                times(growth("token_ms")),
+                times(growth("state_mib"))
+            ));
+        }
+    }
+    md.push_str(&not_measured(report));
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// A decode report's growth table divides the last position's figures by the first's, and a
+    /// case that failed is listed as not measured.
+    #[test]
+    fn decode_growth_is_last_over_first() {
+        let case = |name: &str, n: usize, token_ms: f64, state_mib: f64| {
+            json!({"attention": name, "n": n, "ours": {
+                "token_ms": token_ms, "state_mib": state_mib, "prefill_ms": 1.0, "peak_mib": 1.0,
+            }, "torch": null})
+        };
+        let report = json!({
+            "benchmark": "decode", "backend": "flex", "threads": 2,
+            "machine": {"cpu": "cpu", "cores": 2, "memory_gib": 1.0, "commit": "abc"},
+            "setup": {"batch": 1, "heads": 8, "d_model": 512, "reps": 20, "warmup": 3,
+                      "rounds": 1, "lengths": [100, 4000]},
+            "cases": [
+                case("softmax", 100, 0.5, 0.4),
+                case("softmax", 4000, 5.0, 16.0),
+                case("gla", 100, 0.2, 0.0625),
+                case("gla", 4000, 0.2, 0.0625),
+                {"attention": "retnet", "n": 100, "ours": {"error": "timed out after 600 s"}},
+            ],
+        });
+        let names = ["softmax", "gla", "retnet"].map(String::from);
+        let md = super::decode(&report, &names, &[100, 4000]);
+        assert!(md.contains("| softmax | 10.00× | 40.00× |"), "{md}");
+        assert!(md.contains("| gla | 1.00× | 1.00× |"), "{md}");
+        assert!(md.contains("| retnet | – | – |"), "{md}");
+        assert!(
+            md.contains("- retnet n=100 (ours): timed out after 600 s"),
+            "{md}"
+        );
+    }
+}

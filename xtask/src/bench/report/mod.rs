@@ -1,5 +1,5 @@
-//! A benchmark report's markdown and SVG, rendered from its JSON (by `bench attention` and
-//! `bench lra` once measured, or again by `bench report`): [`markdown`] writes the tables,
+//! A benchmark report's markdown and SVG, rendered from its JSON (by `bench attention`,
+//! `bench lra` and `bench decode` once measured, or again by `bench report`): [`markdown`] writes the tables,
 //! [`svg`] the charts; what follows is what both read.
 
 use std::path::Path;
@@ -42,8 +42,15 @@ pub(crate) fn render_files(path: &Path) -> Result<String> {
                 ("peak_mib", "peak memory (MiB)"),
             ],
         ),
+        Some("decode") => (
+            markdown::decode(&report, &names, &lengths),
+            [
+                ("token_ms", "time per decoded token (ms)"),
+                ("state_mib", "decoding state (MiB)"),
+            ],
+        ),
         _ => bail!(
-            "{}: `benchmark` is neither attention, attention-causal nor lra",
+            "{}: `benchmark` is none of attention, attention-causal, lra and decode",
             path.display()
         ),
     };
