@@ -37,6 +37,7 @@ use burn::prelude::*;
 use super::contract::DecodingState;
 use super::error::AttentionError;
 use super::input::causal_mask;
+use super::scan::{ChunkMaps, states_before};
 
 /// Chunk length of the causal form: large enough that the intra-chunk products are efficient
 /// matrix products, small enough that the `c × c` weights stay below the values in memory.
@@ -169,31 +170,25 @@ pub(crate) fn into_chunks(x: Tensor<4>, c: usize, chunks: usize) -> Tensor<5> {
 /// chunk's whole log-decay (`totals: [batch, heads, chunks, w]`, `w` 1 or `d_k`): the state
 /// after chunk `c` is `Σ_{c' <= c} exp(C_c − C_{c'}) U_{c'}`, with `C` the cumulative log-decay
 /// at the chunks' ends. One decay per position: one product with the `chunks × chunks` matrix of
-/// decays, the spans summed between chunks as within them, no sequential loop. Per key channel,
-/// that matrix would take `(n / c)² d_k` (a gigabyte at 16K positions and 8 heads of 32 key
-/// channels in chunks of 16), so the chunks' states follow one another instead, each the last
-/// decayed by its chunk's gates plus its write: `(n / c) d_k d_v` in all.
+/// decays, the spans summed between chunks as within them. Per key channel, that matrix would
+/// take `(n / c)² d_k` (a gigabyte at 16K positions and 8 heads of 32 key channels in chunks of
+/// 16), so the chunks' maps are composed by a scan instead ([`states_before`]), `(n / c) d_k d_v`
+/// in all.
 fn states_between_chunks(totals: Tensor<4>, writes: Tensor<5>) -> (Tensor<5>, Tensor<4>) {
     let [batch, heads, chunks, width] = totals.dims();
     let [_, _, _, d_k, d_v] = writes.dims();
     let device = totals.device();
     if width > 1 {
-        let decays = totals.exp();
-        let mut state = Tensor::<4>::zeros([batch, heads, d_k, d_v], &device);
-        let mut before = Vec::with_capacity(chunks);
-        for i in 0..chunks {
-            before.push(state.clone().unsqueeze_dim::<5>(2));
-            let decay = decays
-                .clone()
-                .slice(s![.., .., i..i + 1])
-                .reshape([batch, heads, d_k, 1]);
-            let write = writes
-                .clone()
-                .slice(s![.., .., i..i + 1])
-                .reshape([batch, heads, d_k, d_v]);
-            state = state * decay + write;
-        }
-        return (Tensor::cat(before, 2), state);
+        let m = batch * heads;
+        let (before, last) = states_before(
+            ChunkMaps::LogDecays(totals.reshape([m, chunks, d_k, 1])),
+            writes.reshape([m, chunks, d_k, d_v]),
+            Tensor::zeros([m, d_k, d_v], &device),
+        );
+        return (
+            before.reshape([batch, heads, chunks, d_k, d_v]),
+            last.reshape([batch, heads, d_k, d_v]),
+        );
     }
     let later = causal_mask(chunks, &device).reshape([1, 1, chunks, chunks]);
     let decays = segment_sums(totals.reshape([batch, heads, chunks, 1, 1]))

@@ -20,8 +20,10 @@
 //! Then `O = diag(e^G) Q S₀ + (Q Kᵀ ⊙ Γ ⊙ M) u` with `Γ_tj = e^{G_t − G_j}` and `M` the causal
 //! mask, and the state after the chunk `e^{G_c} S₀ + Σ_j e^{G_c − G_j} k_j u_jᵀ`. The
 //! transition between chunks, `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + …`, is a `d_k × d_k`
-//! matrix that depends on the chunk, so the chunks follow one another in a loop (as the paper's
-//! kernels do); everything within a chunk is batched over all chunks at once. Every decay is a
+//! matrix that depends on the chunk; where the paper's kernels loop over the chunks, the maps
+//! are composed here by a parallel scan ([`crate::core::scan`]: a loop's slices would make the
+//! backward quadratic in `n` under autodiff), and everything within a chunk is batched over all
+//! chunks at once. Every decay is a
 //! span summed over its own terms, as in [`crate::core::decay`].
 //!
 //! **Recurrent form.** [`delta_step`], O(d_k d_v) a token.
@@ -35,9 +37,10 @@ use burn::prelude::*;
 
 use super::decay::{into_chunks, segment_sums};
 use super::input::causal_mask;
+use super::scan::{ChunkMaps, states_before};
 
 /// Chunk length of the causal form: the inversion within chunks takes `log₂ c` rounds (all
-/// chunks at once), the loop over chunks `n / c`.
+/// chunks at once), the scan over chunks `2 log₂(n / c)` levels.
 pub const DELTA_CHUNK: usize = 32;
 
 /// The causal form in chunks of `chunk` positions (see the module docs): the outputs and the
@@ -95,21 +98,26 @@ pub fn delta_causal(
     let k_to_end = k * to_end;
     let total = within.slice(s![.., .., .., c - 1..c]).exp(); // [b, h, chunks, 1, 1]
 
-    let mut s = state.unwrap_or_else(|| Tensor::zeros([batch, heads, d_k, d_v], &device));
-    let mut outs = Vec::with_capacity(chunks);
-    for i in 0..chunks {
-        let at = |x: &Tensor<5>| -> Tensor<4> {
-            let dims = x.dims();
-            x.clone()
-                .slice(s![.., .., i..i + 1])
-                .reshape([batch, heads, dims[3], dims[4]])
-        };
-        let u = at(&u_all) - at(&w_all).matmul(s.clone());
-        outs.push(at(&q_decayed).matmul(s.clone()) + at(&scores).matmul(u.clone()));
-        let decay = at(&total);
-        s = s * decay + at(&k_to_end).swap_dims(2, 3).matmul(u);
-    }
-    let out = Tensor::cat(outs, 2);
+    // Between chunks: `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + Kᵀ diag(e^{G_c − G}) U`,
+    // each chunk's map, composed by a scan for the state before every chunk.
+    let m = batch * heads;
+    let transitions = Tensor::<2>::eye(d_k, &device).reshape([1, 1, 1, d_k, d_k]) * total
+        - k_to_end.clone().swap_dims(3, 4).matmul(w_all.clone());
+    let writes = k_to_end.swap_dims(3, 4).matmul(u_all.clone());
+    let initial = state.unwrap_or_else(|| Tensor::zeros([batch, heads, d_k, d_v], &device));
+    let (before, s) = states_before(
+        ChunkMaps::Matrices(transitions.reshape([m, chunks, d_k, d_k])),
+        writes.reshape([m, chunks, d_k, d_v]),
+        initial.reshape([m, d_k, d_v]),
+    );
+    let (before, s) = (
+        before.reshape([batch, heads, chunks, d_k, d_v]),
+        s.reshape([batch, heads, d_k, d_v]),
+    );
+    // Every chunk at once: its pseudo-values from the state before it, then its outputs.
+    let u = u_all - w_all.matmul(before.clone());
+    let out =
+        (q_decayed.matmul(before) + scores.matmul(u)).reshape([batch, heads, chunks * c, d_v]);
     let out = if chunks * c == n {
         out
     } else {
