@@ -72,8 +72,12 @@ def decayed_causal(q, k, v, log_decay, chunk=64):
     v_j` with `G` the cumulative log-decay (one per position, width 1, or one per key channel,
     width d_k: GLA's gates), in chunks (the chunkwise form of RetNet, Sun et al. 2023, section
     2.3; GLA, Yang et al. 2024, section 4): within a chunk the masked `c x c` weights, across
-    chunks the state each chunk writes, carried by a `chunks x chunks` matrix of decays. Every
-    decay is `exp` of a span summed over its own terms."""
+    chunks the state each chunk writes, carried by a `chunks x chunks` matrix of decays with one
+    decay per position, and from chunk to chunk with one per key channel (the matrix would take
+    `(n / c)^2 d_k`, a gigabyte at 16K positions in chunks of 16; the chunks taken apart by
+    `unbind`, whose backward is one `stack`, where indexing chunk by chunk would give each a
+    gradient the size of the whole tensor). Every decay is `exp` of a span summed over its own
+    terms."""
     b, h, n, dk = q.shape
     dv, w = v.shape[-1], log_decay.shape[-1]
     c = min(chunk, n)
@@ -90,12 +94,18 @@ def decayed_causal(q, k, v, log_decay, chunk=64):
         scores = (q[..., :, None, :] * k[..., None, :, :] * decays).sum(-1)
     intra = scores.masked_fill(~past, 0) @ v
     writes = (k * decays[..., -1, :, :]).transpose(3, 4) @ v  # [b, h, m, dk, dv]
-    totals = segment_sums(cum[..., -1, :]).exp()  # [b, h, m, m, w]
-    upto = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
-    totals = totals.masked_fill(~upto[..., None], 0).permute(0, 1, 4, 2, 3)  # [b, h, w, m, m]
-    after = totals @ writes.reshape(b, h, m, w, dk // w * dv).transpose(2, 3)
-    after = after.transpose(2, 3).reshape(b, h, m, dk, dv)
-    before = torch.cat([torch.zeros_like(after[:, :, :1]), after[:, :, :-1]], 2)
+    if w == 1:
+        totals = segment_sums(cum[..., -1, :]).exp()  # [b, h, m, m, 1]
+        upto = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
+        totals = totals[..., 0].masked_fill(~upto, 0)  # [b, h, m, m]
+        after = (totals @ writes.reshape(b, h, m, dk * dv)).reshape(b, h, m, dk, dv)
+        before = torch.cat([torch.zeros_like(after[:, :, :1]), after[:, :, :-1]], 2)
+    else:
+        state, states = q.new_zeros(b, h, dk, dv), []
+        for write, total in zip(writes.unbind(2), cum[..., -1, :].exp().unbind(2)):
+            states.append(state)
+            state = state * total[..., None] + write
+        before = torch.stack(states, 2)
     inter = (q * cum.exp()) @ before
     return (intra + inter).reshape(b, h, m * c, dv)[:, :, :n]
 
@@ -189,7 +199,9 @@ class GatedLinearAttention(nn.Module):
 def delta_causal(q, k, v, beta, g, chunk=32):
     """The (gated) delta rule in chunks (Yang et al. 2024, arXiv 2406.06484, section 3; decays as
     Yang, Kautz & Hatamizadeh 2025): per chunk the WY pseudo-values from the unit lower-triangular
-    system, solved by torch.linalg.solve_triangular, then the chunks one after another."""
+    system, solved by torch.linalg.solve_triangular, then the chunks one after another (taken
+    apart by `unbind`, whose backward is one `stack`, where indexing chunk by chunk would give
+    each a gradient the size of the whole tensor)."""
     b, h, n, dk = q.shape
     dv = v.shape[-1]
     c = min(chunk, n)
@@ -210,10 +222,11 @@ def delta_causal(q, k, v, beta, g, chunk=32):
     qd, kd, total = q * cum.exp(), k * gamma[..., -1, :, None], cum[..., -1:, :].exp()
     s = q.new_zeros(b, h, dk, dv)
     outs = []
-    for i in range(m):
-        u = u_all[:, :, i] - w_all[:, :, i] @ s
-        outs.append(qd[:, :, i] @ s + scores[:, :, i] @ u)
-        s = s * total[:, :, i] + kd[:, :, i].transpose(2, 3) @ u
+    chunks = zip(*(t.unbind(2) for t in (u_all, w_all, qd, scores, total, kd)))
+    for u_i, w_i, qd_i, scores_i, total_i, kd_i in chunks:
+        u = u_i - w_i @ s
+        outs.append(qd_i @ s + scores_i @ u)
+        s = s * total_i + kd_i.transpose(2, 3) @ u
     return torch.cat(outs, 2)[:, :, :n]
 
 
