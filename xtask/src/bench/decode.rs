@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::Args;
 use super::protocol::{Benchmark, Session, case_args, strings};
 use super::rounds::{Case, Invocation};
-use super::variants::params;
+use super::variants::decode_params;
 
 /// `bench decode` with its settings.
 pub(crate) struct DecodeBenchmark<'a> {
@@ -42,13 +42,13 @@ impl Benchmark for DecodeBenchmark<'_> {
             "--reps",
             &args.reps.to_string(),
             "--params",
-            &params(name).to_string(),
+            &decode_params(name).to_string(),
         ]));
         let ours = ["bench-decode", "--backend", args.backend.name()];
         Ok(Case {
             name: name.to_string(),
             n,
-            params: params(name),
+            params: decode_params(name),
             ours: Ok(Invocation::new(session.harness.as_ref(), &ours, &common)),
             torch: None,
         })

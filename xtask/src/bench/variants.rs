@@ -263,6 +263,16 @@ pub(crate) fn params(attention: &str) -> Value {
     serde_json::from_str(facts(attention).params).expect("the table's parameters are JSON")
 }
 
+/// The parameters `bench decode` uses for `attention`: [`params`]'s, and rows of 64 positions for
+/// `axial`, whose default grid is square (a prompt plus the decoded token is rarely a square).
+pub(crate) fn decode_params(attention: &str) -> Value {
+    let mut params = params(attention);
+    if attention == "axial" {
+        params["width"] = 64.into();
+    }
+    params
+}
+
 /// The share of an n × n score matrix `attention` keeps on `backend` (0: none).
 pub(crate) fn scores_fraction(attention: &str, backend: &str) -> f64 {
     match facts(attention).scores {
