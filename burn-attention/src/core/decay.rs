@@ -16,15 +16,15 @@
 //! and the state before chunk `c` is `Σ_{c' < c} exp(C_{c−1} − C_{c'}) U_{c'}`, with `C` the
 //! cumulative log-decay at the chunks' ends: one product with a `chunks × chunks` matrix of
 //! decays, no sequential loop (with gates per key channel that matrix would hold `(n / c)² d_k`
-//! decays, and the chunks' states follow one another in a loop instead). Every decay is taken as `exp` of a sum of log-decays that is
-//! at most 0, each sum accumulated from the terms of its own span: never as a product of
+//! decays, and the chunks' maps are composed by a parallel scan instead, `core/scan.rs`).
+//! Every decay is taken as `exp` of a sum of log-decays that is at most 0, each sum accumulated from the terms of its own span: never as a product of
 //! factors (hundreds of factors below one underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
 //! (whose parts overflow), nor as `exp(G_i − G_j)` (the difference of two long cumulative
 //! sums loses the short span between them: after a thousand steps of decay `e^{-10}`, `G` is
 //! held to about `1e-3`, the error of a span of a few weak decays). Memory:
 //! O(n (d_k + d_v) + n c) for the chunks (`n c d_k` with gates per channel), O((n / c) d_k d_v)
-//! for their states and O((n / c)²) for the decays between them (with gates per channel the
-//! chunks' states follow one another instead); no per-position `d_k × d_v` state is kept.
+//! for their states and O((n / c)²) for the decays between them (with gates per channel, the
+//! scan's O((n / c) d_k d_v) instead); no per-position `d_k × d_v` state is kept.
 //!
 //! **Recurrent form.** [`decayed_step`] carries `S` token by token in O(d_k d_v) a step,
 //! whatever the position.

@@ -21,7 +21,7 @@
 //! mask, and the state after the chunk `e^{G_c} S₀ + Σ_j e^{G_c − G_j} k_j u_jᵀ`. The
 //! transition between chunks, `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + …`, is a `d_k × d_k`
 //! matrix that depends on the chunk; where the paper's kernels loop over the chunks, the maps
-//! are composed here by a parallel scan ([`crate::core::scan`]: a loop's slices would make the
+//! are composed here by a parallel scan (`core/scan.rs`: a loop's slices would make the
 //! backward quadratic in `n` under autodiff), and everything within a chunk is batched over all
 //! chunks at once. Every decay is a
 //! span summed over its own terms, as in [`crate::core::decay`].
