@@ -338,9 +338,12 @@ fn decoding_equals_causal_forward() {
             let (decoded, state) = decode_all(&x, DecodingState::default(), |x, state| {
                 attention.decode(x, state).unwrap()
             });
+            // Absolute 5e-5: outputs reach about 17 at the larger norm, and softmax's fused
+            // forward and its step sum in different orders (up to 2e-5 apart over 200 draws of
+            // weights and inputs; a per-element relative bound alone fails on outputs near 0).
             decoded.into_data().assert_approx_eq::<f32>(
                 &full.into_data(),
-                Tolerance::absolute(1e-5).set_relative(2e-4),
+                Tolerance::absolute(5e-5).set_relative(2e-4),
             );
             let (_, first) = attention
                 .decode(x.clone().slice(s![.., 0..1]), DecodingState::default())
@@ -417,7 +420,9 @@ fn prefill_equals_token_by_token_decoding() {
             let full = attention.forward(AttentionInput::new(x.clone()).causal(true));
             let prompt = x.clone().slice(s![.., 0..prompt_len]);
             let (prefilled, state) = attention.prefill(prompt.clone()).unwrap();
-            let tolerance = Tolerance::absolute(1e-5).set_relative(2e-4);
+            // As in `decoding_equals_causal_forward`: softmax's fused forward and its step sum in
+            // different orders.
+            let tolerance = Tolerance::absolute(5e-5).set_relative(2e-4);
             prefilled.into_data().assert_approx_eq::<f32>(
                 &full.clone().slice(s![.., 0..prompt_len]).into_data(),
                 tolerance,
