@@ -23,15 +23,12 @@ use lra_runs::summary::median;
 
 use crate::backend::{BackendDevice, BackendKind};
 
-/// What to measure.
+/// The attention layer a case measures, and its shape (`bench-attention`, `bench-decode`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
+pub struct LayerArgs {
     /// Attention, by registry name.
     #[arg(long)]
     pub attention: String,
-    /// Sequence length.
-    #[arg(long)]
-    pub n: usize,
     /// Batch size.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -41,21 +38,46 @@ pub struct BenchArgs {
     /// Model width.
     #[arg(long, default_value_t = 512)]
     pub d_model: usize,
+    /// Attention parameters as JSON, e.g. `{"k": 256}`.
+    #[arg(long, default_value = "{}")]
+    pub params: String,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub backend: BackendKind,
+}
+
+impl LayerArgs {
+    /// The attention's configuration for sequences of up to `n_max` positions: `--params` over
+    /// the registry's defaults, weight dropout off (as on the PyTorch side).
+    fn config(&self, n_max: usize) -> Result<AttentionConfig> {
+        let params: Map<String, Value> = serde_json::from_str(&self.params)
+            .with_context(|| format!("--params is not a JSON object: {}", self.params))?;
+        Ok(
+            AttentionConfig::from_name(&self.attention, self.d_model, self.heads, n_max)?
+                .with_params(&params)?
+                .with_weight_dropout(0.0),
+        )
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The attention layer.
+    #[command(flatten)]
+    pub layer: LayerArgs,
+    /// Sequence length.
+    #[arg(long)]
+    pub n: usize,
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Untimed warm-up repetitions.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    /// Attention parameters as JSON, e.g. `{"k": 256}`.
-    #[arg(long, default_value = "{}")]
-    pub params: String,
     /// Causal masking (for the variants that support it).
     #[arg(long)]
     pub causal: bool,
-    /// Backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
-    pub backend: BackendKind,
 }
 
 /// One measurement, printed as a JSON line.
@@ -90,36 +112,32 @@ fn proc_status_kib(field: &str) -> Option<f64> {
 pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     check_sizes(&[
         ("--n", args.n),
-        ("--batch", args.batch),
-        ("--heads", args.heads),
-        ("--d-model", args.d_model),
+        ("--batch", args.layer.batch),
+        ("--heads", args.layer.heads),
+        ("--d-model", args.layer.d_model),
         ("--reps", args.reps),
     ])?;
     // The input, its gradient and the output: refused before anything is allocated where they
     // alone cannot fit.
-    let input_bytes = [args.batch, args.n, args.d_model, 3 * 4]
+    let input_bytes = [args.layer.batch, args.n, args.layer.d_model, 3 * 4]
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
     if input_bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
         anyhow::bail!(
             "`--batch` x `--n` x `--d-model` ({} x {} x {}) is too large: the input, its gradient \
              and the output alone exceed the memory available",
-            args.batch,
+            args.layer.batch,
             args.n,
-            args.d_model
+            args.layer.d_model
         );
     }
-    let params: Map<String, Value> = serde_json::from_str(&args.params)
-        .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
-    let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, args.n)?
-        .with_params(&params)?
-        .with_weight_dropout(0.0);
+    let config = args.layer.config(args.n)?;
     config.check_input(args.n, args.n, args.causal)?;
-    let device = args.backend.device()?.autodiff();
+    let device = args.layer.backend.device()?.autodiff();
     device.seed(0);
     let attention = config.init(&device);
     let inference = attention.valid();
-    let shape = [args.batch, args.n, args.d_model];
+    let shape = [args.layer.batch, args.n, args.layer.d_model];
     let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
     let sync = |t: Tensor<3>| t.sum().into_scalar::<f64>();
 
@@ -146,7 +164,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     }
     let peak = proc_status_kib("VmHWM:").unwrap_or(0.0);
     Ok(BenchResult {
-        attention: args.attention.clone(),
+        attention: args.layer.attention.clone(),
         n: args.n,
         forward_ms: median(forward),
         forward_backward_ms: median(forward_backward),
@@ -157,34 +175,19 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
 /// What to measure in one decoding case: the cost of one token at one position.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DecodeBenchArgs {
-    /// Attention, by registry name (one with a causal form).
-    #[arg(long)]
-    pub attention: String,
+    /// The attention layer (one with a causal form).
+    #[command(flatten)]
+    pub layer: LayerArgs,
     /// The position the timed tokens are decoded at: a prompt of this many tokens is prefilled
     /// first, and each timed token is decoded from that prompt's state.
     #[arg(long)]
     pub n: usize,
-    /// Batch size.
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
-    /// Heads.
-    #[arg(long, default_value_t = 8)]
-    pub heads: usize,
-    /// Model width.
-    #[arg(long, default_value_t = 512)]
-    pub d_model: usize,
     /// Timed tokens (the median is reported).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Untimed tokens before them.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Attention parameters as JSON, e.g. `{"window": 256}`.
-    #[arg(long, default_value = "{}")]
-    pub params: String,
-    /// Backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
-    pub backend: BackendKind,
 }
 
 /// One decoding measurement, printed as a JSON line.
@@ -212,29 +215,25 @@ pub struct DecodeBenchResult {
 pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
     check_sizes(&[
         ("--n", args.n),
-        ("--batch", args.batch),
-        ("--heads", args.heads),
-        ("--d-model", args.d_model),
+        ("--batch", args.layer.batch),
+        ("--heads", args.layer.heads),
+        ("--d-model", args.layer.d_model),
         ("--reps", args.reps),
     ])?;
-    let params: Map<String, Value> = serde_json::from_str(&args.params)
-        .with_context(|| format!("--params is not a JSON object: {}", args.params))?;
     let n_max = args
         .n
         .checked_add(1)
         .context("`--n` is too large: the decoded token's position overflows")?;
-    let config = AttentionConfig::from_name(&args.attention, args.d_model, args.heads, n_max)?
-        .with_params(&params)?
-        .with_weight_dropout(0.0);
+    let config = args.layer.config(n_max)?;
     config.check_input(n_max, n_max, true)?;
-    let device = args.backend.device()?;
+    let device = args.layer.backend.device()?;
     device.seed(0);
     let attention = config.init(&device);
     let sync = |t: Tensor<3>| t.sum().into_scalar::<f64>();
     let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
 
     let prompt = Tensor::<3>::random(
-        [args.batch, args.n, args.d_model],
+        [args.layer.batch, args.n, args.layer.d_model],
         Distribution::Normal(0.0, 1.0),
         &device,
     );
@@ -246,7 +245,7 @@ pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
     let mut times = Vec::new();
     for rep in 0..args.warmup + args.reps {
         let token = Tensor::<3>::random(
-            [args.batch, 1, args.d_model],
+            [args.layer.batch, 1, args.layer.d_model],
             Distribution::Normal(0.0, 1.0),
             &device,
         );
@@ -259,7 +258,7 @@ pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
     }
     let peak = proc_status_kib("VmHWM:").unwrap_or(0.0);
     Ok(DecodeBenchResult {
-        attention: args.attention.clone(),
+        attention: args.layer.attention.clone(),
         n: args.n,
         token_ms: median(times),
         prefill_ms,
