@@ -70,16 +70,7 @@ impl RelativeScore<'_> {
     pub fn position_scores(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
         let [_, heads, _, d] = q.dims();
         let d_model = heads * d;
-        let device = q.device();
-        let half = d_model / 2;
-        let mut r = Vec::with_capacity(count * d_model);
-        for c in 0..count {
-            let delta = (first + c as i64) as f64;
-            let angle = |f: usize| delta / 10000f64.powf(2.0 * f as f64 / d_model as f64);
-            r.extend((0..half).map(|f| angle(f).sin() as f32));
-            r.extend((0..half).map(|f| angle(f).cos() as f32));
-        }
-        let r = Tensor::<2>::from_data(TensorData::new(r, [count, d_model]), &device);
+        let r = sinusoids(first, count, d_model, &q.device());
         // `[1, heads, count, d]`, broadcast over the batch by the product. Not expanded first:
         // on wgpu (Burn 0.22.1) the gradient of an expanded tensor read through `swap_dims` is
         // summed wrongly (W_R's gradient was off by more than its size).
@@ -88,6 +79,45 @@ impl RelativeScore<'_> {
             .matmul(positions.swap_dims(2, 3))
             .mul_scalar(1.0 / (d as f32).sqrt())
     }
+
+    /// [`position_scores`](Self::position_scores) from the queries' side,
+    /// `((q + v) W_R,hᵀ) · R_δ / √d` with `W_R,h` the head's columns of `W_R`: `rows · d_model ·
+    /// (d + count)` a head, where projecting every distance's sinusoids takes `count · d_model²`
+    /// whatever the rows. What decoding one token needs; equal up to rounding.
+    pub fn position_scores_by_query(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
+        let [_, heads, _, d] = q.dims();
+        let d_model = heads * d;
+        // `W_R` is `[d_model (sinusoid), d_model (heads × d)]`: per head, `[d, d_model]`.
+        let w = self
+            .r_net
+            .weight
+            .val()
+            .reshape([d_model, heads, d])
+            .permute([1, 2, 0])
+            .reshape([1, heads, d, d_model]);
+        let r = sinusoids(first, count, d_model, &q.device()).reshape([1, 1, count, d_model]);
+        // `R u` then transposed: the sinusoids are read in the order they are built.
+        let u = (q + per_head(self.r_r_bias)).matmul(w);
+        r.matmul(u.swap_dims(2, 3))
+            .swap_dims(2, 3)
+            .mul_scalar(1.0 / (d as f32).sqrt())
+    }
+}
+
+/// `R_δ` for the distances `δ = first, first + 1, …`, `count` of them: `[count, d_model]`,
+/// `sin(δ / 10000^{2f/d_model})` for `f < d_model / 2`, then the cosines, computed in `f64`.
+fn sinusoids(first: i64, count: usize, d_model: usize, device: &Device) -> Tensor<2> {
+    let half = d_model / 2;
+    let scales: Vec<f64> = (0..half)
+        .map(|f| 10000f64.powf(2.0 * f as f64 / d_model as f64))
+        .collect();
+    let mut r = Vec::with_capacity(count * d_model);
+    for c in 0..count {
+        let delta = (first + c as i64) as f64;
+        r.extend(scales.iter().map(|scale| (delta / scale).sin() as f32));
+        r.extend(scales.iter().map(|scale| (delta / scale).cos() as f32));
+    }
+    Tensor::from_data(TensorData::new(r, [count, d_model]), device)
 }
 
 /// How a sequence of `n` positions is cut: segments of `s = min(segment_len, n)`, `blocks` of

@@ -254,7 +254,10 @@ impl TransformerXlAttention {
         let index =
             Tensor::<4, Int>::from_data(TensorData::new(index, [batch, 1, 1, columns]), &device)
                 .expand([batch, heads, 1, columns]);
-        let position = self.score().position_scores(q, 0, span).gather(3, index);
+        let position = self
+            .score()
+            .position_scores_by_query(q, 0, span)
+            .gather(3, index);
         let hidden = flags_tensor(
             &hidden
                 .chunks(columns)
