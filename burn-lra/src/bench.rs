@@ -47,6 +47,17 @@ pub struct LayerArgs {
 }
 
 impl LayerArgs {
+    /// Refuses a size of 0 or past the limit: the layer's, the length `n` and the timed `reps`.
+    fn check_sizes(&self, n: usize, reps: usize) -> Result<()> {
+        check_sizes(&[
+            ("--n", n),
+            ("--batch", self.batch),
+            ("--heads", self.heads),
+            ("--d-model", self.d_model),
+            ("--reps", reps),
+        ])
+    }
+
     /// The attention's configuration for sequences of up to `n_max` positions: `--params` over
     /// the registry's defaults, weight dropout off (as on the PyTorch side).
     fn config(&self, n_max: usize) -> Result<AttentionConfig> {
@@ -110,13 +121,7 @@ fn proc_status_kib(field: &str) -> Option<f64> {
 
 /// Runs the measurement.
 pub fn run(args: &BenchArgs) -> Result<BenchResult> {
-    check_sizes(&[
-        ("--n", args.n),
-        ("--batch", args.layer.batch),
-        ("--heads", args.layer.heads),
-        ("--d-model", args.layer.d_model),
-        ("--reps", args.reps),
-    ])?;
+    args.layer.check_sizes(args.n, args.reps)?;
     // The input, its gradient and the output: refused before anything is allocated where they
     // alone cannot fit.
     let input_bytes = [args.layer.batch, args.n, args.layer.d_model, 3 * 4]
@@ -213,13 +218,7 @@ pub struct DecodeBenchResult {
 /// autodiff), then decodes `warmup + reps` random tokens, each from the prompt's state (so each
 /// timed token is the `n + 1`-th), and reports the median time of a token.
 pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
-    check_sizes(&[
-        ("--n", args.n),
-        ("--batch", args.layer.batch),
-        ("--heads", args.layer.heads),
-        ("--d-model", args.layer.d_model),
-        ("--reps", args.reps),
-    ])?;
+    args.layer.check_sizes(args.n, args.reps)?;
     let n_max = args
         .n
         .checked_add(1)

@@ -231,6 +231,18 @@ fn json_line(out: std::process::Output) -> serde_json::Value {
     serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
 }
 
+/// The small layer and short timing both benchmark commands' tests measure.
+const SMALL_LAYER: [&str; 8] = [
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--reps",
+    "2",
+    "--warmup",
+    "0",
+];
+
 /// `bench-attention` prints one JSON line with positive timings, for a quadratic and a linear
 /// variant (the numbers themselves belong to `cargo xtask bench`, not to tests).
 #[test]
@@ -238,16 +250,7 @@ fn bench_attention_prints_one_json_line() {
     for (attention, params) in [("softmax", "{}"), ("nystrom", r#"{"n_landmarks": 8}"#)] {
         let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
             .args(["bench-attention", "--attention", attention, "--n", "64"])
-            .args([
-                "--d-model",
-                "32",
-                "--heads",
-                "2",
-                "--reps",
-                "2",
-                "--warmup",
-                "0",
-            ])
+            .args(SMALL_LAYER)
             .args(["--params", params])
             .output()
             .unwrap();
@@ -278,16 +281,7 @@ fn bench_decode_prints_one_json_line() {
                 "--n",
                 &n.to_string(),
             ])
-            .args([
-                "--d-model",
-                "32",
-                "--heads",
-                "2",
-                "--reps",
-                "2",
-                "--warmup",
-                "0",
-            ])
+            .args(SMALL_LAYER)
             .output()
             .unwrap()
     };

@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{Benchmark, Session, case_args, quadratic_skip, scores_gib, strings};
+use super::protocol::{Benchmark, Session, case_args, figure, quadratic_skip, scores_gib, strings};
 use super::rounds::{Case, Invocation};
 use super::variants::{has_torch, has_torch_causal, params};
 
@@ -93,18 +93,17 @@ impl Benchmark for AttentionBenchmark<'_> {
     fn show(&self, v: &Value) -> String {
         format!(
             "fwd {:.1} ms, fwd+bwd {:.1} ms, peak {:.0} MiB",
-            v["forward_ms"].as_f64().unwrap_or(f64::NAN),
-            v["forward_backward_ms"].as_f64().unwrap_or(f64::NAN),
-            v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+            figure(v, "forward_ms"),
+            figure(v, "forward_backward_ms"),
+            figure(v, "peak_mib")
         )
     }
 
     fn setup(&self) -> Value {
         let args = self.args;
-        json!({
+        args.setup(json!({
             "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
-            "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
-            "lengths": args.lengths, "causal": args.causal, "torch_device": args.torch_device,
-        })
+            "causal": args.causal, "torch_device": args.torch_device,
+        }))
     }
 }

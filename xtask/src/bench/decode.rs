@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{Benchmark, Session, case_args, strings};
+use super::protocol::{Benchmark, Session, case_args, figure, strings};
 use super::rounds::{Case, Invocation};
 use super::variants::decode_params;
 
@@ -57,18 +57,14 @@ impl Benchmark for DecodeBenchmark<'_> {
     fn show(&self, v: &Value) -> String {
         format!(
             "{:.2} ms a token, state {:.2} MiB, prefill {:.0} ms",
-            v["token_ms"].as_f64().unwrap_or(f64::NAN),
-            v["state_mib"].as_f64().unwrap_or(f64::NAN),
-            v["prefill_ms"].as_f64().unwrap_or(f64::NAN)
+            figure(v, "token_ms"),
+            figure(v, "state_mib"),
+            figure(v, "prefill_ms")
         )
     }
 
     fn setup(&self) -> Value {
         let args = self.args;
-        json!({
-            "batch": args.batch, "heads": args.heads, "d_model": args.d_model,
-            "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
-            "lengths": args.lengths,
-        })
+        args.setup(json!({"batch": args.batch, "heads": args.heads, "d_model": args.d_model}))
     }
 }

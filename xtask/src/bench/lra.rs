@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::Args;
-use super::protocol::{Benchmark, Session, case_args, quadratic_skip, scores_gib, strings};
+use super::protocol::{Benchmark, Session, case_args, figure, quadratic_skip, scores_gib, strings};
 use super::rounds::{Case, Invocation, run_case};
 use super::variants::has_torch;
 
@@ -103,18 +103,17 @@ impl Benchmark for LraBenchmark<'_> {
     fn show(&self, v: &Value) -> String {
         format!(
             "{:.2} steps/s ({:.0} ms/step), peak {:.0} MiB",
-            v["steps_per_s"].as_f64().unwrap_or(f64::NAN),
-            v["step_ms"].as_f64().unwrap_or(f64::NAN),
-            v["peak_mib"].as_f64().unwrap_or(f64::NAN)
+            figure(v, "steps_per_s"),
+            figure(v, "step_ms"),
+            figure(v, "peak_mib")
         )
     }
 
     fn setup(&self) -> Value {
         let args = self.args;
-        json!({
+        args.setup(json!({
             "task": args.task, "preset": args.preset, "batch": args.batch,
-            "reps": args.reps, "warmup": args.warmup, "rounds": args.rounds,
-            "lengths": args.lengths, "torch_device": args.torch_device,
-        })
+            "torch_device": args.torch_device,
+        }))
     }
 }

@@ -194,6 +194,19 @@ pub(crate) struct Args {
 }
 
 impl Args {
+    /// A report's `setup`: the repetitions, warm-up, rounds and lengths every benchmark has, and
+    /// `own`, the settings particular to it (a JSON object).
+    pub(crate) fn setup(&self, own: serde_json::Value) -> serde_json::Value {
+        let mut setup = serde_json::json!({
+            "reps": self.reps, "warmup": self.warmup, "rounds": self.rounds,
+            "lengths": self.lengths,
+        });
+        if let (Some(setup), serde_json::Value::Object(own)) = (setup.as_object_mut(), own) {
+            setup.extend(own);
+        }
+        setup
+    }
+
     /// The defaults of `bench attention`: the Linformer paper's lengths, one sequence.
     fn attention() -> Self {
         Args {

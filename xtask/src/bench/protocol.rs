@@ -228,6 +228,11 @@ pub(crate) fn case_args(name: &str, n: usize, args: &Args) -> Vec<String> {
     ])
 }
 
+/// A number of a measurement, NaN where it is missing (as the progress lines show it).
+pub(crate) fn figure(measured: &Value, key: &str) -> f64 {
+    measured[key].as_f64().unwrap_or(f64::NAN)
+}
+
 /// Owned copies of command-line arguments.
 pub(crate) fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|a| a.to_string()).collect()

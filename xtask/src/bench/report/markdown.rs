@@ -23,13 +23,28 @@ const LRA_TABLE2: &[(&str, [f64; 4], [f64; 4])] = &[
     ),
 ];
 
+/// The machine a report was measured on, its commit and threads: `CPU (C cores, M GiB[, GPU
+/// G]), commit X, T threads`.
+fn machine(report: &Value) -> String {
+    let m = &report["machine"];
+    let gpu = m["gpu"]
+        .as_str()
+        .map_or(String::new(), |g| format!(", GPU {g}"));
+    format!(
+        "{} ({} cores, {} GiB{gpu}), commit {}, {} threads",
+        m["cpu"].as_str().unwrap_or(""),
+        m["cores"],
+        m["memory_gib"],
+        m["commit"].as_str().unwrap_or(""),
+        report["threads"]
+    )
+}
+
 /// The tables of a `bench attention` report.
 pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> String {
-    let m = &report["machine"];
     let s = &report["setup"];
     let mut md = format!(
-        "# Attention efficiency{}, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} threads; \
-         PyTorch {}. Batch {}, {} heads, d_model {}; {}; peak memory is the process's resident high-water mark above its level before the first \
+        "# Attention efficiency{}, backend `{}`\n\n{}; PyTorch {}. Batch {}, {} heads, d_model {}; {}; peak memory is the process's resident high-water mark above its level before the first \
          input (Linux VmHWM - VmRSS).\n\n",
         if s["causal"].as_bool() == Some(true) {
             " with causal masking"
@@ -37,11 +52,7 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
             ""
         },
         report["backend"].as_str().unwrap_or(""),
-        m["cpu"].as_str().unwrap_or(""),
-        m["cores"],
-        m["memory_gib"],
-        m["commit"].as_str().unwrap_or(""),
-        report["threads"],
+        machine(report),
         report["torch"].as_str().unwrap_or("not measured"),
         s["batch"],
         s["heads"],
@@ -142,19 +153,14 @@ pub(crate) fn attention(report: &Value, names: &[String], lengths: &[usize]) -> 
 
 /// The tables of a `bench lra` report.
 pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String {
-    let m = &report["machine"];
     let s = &report["setup"];
-    let gpu = m["gpu"]
-        .as_str()
-        .map_or(String::new(), |g| format!(", GPU {g}"));
     let (task, tokens) = match s["task"].as_str().unwrap_or("text") {
         "text" => ("Text".to_string(), "bytes"),
         "listops" => ("ListOps".to_string(), "tokens"),
         other => (other.to_string(), "tokens"),
     };
     let mut md = format!(
-        "# LRA efficiency ({task} task), backend `{}`\n\n{} ({} cores, {} GiB{gpu}), commit {}, {} \
-         threads; PyTorch {}. The `{}` preset's {task} model at each length, batch {}, full-length \
+        "# LRA efficiency ({task} task), backend `{}`\n\n{}; PyTorch {}. The `{}` preset's {task} model at each length, batch {}, full-length \
          random {tokens}, the preset's dropout on both sides (attention dropout on the weights of \
          softmax and linformer, the attentions with weights on both sides); time of a training \
          step (forward, \
@@ -163,11 +169,7 @@ pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String
          (Linux VmHWM - VmRSS). Our model applies its padding mask at every layer; the PyTorch \
          packages take none.\n\n",
         report["backend"].as_str().unwrap_or(""),
-        m["cpu"].as_str().unwrap_or(""),
-        m["cores"],
-        m["memory_gib"],
-        m["commit"].as_str().unwrap_or(""),
-        report["threads"],
+        machine(report),
         report["torch"].as_str().unwrap_or("not measured"),
         s["preset"].as_str().unwrap_or(""),
         s["batch"],
@@ -239,20 +241,14 @@ pub(crate) fn lra(report: &Value, names: &[String], lengths: &[usize]) -> String
 
 /// The tables of a `bench decode` report.
 pub(crate) fn decode(report: &Value, names: &[String], lengths: &[usize]) -> String {
-    let m = &report["machine"];
     let s = &report["setup"];
     let mut md = format!(
-        "# Decoding cost by position, backend `{}`\n\n{} ({} cores, {} GiB), commit {}, {} \
-         threads. Batch {}, {} heads, d_model {}, one attention layer without autodiff: a random \
+        "# Decoding cost by position, backend `{}`\n\n{}. Batch {}, {} heads, d_model {}, one attention layer without autodiff: a random \
          prompt of n tokens prefilled, then each timed token decoded from the prompt's state \
          (the token at position n + 1); {}. The state is the numbers it holds at 4 bytes each \
          (`DecodingState::num_elements`).\n\n",
         report["backend"].as_str().unwrap_or(""),
-        m["cpu"].as_str().unwrap_or(""),
-        m["cores"],
-        m["memory_gib"],
-        m["commit"].as_str().unwrap_or(""),
-        report["threads"],
+        machine(report),
         s["batch"],
         s["heads"],
         s["d_model"],
