@@ -17,8 +17,9 @@
 //! cumulative log-decay at the chunks' ends: one product with a `chunks × chunks` matrix of
 //! decays, no sequential loop (with gates per key channel that matrix would hold `(n / c)² d_k`
 //! decays, and the chunks' maps are composed by a parallel scan instead, `core/scan.rs`).
-//! Every decay is taken as `exp` of a sum of log-decays that is at most 0, each sum accumulated from the terms of its own span: never as a product of
-//! factors (hundreds of factors below one underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
+//! Every decay is taken as `exp` of a sum of log-decays that is at most 0, each sum accumulated
+//! from the terms of its own span: never as a product of factors (hundreds of factors below one
+//! underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
 //! (whose parts overflow), nor as `exp(G_i − G_j)` (the difference of two long cumulative
 //! sums loses the short span between them: after a thousand steps of decay `e^{-10}`, `G` is
 //! held to about `1e-3`, the error of a span of a few weak decays). Memory:

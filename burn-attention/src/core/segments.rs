@@ -82,24 +82,32 @@ impl RelativeScore<'_> {
 
     /// [`position_scores`](Self::position_scores) from the queries' side,
     /// `((q + v) W_R,hᵀ) · R_δ / √d` with `W_R,h` the head's columns of `W_R`: `rows · d_model ·
-    /// (d + count)` a head, where projecting every distance's sinusoids takes `count · d_model²`
-    /// whatever the rows. What decoding one token needs; equal up to rounding.
+    /// (d_model + count)` a head, where projecting every distance's sinusoids takes `count ·
+    /// d_model²` whatever the rows. What decoding one token needs; equal up to rounding.
     pub fn position_scores_by_query(&self, q: Tensor<4>, first: i64, count: usize) -> Tensor<4> {
-        let [_, heads, _, d] = q.dims();
+        let [batch, heads, rows, d] = q.dims();
         let d_model = heads * d;
-        // `W_R` is `[d_model (sinusoid), d_model (heads × d)]`: per head, `[d, d_model]`.
-        let w = self
+        let device = q.device();
+        // Each head's `q + v` in its own column of a `[d_model, heads]` matrix (zeros elsewhere),
+        // so that `W_R` (`[d_model (sinusoid), d_model (heads × d)]`) applies as it is stored:
+        // `W_R X` holds every head's `W_R,h (q + v)`, `[batch, rows, d_model, heads]`.
+        let own_head = Tensor::<2>::eye(heads, &device)
+            .reshape([heads, 1, heads])
+            .expand([heads, d, heads])
+            .reshape([1, 1, d_model, heads]);
+        let columns = (q + per_head(self.r_r_bias))
+            .swap_dims(1, 2)
+            .reshape([batch, rows, d_model, 1])
+            * own_head;
+        let projected = self
             .r_net
             .weight
             .val()
-            .reshape([d_model, heads, d])
-            .permute([1, 2, 0])
-            .reshape([1, heads, d, d_model]);
-        let r = sinusoids(first, count, d_model, &q.device()).reshape([1, 1, count, d_model]);
-        // `R u` then transposed: the sinusoids are read in the order they are built.
-        let u = (q + per_head(self.r_r_bias)).matmul(w);
-        r.matmul(u.swap_dims(2, 3))
-            .swap_dims(2, 3)
+            .reshape([1, 1, d_model, d_model])
+            .matmul(columns);
+        let r = sinusoids(first, count, d_model, &device).reshape([1, 1, count, d_model]);
+        r.matmul(projected) // [batch, rows, count, heads]
+            .permute([0, 3, 1, 2])
             .mul_scalar(1.0 / (d as f32).sqrt())
     }
 }
