@@ -27,7 +27,8 @@ pub use crate::core::input::{
     AttentionInput, HeadMasks, MASK_FILL, causal_mask, padding_mask_from_lengths,
 };
 pub use crate::core::kernelized::{
-    CAUSAL_CHUNK, causal_kernelized_attention, kernelized_attention, kernelized_step,
+    CAUSAL_CHUNK, GRADIENT_DENOMINATOR_FLOOR, causal_kernelized_attention, kernelized_attention,
+    kernelized_step,
 };
 pub use crate::core::params::{num_params_checked, num_trainable_params};
 pub use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};

@@ -260,6 +260,109 @@ fn cross_attention_padding_on_both_sides() {
     }
 }
 
+/// Cross-attention reads its values: with the same queries and keys and values unlike the keys,
+/// other values give other outputs (at every real query), and the values receive a gradient
+/// that is finite and not zero. For every variant with cross-attention, padded on both sides.
+#[test]
+fn cross_attention_reads_its_values() {
+    let device = device().autodiff();
+    device.seed(15);
+    let (q_lens, k_lens) = ([7, 4], [11, 6]);
+    let (n_q, n_k) = (7, 11);
+    for name in names_with(|c| c.cross_attention) {
+        let attention = config_for(name).init(&device);
+        let queries = random([2, n_q, D_MODEL], &device);
+        let keys = random([2, n_k, D_MODEL], &device);
+        let [values, other] = [0, 1].map(|_| random([2, n_k, D_MODEL], &device));
+        let values = values.require_grad();
+        let run = |v: Tensor<3>| {
+            attention.forward(
+                AttentionInput::cross(queries.clone(), keys.clone(), v)
+                    .mask_pad(padding_mask_from_lengths(&k_lens, n_k, &device))
+                    .mask_pad_query(padding_mask_from_lengths(&q_lens, n_q, &device)),
+            )
+        };
+        let out = run(values.clone());
+        let moved = (out.clone() - run(other)).abs().max_dim(2); // [2, n_q, 1]
+        for b in 0..2 {
+            let least: f32 = moved
+                .clone()
+                .slice(s![b..b + 1, 0..q_lens[b]])
+                .min()
+                .into_scalar();
+            assert!(
+                least > 1e-4,
+                "{name} batch {b}: a real query's output did not move with the values ({least})"
+            );
+        }
+        let g = random([2, n_q, D_MODEL], &device);
+        let grads = (out * g).sum().backward();
+        let grad = values.grad(&grads).expect("the values' gradient");
+        let largest: f32 = grad.clone().abs().max().into_scalar();
+        assert!(
+            largest.is_finite() && largest > 1e-6,
+            "{name}: the values' gradient is {largest} at its largest"
+        );
+    }
+}
+
+/// A padding mask is honoured wherever the padding sits: at the start of a sequence, inside it
+/// and at its end, other junk (50 times the inputs' scale) at the padded positions leaves every
+/// real position's output unchanged. For every variant that takes a padding mask, without and
+/// (where the variant has it) with causal masking.
+#[test]
+fn padding_anywhere_leaves_real_outputs_unchanged() {
+    let device = device();
+    device.seed(16);
+    let n = 12;
+    // Batch 0 padded at the start, 1 inside, 2 at the end.
+    let padded = |b: usize, i: usize| match b {
+        0 => i < 3,
+        1 => (5..8).contains(&i),
+        _ => i >= 9,
+    };
+    let flags: Vec<bool> = (0..3)
+        .flat_map(|b| (0..n).map(move |i| padded(b, i)))
+        .collect();
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [3, n]), &device);
+    let real = mask
+        .clone()
+        .bool_not()
+        .reshape([3, n, 1])
+        .expand([3, n, D_MODEL]);
+    for name in names_with(|c| c.padding_mask) {
+        let causal = VARIANTS
+            .iter()
+            .find(|v| v.name == name)
+            .is_some_and(|v| v.capabilities.causal);
+        let attention = config_for(name).init(&device);
+        let x = random([3, n, D_MODEL], &device);
+        let [a, b] = [0, 1].map(|_| {
+            random([3, n, D_MODEL], &device)
+                .mul_scalar(50.0)
+                .mask_where(real.clone(), x.clone())
+        });
+        for causal in [false, true].into_iter().filter(|&c| !c || causal) {
+            let run = |x: Tensor<3>| {
+                attention.forward(AttentionInput::new(x).mask_pad(mask.clone()).causal(causal))
+            };
+            let (out_a, out_b) = (run(a.clone()), run(b.clone()));
+            for batch in 0..3 {
+                for i in (0..n).filter(|&i| !padded(batch, i)) {
+                    let at = |o: &Tensor<3>| o.clone().slice(s![batch..batch + 1, i..i + 1]);
+                    let diff: f32 = (at(&out_a) - at(&out_b)).abs().max().into_scalar();
+                    let size: f32 = at(&out_a).abs().max().into_scalar();
+                    assert!(
+                        diff <= 1e-4 * size.max(1.0),
+                        "{name} causal {causal}: padding {} moved position {i} by {diff}",
+                        ["at the start", "inside", "at the end"][batch]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// What cross-attention cannot do is refused with an error that names it: causal masking
 /// between sequences of different lengths, Nyströmformer's convolution skip, more keys than
 /// Linformer's `n_max`.

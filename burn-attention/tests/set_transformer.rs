@@ -1,9 +1,10 @@
 //! Induced set attention against a float64 implementation of the Set Transformer's ISAB as Lee et
 //! al. 2019 write it: `H = MAB(I, X) = LN(H' + rFF(H'))`, `H' = LN(I + Multihead(I, X, X))`, and
-//! the attention's output `Multihead(X, H, H)`; with the module's own parameters, self- and
-//! cross-attention, padding on both sides, inputs at scale 1 and 4. The module's per-head form
-//! does not exist (its `H` passes through LayerNorms over all heads), so the registry suite's
-//! per-head references skip it and this file checks it whole.
+//! the attention's output `Multihead(X, H, H)` (in cross-attention `H = MAB(I, K, V)`: the
+//! inducing points read the keys and take the values); with the module's own parameters, self-
+//! and cross-attention (values unlike the keys), padding on both sides, inputs at scale 1 and 4.
+//! The module's per-head form does not exist (its `H` passes through LayerNorms over all heads),
+//! so the registry suite's per-head references skip it and this file checks it whole.
 
 mod reference;
 
@@ -49,13 +50,19 @@ fn add(a: &[Vec<f64>], b: &[Vec<f64>]) -> Rows {
         .collect()
 }
 
-/// Multi-head softmax attention of `queries` over `keys_values` (its real rows only) with the
-/// projections `p`: each head's `softmax(Q_h K_hᵀ / √d_h) V_h`, side by side, projected out.
-fn multihead_f64(p: &QkvoProjection, queries: &[Vec<f64>], keys_values: &[Vec<f64>]) -> Rows {
+/// Multi-head softmax attention of `queries` over `keys` and `values` (their real rows only)
+/// with the projections `p`: each head's `softmax(Q_h K_hᵀ / √d_h) V_h`, side by side, projected
+/// out.
+fn multihead_f64(
+    p: &QkvoProjection,
+    queries: &[Vec<f64>],
+    keys: &[Vec<f64>],
+    values: &[Vec<f64>],
+) -> Rows {
     let (q, k, v) = (
         linear_f64(&p.query, queries),
-        linear_f64(&p.key, keys_values),
-        linear_f64(&p.value, keys_values),
+        linear_f64(&p.key, keys),
+        linear_f64(&p.value, values),
     );
     let d_head = D_MODEL / HEADS;
     let cols = |x: &Rows, h: usize| -> Rows {
@@ -77,17 +84,23 @@ fn multihead_f64(p: &QkvoProjection, queries: &[Vec<f64>], keys_values: &[Vec<f6
     linear_f64(&p.output, &merged)
 }
 
-/// The module's output for the real `queries` over the real rows of `memory`.
-fn isab_f64(m: &SetTransformerAttention, queries: &[Vec<f64>], memory: &[Vec<f64>]) -> Rows {
+/// The module's output for the real `queries` over the real rows of `keys` and `values`: the
+/// inducing points read `Multihead(I, K, V)`, the queries `Multihead(X, H, H)`.
+fn isab_f64(
+    m: &SetTransformerAttention,
+    queries: &[Vec<f64>],
+    keys: &[Vec<f64>],
+    values: &[Vec<f64>],
+) -> Rows {
     let inducing = matrix(&m.inducing);
-    let read = multihead_f64(&m.read, &inducing, memory);
+    let read = multihead_f64(&m.read, &inducing, keys, values);
     let h_prime = layer_norm_f64(&m.norm_read, &add(&inducing, &read));
     let ff: Rows = linear_f64(&m.feed_forward, &h_prime)
         .into_iter()
         .map(|r| r.into_iter().map(|a| a.max(0.0)).collect())
         .collect();
     let h = layer_norm_f64(&m.norm_feed_forward, &add(&h_prime, &ff));
-    multihead_f64(&m.proj, queries, &h)
+    multihead_f64(&m.proj, queries, &h, &h)
 }
 
 fn rows_of(x: &Tensor<3>, b: usize, len: usize) -> Rows {
@@ -116,18 +129,19 @@ fn isab_matches_float64_reference_self_and_cross() {
         );
         for (b, len) in lengths.into_iter().enumerate() {
             let real = rows_of(&x, b, len);
-            let expected = isab_f64(&module, &real, &real);
+            let expected = isab_f64(&module, &real, &real, &real);
             let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
             assert!(
                 err < 1e-4,
                 "self, scale {scale}, batch {b}: relative error {err}"
             );
         }
-        // Cross-attention: 7 queries (7 and 4 real) over 11 keys (11 and 6 real).
-        let (queries, memory) = (random(7), random(11));
+        // Cross-attention: 7 queries (7 and 4 real) over 11 keys (11 and 6 real), with values
+        // unlike the keys.
+        let (queries, memory, values) = (random(7), random(11), random(11));
         let (q_lens, k_lens) = ([7, 4], [11, 6]);
         let out = module.forward(
-            AttentionInput::cross(queries.clone(), memory.clone(), memory.clone())
+            AttentionInput::cross(queries.clone(), memory.clone(), values.clone())
                 .mask_pad(padding_mask_from_lengths(&k_lens, 11, &device))
                 .mask_pad_query(padding_mask_from_lengths(&q_lens, 7, &device)),
         );
@@ -136,6 +150,7 @@ fn isab_matches_float64_reference_self_and_cross() {
                 &module,
                 &rows_of(&queries, b, q_lens[b]),
                 &rows_of(&memory, b, k_lens[b]),
+                &rows_of(&values, b, k_lens[b]),
             );
             let err = max_rel_err(&rows_of(&out, b, q_lens[b]), &expected, 1e-2);
             assert!(

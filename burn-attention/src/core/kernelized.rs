@@ -15,6 +15,13 @@
 //! nothing but a row whose features all underflowed (or a query with no real key to attend
 //! to), which then returns zeros instead of NaN.
 //!
+//! **Range.** The forward pass holds for denominators down to that floor. The backward pass
+//! divides by the denominator once, never by its square (see `normalise`), so its factors grow
+//! as `1 / den`: gradients are finite and agree with float64 for denominators down to
+//! [`GRADIENT_DENOMINATOR_FLOOR`] (`1e-30`) at the scales of a trained model's activations and
+//! loss gradients (checked in tests/checks.rs, causal and not). Below it the backward's
+//! intermediate products may leave the `f32` range.
+//!
 //! **Causal form, chunked.** The causal sums are prefix sums. Materialising `S` at every
 //! position would take a `[batch, heads, n, m, d]` tensor (8.6 GB for FAVOR+ at n = 16K, m = 256,
 //! d = 64, 8 heads). Instead the sequence is cut into chunks of `c` positions (the usual
@@ -40,6 +47,10 @@ pub const CAUSAL_CHUNK: usize = 64;
 
 /// The floor under the normaliser: the smallest normal `f32`.
 const DENOMINATOR_FLOOR: f32 = f32::MIN_POSITIVE;
+
+/// The smallest denominator at which the backward pass is documented and tested to give finite
+/// gradients that agree with float64 (see the module docs).
+pub const GRADIENT_DENOMINATOR_FLOOR: f32 = 1e-30;
 
 /// Kernelized attention from already-mapped, positive features `φ(Q)`, `φ(K)`: the form shared
 /// by every feature-map variant (see the module docs). Causal attention runs the chunked form
@@ -72,9 +83,15 @@ pub fn kernelized_attention(
     normalise(num, den)
 }
 
-/// `num / den` with the denominator floored at [`DENOMINATOR_FLOOR`] (see the module docs).
+/// `num / den` with the denominator floored at [`DENOMINATOR_FLOOR`] (see the module docs),
+/// taken as `(num / s) / (den / s)` with `s` the floored denominator held constant: the same
+/// quotient, whose backward never squares a small denominator (the division's own backward
+/// forms `num / den²`, which is 0 in `f32` below a denominator of about 1e-19 and made the
+/// gradients NaN); each factor of the backward is then at most `1 / den`.
 fn normalise<const D: usize>(num: Tensor<D>, den: Tensor<D>) -> Tensor<D> {
-    num.div(den.clamp_min(DENOMINATOR_FLOOR))
+    let den = den.clamp_min(DENOMINATOR_FLOOR);
+    let scale = den.clone().detach();
+    num.div(scale.clone()).div(den.div(scale))
 }
 
 /// Causal kernelized attention in chunks of `chunk` positions (see the module docs); the result

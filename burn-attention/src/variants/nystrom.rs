@@ -10,9 +10,10 @@
 //! output (the paper's skip connection, kernel 33 or 35).
 //!
 //! Choices made here, where the paper's code differs:
-//! - Segments split each sequence's own real length `L` (segment `s` covers positions
-//!   `⌊sL/m⌋ .. max(⌊(s+1)L/m⌋, ⌊sL/m⌋ + 1)`), so padding never moves a landmark and no length has
-//!   to be a multiple of `m`. When `L` is a multiple of `m` these are exactly the paper's
+//! - Segments split each sequence's own real positions, in order, wherever padding sits (segment
+//!   `s` covers the real positions of rank `⌊sL/m⌋ .. max(⌊(s+1)L/m⌋, ⌊sL/m⌋ + 1)` among the
+//!   `L` real ones), so padding never moves a landmark, at the start, inside or at the end, and
+//!   no length has to be a multiple of `m`. When `L` is a multiple of `m` these are exactly the paper's
 //!   landmarks; when `L < m` some landmarks repeat a single position.
 //! - The scale of `Z₀` is taken per matrix (per example and head), not over the whole batch, so
 //!   one example cannot change another's output.
@@ -250,7 +251,9 @@ fn conv_refusal() -> AttentionError {
 }
 
 /// The `[batch, m, n]` matrix whose row `s` averages segment `s` of each sequence's real
-/// positions (see the module docs).
+/// positions (see the module docs). Segments are taken over the real positions in order, wherever
+/// the padding sits (at the start, inside or at the end): a real position's place is its rank
+/// among the real positions, so padding never moves a landmark.
 pub fn landmark_segments(
     mask_pad: Option<Tensor<2, Bool>>,
     batch: usize,
@@ -258,15 +261,28 @@ pub fn landmark_segments(
     m: usize,
     device: &Device,
 ) -> Tensor<3> {
-    let lengths: Tensor<3> = match mask_pad {
-        Some(mask) => mask.bool_not().float().sum_dim(1).reshape([batch, 1, 1]),
-        None => Tensor::full([batch, 1, 1], n as f32, device),
+    // `rank`: how many real positions come before each position; `real`: 1 at a real position.
+    let (lengths, rank, real): (Tensor<3>, Tensor<3>, Option<Tensor<3>>) = match mask_pad {
+        Some(mask) => {
+            let real = mask.bool_not().float(); // [batch, n]
+            let lengths = real.clone().sum_dim(1).reshape([batch, 1, 1]);
+            let rank = (real.clone().cumsum(1) - real.clone()).reshape([batch, 1, n]);
+            (lengths, rank, Some(real.reshape([batch, 1, n])))
+        }
+        None => (
+            Tensor::full([batch, 1, 1], n as f32, device),
+            Tensor::<1, Int>::arange(0..n as i64, device)
+                .float()
+                .reshape([1, 1, n])
+                .expand([batch, 1, n]),
+            None,
+        ),
     };
     let s = Tensor::<1, Int>::arange(0..m as i64, device)
         .float()
         .reshape([1, m, 1]);
-    // s·L and (s+1)·L are integers below 2²⁴, exact in f32; the division is correctly rounded,
-    // so the floor is exact.
+    // s·L and (s+1)·L are integers below 2²⁴, exact in f32 (as are the ranks, counts of ones);
+    // the division is correctly rounded, so the floor is exact.
     let start = s.clone().mul(lengths.clone()).div_scalar(m as f32).floor();
     let end = s
         .add_scalar(1.0)
@@ -275,15 +291,17 @@ pub fn landmark_segments(
         .floor()
         .max_pair(start.clone().add_scalar(1.0));
     let count = end.clone() - start.clone();
-    let j = Tensor::<1, Int>::arange(0..n as i64, device)
-        .float()
-        .reshape([1, 1, n])
-        .expand([batch, m, n]);
-    let inside = j
+    let rank = rank.expand([batch, m, n]);
+    let inside = rank
         .clone()
         .greater_equal(start.expand([batch, m, n]))
-        .bool_and(j.lower(end.expand([batch, m, n])));
-    inside.float().div(count)
+        .bool_and(rank.lower(end.expand([batch, m, n])));
+    let weights = inside.float().div(count);
+    match real {
+        // A padded position shares its rank with the next real one: it takes no part.
+        Some(real) => weights.mul(real.expand([batch, m, n])),
+        None => weights,
+    }
 }
 
 /// The iterative Moore-Penrose pseudo-inverse of each `[m, m]` matrix of `a: [.., .., m, m]`

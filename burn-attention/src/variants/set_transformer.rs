@@ -10,10 +10,11 @@
 //! and feed-forward layer (pre-LN, where the paper's MAB is post-LN).
 //!
 //! Cost: O(n m d) time and O(n m) memory per head. Masks: padding on the sequence the inducing
-//! points read (a padded position never reaches them); cross-attention (the inducing points read
-//! the memory, the queries read `H`). Not causal (every query sees `H`, which has read the whole
-//! sequence); no per-head form (`H` passes through LayerNorms and a feed-forward layer over all
-//! heads), no attention mask, no weights.
+//! points read (a padded position never reaches them); cross-attention (the inducing points'
+//! queries read the memory's keys and take its values, `H = MAB(I, K, V)`; the queries read `H`).
+//! Not causal (every query sees `H`, which has read the whole sequence); no per-head form (`H`
+//! passes through LayerNorms and a feed-forward layer over all heads), no attention mask, no
+//! weights.
 
 use burn::module::Param;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -134,9 +135,15 @@ pub struct SetTransformerAttention {
 projection_shape!(SetTransformerAttention);
 
 impl SetTransformerAttention {
-    /// `H = MAB(I, Y)` for each sequence of `y: [batch, n, d_model]`, padded positions left out:
-    /// `[batch, m, d_model]`.
-    pub fn induced(&self, y: Tensor<3>, key_pad: Option<Tensor<2, Bool>>) -> Tensor<3> {
+    /// `H = MAB(I, Y)` for each sequence of keys `y` and values `values` (both
+    /// `[batch, n, d_model]`; the same tensor in self-attention), padded positions left out:
+    /// `[batch, m, d_model]`. The inducing points' queries read the keys and take their values.
+    pub fn induced(
+        &self,
+        y: Tensor<3>,
+        values: Tensor<3>,
+        key_pad: Option<Tensor<2, Bool>>,
+    ) -> Tensor<3> {
         let batch = y.dims()[0];
         let [m, d] = self.inducing.val().dims();
         let points = self
@@ -146,7 +153,7 @@ impl SetTransformerAttention {
             .expand([batch, m, d]);
         let (q, k, v) = self
             .read
-            .project(AttentionInput::cross(points.clone(), y.clone(), y));
+            .project(AttentionInput::cross(points.clone(), y, values));
         let read = self
             .read
             .out(exact_softmax_attention(q, k, v, key_pad, false, None));
@@ -169,7 +176,11 @@ impl AttentionModule for SetTransformerAttention {
         let masks = input.head_masks();
         let n_k = input.key_len();
         check_capabilities(&INFO, input.query_len(), n_k, masks.causal)?;
-        let h = self.induced(input.key().clone(), masks.key_pad.clone());
+        let h = self.induced(
+            input.key().clone(),
+            input.value().clone(),
+            masks.key_pad.clone(),
+        );
         let (q, k, v) =
             self.proj
                 .project(AttentionInput::cross(input.query().clone(), h.clone(), h));
