@@ -109,15 +109,32 @@ pub fn check_memory(
     };
     let mut shorter = config.clone();
     shorter.data.max_len = config.data.max_len.min(512);
+    // Every layer's attention with its paper defaults (a hybrid stack's parts each have their
+    // own table).
+    let parts = burn_attention_zoo::hybrid_pattern(attention)?;
     let mut defaults = config.clone();
-    defaults.attention.remove(attention);
+    let tables: Vec<&str> = (parts.iter().copied())
+        .filter(|part| config.attention.contains_key(*part))
+        .collect();
+    for part in &tables {
+        defaults.attention.remove(*part);
+    }
     // The fewest layers the attention takes: one, or a hybrid stack's pattern once.
     let mut one_layer = config.clone();
-    one_layer.model.n_layers = burn_attention_zoo::hybrid_pattern(attention).len();
+    one_layer.model.n_layers = parts.len();
     let field = if fits_as(&shorter)? {
         format!("`data.max_len` = {}", config.data.max_len)
-    } else if config.attention.contains_key(attention) && fits_as(&defaults)? {
-        format!("`attention.{attention}`")
+    } else if !tables.is_empty() && fits_as(&defaults)? {
+        // The table that makes it too large: the first whose defaults alone would fit.
+        let culprit = tables
+            .iter()
+            .find(|part| {
+                let mut without = config.clone();
+                without.attention.remove(**part);
+                fits_as(&without).unwrap_or(false)
+            })
+            .unwrap_or(&tables[0]);
+        format!("`attention.{culprit}`")
     } else if config.model.n_layers > one_layer.model.n_layers && fits_as(&one_layer)? {
         format!("`model.n_layers` = {}", config.model.n_layers)
     } else {
@@ -251,6 +268,71 @@ mod tests {
             err.starts_with("`model.n_layers` = 4000000000 is too large"),
             "{err}"
         );
+    }
+
+    /// Every registered attention's own numeric parameters (each integer field of its resolved
+    /// configuration, and each optional one) at 0, 1, the largest size the harness accepts
+    /// ([`crate::limits::MAX_SIZE`]) and one past it, set in its `[attention.<name>]` table of
+    /// the ListOps `tiny` preset: each value is refused with a one-line error naming the field
+    /// or the table, or passes every check made before anything is allocated (the
+    /// configuration's, the parameter count's and the memory check's), and then the model
+    /// builds and runs one batch, so that no accepted size aborts on an allocation. One past the
+    /// largest is always refused, naming the field.
+    #[test]
+    fn attention_sizes_are_checked_before_anything_is_allocated() {
+        use crate::limits::MAX_SIZE;
+        let listops = crate::tasks::find("listops").unwrap();
+        let base = RunConfig::preset("listops", "tiny").unwrap();
+        let device = Device::flex();
+        let mut walked = 0;
+        for variant in burn_attention_zoo::VARIANTS {
+            let name = variant.name;
+            let resolved = serde_json::to_value(base.attention_config(name).unwrap()).unwrap();
+            let fields = (resolved.as_object().unwrap().values().next().unwrap())
+                .as_object()
+                .unwrap()
+                .clone();
+            for (key, value) in fields {
+                let shape = ["d_model", "n_heads", "n_max"].contains(&key.as_str());
+                if shape || !(value.is_u64() || value.is_null()) {
+                    continue;
+                }
+                walked += 1;
+                for size in [0, 1, MAX_SIZE as u64, MAX_SIZE as u64 + 1] {
+                    let mut config = base.clone();
+                    (config.attention.entry(name.to_string()).or_default())
+                        .insert(key.clone(), size.into());
+                    let outcome = config.validate().and_then(|()| {
+                        let spec = ClassifierSpec::resolve(&config, listops, name)?;
+                        check_memory(&ParamCount::of(&spec)?, &config, listops, name)?;
+                        Ok(spec)
+                    });
+                    match outcome {
+                        Ok(spec) => {
+                            assert!(
+                                size <= MAX_SIZE as u64,
+                                "{name}.{key} = {size} was accepted"
+                            );
+                            let model = LraClassifier::new(&spec, &device);
+                            let ids = Tensor::<2, Int>::ones([1, 9], &device);
+                            let mask_pad = ids.clone().equal_elem(0);
+                            let tokens = crate::data::Tokens { ids, mask_pad };
+                            let _ = model.forward_with_loss(tokens, None);
+                        }
+                        Err(err) => {
+                            let err = format!("{err:#}");
+                            assert_eq!(err.lines().count(), 1, "{name}.{key} = {size}: {err}");
+                            assert!(
+                                err.contains(&format!("`{key}`"))
+                                    || err.contains(&format!("attention.{name}")),
+                                "{name}.{key} = {size}: {err}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(walked >= 40, "only {walked} numeric parameters walked");
     }
 
     /// Frozen tensors are not trainable: Performer's random features leave its count equal to

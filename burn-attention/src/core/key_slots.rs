@@ -62,6 +62,8 @@ impl KeySlots {
         padding: &[Vec<bool>],
     ) -> Self {
         let block = block.clamp(1, n.max(1));
+        // A band reaching past either end of the sequence holds nothing there: no slots for it.
+        let (before, after) = (before.min(n), after.min(n));
         let n_blocks = n.div_ceil(block);
         let width = block + before + after;
         let mut slots = Self::masked([padding.len(), 1], n_blocks, block, width + globals.len());

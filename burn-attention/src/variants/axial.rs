@@ -141,7 +141,15 @@ impl VariantConfig for AxialConfig {
     }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_capabilities(&INFO, n_q, n_k, causal)?;
-        grid_width(self.width, n_k).map(|_| ())
+        let width = grid_width(self.width, n_k)?;
+        if width > n_k.max(1) {
+            return Err(AttentionError::field(
+                INFO.name,
+                "width",
+                format!("is {width}, a row wider than the {n_k} positions of the sequence"),
+            ));
+        }
+        Ok(())
     }
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)

@@ -278,7 +278,8 @@ impl EtcAttention {
                 (tokens, None)
             }
             EtcGlobal::Segments => {
-                let s = self.segment_len;
+                // A segment longer than the sequence is the whole sequence: one global token.
+                let s = self.segment_len.min(n.max(1));
                 let g = n.div_ceil(s);
                 let real = match key_pad {
                     Some(pad) => pad.clone().bool_not().float(),

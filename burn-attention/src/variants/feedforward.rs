@@ -135,6 +135,10 @@ impl FeedForwardKernel {
     }
 }
 
+/// The most units a gated kernel stacks: far beyond the paper's 1 to 3, and few enough that the
+/// units (built one by one, before any parameter is counted) stay small.
+pub const MAX_DEPTH: usize = 64;
+
 /// Configuration of [`FeedForwardKernelAttention`].
 #[derive(Config, Debug)]
 pub struct FeedForwardKernelConfig {
@@ -144,7 +148,8 @@ pub struct FeedForwardKernelConfig {
     pub n_heads: usize,
     /// The feature map.
     pub kernel: FeedForwardKernel,
-    /// Stacked units (gated kernels; the paper uses 1 to 3). The linear kernels take 1.
+    /// Stacked units (gated kernels; the paper uses 1 to 3; at most [`MAX_DEPTH`]). The linear
+    /// kernels take 1.
     #[config(default = 1)]
     pub depth: usize,
     /// `λ` of the orthogonality penalty `λ ‖W Wᵀ − I‖²_F` (orthogonal kernels only; the paper
@@ -166,6 +171,16 @@ impl FeedForwardKernelConfig {
         check_heads(name, self.d_model, self.n_heads, 0.0)?;
         if self.depth == 0 {
             return Err(AttentionError::field(name, "depth", "must be at least 1"));
+        }
+        if self.depth > MAX_DEPTH {
+            return Err(AttentionError::field(
+                name,
+                "depth",
+                format!(
+                    "must be at most {MAX_DEPTH} (the paper stacks 1 to 3 units), got {}",
+                    self.depth
+                ),
+            ));
         }
         if !self.kernel.gated() && self.depth != 1 {
             return Err(AttentionError::field(

@@ -166,6 +166,25 @@ impl VariantConfig for RoutingConfig {
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
+    /// The variant's input check, and more clusters than the longest sequence has positions
+    /// refused: k-means cannot give each centroid a position to gather, and the centroids
+    /// (`routing heads × n_clusters × d_head`, allocated when the module is built) would be
+    /// sized by the count asked for, not by the data. (The forward pass still takes a batch
+    /// shorter than `n_clusters`.)
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        let longest = n_q.max(n_k);
+        if self.n_clusters > longest {
+            return Err(AttentionError::field(
+                INFO.name,
+                "n_clusters",
+                format!(
+                    "is {}, more clusters than the {longest} positions of the sequence",
+                    self.n_clusters
+                ),
+            ));
+        }
+        check_capabilities(&INFO, n_q, n_k, causal)
+    }
     /// The centroids: moved by moving averages, never by the optimiser.
     fn frozen_params(&self) -> Option<usize> {
         (self.n_heads.checked_sub(self.local_heads())?)

@@ -140,6 +140,27 @@ impl VariantConfig for TransformerXlConfig {
     fn with_weight_dropout(self, dropout: f64) -> Self {
         self.with_dropout(dropout)
     }
+    /// The variant's input check, and a memory longer than the sequence refused where the
+    /// sequence is cut into several segments: within one sequence a segment's memory never holds
+    /// more than the positions before it, while the segments' layout is sized by `mem_len`.
+    /// (One segment, `segment_len` at least the length, has no memory to lay out; recurrence
+    /// over several calls, [`AttentionModule::forward_with_memory`], is not bound by one call's
+    /// length and is not checked here.)
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        let longest = n_q.max(n_k);
+        if self.segment_len < longest && self.mem_len > longest {
+            return Err(AttentionError::field(
+                INFO.name,
+                "mem_len",
+                format!(
+                    "is {}, longer than the {longest} positions of the sequence it remembers \
+                     (in segments of {})",
+                    self.mem_len, self.segment_len
+                ),
+            ));
+        }
+        check_capabilities(&INFO, n_q, n_k, causal)
+    }
 }
 
 /// Multi-head Transformer-XL attention. Create with [`TransformerXlConfig`].

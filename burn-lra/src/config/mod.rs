@@ -39,8 +39,9 @@ pub struct RunConfig {
     /// The optimisation.
     pub training: TrainingConfig,
     /// Per-variant attention parameters, by registry name (`[attention.linformer] k = 64`).
-    /// Variants not listed use their paper defaults.
-    #[serde(default)]
+    /// Variants not listed use their paper defaults. A name or a key given twice is refused
+    /// (JSON parsers otherwise keep the last silently).
+    #[serde(default, deserialize_with = "unique_keys::tables")]
     pub attention: BTreeMap<String, Map<String, Value>>,
 }
 
@@ -200,6 +201,9 @@ impl RunConfig {
             }
             _ => {}
         }
+        if self.data.max_archive_bytes == 0 {
+            bail!("`data.max_archive_bytes` must be at least 1");
+        }
         if self.data.validation == Validation::Holdout(0) {
             bail!("`data.validation.holdout` must be at least 1");
         }
@@ -222,6 +226,14 @@ impl RunConfig {
             AttentionConfig::from_name(name, m.d_model, m.n_heads, self.encoder_len())?
                 .with_weight_dropout(m.attention_dropout);
         if let Some(params) = self.attention.get(name) {
+            // Every size an attention's own table gives passes the one bound every size keeps
+            // (a number too large for its field is then refused by the field's own type).
+            for (key, value) in params {
+                if let Some(size) = value.as_u64() {
+                    let size = usize::try_from(size).unwrap_or(usize::MAX);
+                    check_size(&format!("attention.{name}.{key}"), size, false)?;
+                }
+            }
             config = config.with_params(params)?;
         }
         config.validate()?;
@@ -234,7 +246,7 @@ impl RunConfig {
     /// layer's attention with its own `[attention.<name>]` parameters).
     pub fn encoder_config(&self, name: &str) -> Result<EncoderConfig> {
         let m = &self.model;
-        let pattern = hybrid_pattern(name)
+        let pattern = hybrid_pattern(name)?
             .into_iter()
             .map(|part| self.attention_config(part))
             .collect::<Result<Vec<_>>>()?;
@@ -246,6 +258,81 @@ impl RunConfig {
         }
         let layers = repeat_pattern(&pattern, m.n_layers).context("`model.n_layers`")?;
         Ok(encoder.with_layers(layers))
+    }
+}
+
+/// Deserialising the attention tables with every key given once.
+mod unique_keys {
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    use serde::Deserializer;
+    use serde::de::{Error, MapAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    /// The `[attention.<name>]` tables: names and, inside each, keys given once.
+    pub fn tables<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<String, Map<String, Value>>, D::Error> {
+        deserializer.deserialize_map(Tables)
+    }
+
+    struct Tables;
+    struct Table<'a>(&'a str);
+    struct TableSeed<'a>(&'a str);
+
+    impl<'de> Visitor<'de> for Tables {
+        type Value = BTreeMap<String, Map<String, Value>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a table of attention parameters by attention name")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut tables = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let table = map.next_value_seed(TableSeed(&name))?;
+                if tables.insert(name.clone(), table).is_some() {
+                    return Err(A::Error::custom(format!(
+                        "`attention.{name}` is given twice"
+                    )));
+                }
+            }
+            Ok(tables)
+        }
+    }
+
+    impl<'de> serde::de::DeserializeSeed<'de> for TableSeed<'_> {
+        type Value = Map<String, Value>;
+
+        fn deserialize<D: Deserializer<'de>>(
+            self,
+            deserializer: D,
+        ) -> Result<Self::Value, D::Error> {
+            deserializer.deserialize_map(Table(self.0))
+        }
+    }
+
+    impl<'de> Visitor<'de> for Table<'_> {
+        type Value = Map<String, Value>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "a table of parameters for `attention.{}`", self.0)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut table = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let value: Value = map.next_value()?;
+                if table.insert(key.clone(), value).is_some() {
+                    return Err(A::Error::custom(format!(
+                        "`attention.{}.{key}` is given twice",
+                        self.0
+                    )));
+                }
+            }
+            Ok(table)
+        }
     }
 }
 
@@ -351,6 +438,30 @@ mod tests {
             format!("{err:#}").contains("unknown attention `nope`"),
             "{err:#}"
         );
+    }
+
+    /// A name or a key given twice in the attention tables is refused, naming it, in JSON (whose
+    /// parser would keep the last) and in TOML.
+    #[test]
+    fn attention_keys_given_twice_are_refused() {
+        let base = RunConfig::parse_toml(listops_tiny(), "x").unwrap();
+        let json = serde_json::to_string(&base).unwrap();
+        let twice = json.replacen("\"k\":32", "\"k\":32,\"k\":8", 1);
+        assert_ne!(
+            json, twice,
+            "the ListOps tiny preset sets linformer's k = 32"
+        );
+        let err = serde_json::from_str::<RunConfig>(&twice)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`attention.linformer.k` is given twice"),
+            "{err}"
+        );
+        let text = listops_tiny().replace("k = 32", "k = 32\nk = 8");
+        let err = format!("{:#}", RunConfig::parse_toml(&text, "x").unwrap_err());
+        assert!(err.contains("k"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 
     /// A configuration saved with a byte-order mark and CRLF or lone-CR line endings reads as
