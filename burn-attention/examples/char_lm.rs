@@ -112,7 +112,7 @@ fn run() -> Result<(), String> {
             .map_or("the generator".to_string(), |d| d.display().to_string())
     );
     let mut pattern = Vec::new();
-    for name in hybrid_pattern(&args.attention) {
+    for name in hybrid_pattern(&args.attention).map_err(|e| e.to_string())? {
         let attention =
             AttentionConfig::from_name(name, D_MODEL, HEADS, CONTEXT).map_err(|e| e.to_string())?;
         if !attention.info().capabilities.causal {

@@ -273,9 +273,29 @@ pub struct EncoderConfig {
 pub const HYBRID_SEPARATOR: char = '+';
 
 /// The registry names in a hybrid stack's pattern (`gla+local` gives `gla` and `local`); a
-/// single name for a plain one.
-pub fn hybrid_pattern(name: &str) -> Vec<&str> {
-    name.split(HYBRID_SEPARATOR).collect()
+/// single name for a plain one. Each part must be a registered name: the error names the
+/// pattern and the part (an empty one, as in `gla++local` or `gla+`, included).
+pub fn hybrid_pattern(name: &str) -> Result<Vec<&str>, AttentionError> {
+    let parts: Vec<&str> = name.split(HYBRID_SEPARATOR).collect();
+    if parts.len() == 1 {
+        crate::registry::variant(name)?;
+        return Ok(parts);
+    }
+    for (i, part) in parts.iter().enumerate() {
+        let layer = format!("layer {} of {}", i + 1, parts.len());
+        let message = if part.is_empty() {
+            format!("{layer} is empty (a pattern joins names with one `+`, e.g. `gla+local`)")
+        } else if let Err(err) = crate::registry::variant(part) {
+            format!("{layer}: {err}")
+        } else {
+            continue;
+        };
+        return Err(AttentionError::InvalidPattern {
+            pattern: name.to_string(),
+            message,
+        });
+    }
+    Ok(parts)
 }
 
 /// A pattern of `pattern.len()` attentions repeated to `n_layers` layers; the error names
@@ -317,7 +337,7 @@ impl EncoderConfig {
         d_ff: usize,
         n_layers: usize,
     ) -> Result<Self, AttentionError> {
-        let pattern = hybrid_pattern(name)
+        let pattern = hybrid_pattern(name)?
             .into_iter()
             .map(|part| AttentionConfig::named(part, d_model, n_heads))
             .collect::<Result<Vec<_>, _>>()?;

@@ -184,3 +184,27 @@ fn weight_dropout_reaches_every_layer() {
         );
     }
 }
+
+/// A pattern with an empty or unknown part is refused naming the pattern and the layer; an
+/// empty name says it is empty.
+#[test]
+fn bad_patterns_name_the_pattern_and_the_part() {
+    for (pattern, says) in [
+        ("+", "attention pattern `+`: layer 1 of 2 is empty"),
+        (
+            "gla++local",
+            "attention pattern `gla++local`: layer 2 of 3 is empty",
+        ),
+        ("gla+", "attention pattern `gla+`: layer 2 of 2 is empty"),
+        (
+            "gla+nope",
+            "attention pattern `gla+nope`: layer 2 of 2: unknown attention `nope`",
+        ),
+        ("", "the attention's name is empty"),
+    ] {
+        let err = EncoderConfig::named(pattern, D_MODEL, N_HEADS, 32, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with(says), "{pattern:?}: {err}");
+    }
+}

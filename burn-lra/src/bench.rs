@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_attention_zoo::{AttentionConfig, AttentionInput, AttentionModule};
+use burn_attention_zoo::{AttentionConfig, AttentionInput, AttentionModule, DecodingState};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -47,15 +47,35 @@ pub struct LayerArgs {
 }
 
 impl LayerArgs {
-    /// Refuses a size of 0 or past the limit: the layer's, the length `n` and the timed `reps`.
-    fn check_sizes(&self, n: usize, reps: usize) -> Result<()> {
+    /// Refuses a size of 0 or past the limit: the layer's, the length `n`, the timed `reps` and
+    /// the untimed `warmup` (which may be 0), and a `warmup + reps` that overflows.
+    fn check_sizes(&self, n: usize, reps: usize, warmup: usize) -> Result<()> {
         check_sizes(&[
             ("--n", n),
             ("--batch", self.batch),
             ("--heads", self.heads),
             ("--d-model", self.d_model),
             ("--reps", reps),
-        ])
+        ])?;
+        check_repetitions(reps, warmup, "--reps")
+    }
+
+    /// Refuses, before anything is allocated, a case whose `copies` tensors of
+    /// `[batch, n, d_model]` f32 (`what` they are: inputs, outputs, gradients, a decoding cache)
+    /// alone exceed the memory available, naming the flags.
+    fn check_input_memory(&self, n: usize, copies: u64, what: &str) -> Result<()> {
+        let bytes = [self.batch, n, self.d_model]
+            .iter()
+            .try_fold(4 * copies, |total, &d| total.checked_mul(d as u64));
+        if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
+            anyhow::bail!(
+                "`--batch` x `--n` x `--d-model` ({} x {n} x {}) is too large: {what} alone \
+                 exceed the memory available",
+                self.batch,
+                self.d_model
+            );
+        }
+        Ok(())
     }
 
     /// The attention's configuration for sequences of up to `n_max` positions: `--params` over
@@ -68,6 +88,92 @@ impl LayerArgs {
                 .with_params(&params)?
                 .with_weight_dropout(0.0),
         )
+    }
+
+    /// What the case measures: the attention layer, or for a hybrid pattern (`gla+local`) an
+    /// encoder of one block per layer of the pattern (feed-forward width `4 d_model`), each
+    /// with its paper defaults (`--params` applies to a single attention only). Checked for
+    /// sequences of `n_max` positions, causal where `causal`.
+    fn build(&self, n_max: usize, causal: bool, device: &Device) -> Result<Layer> {
+        let parts = burn_attention_zoo::hybrid_pattern(&self.attention)?;
+        if parts.len() == 1 {
+            let config = self.config(n_max)?;
+            config.check_input(n_max, n_max, causal)?;
+            return Ok(Layer::Attention(config.init(device)));
+        }
+        let params: Map<String, Value> = serde_json::from_str(&self.params)
+            .with_context(|| format!("--params is not a JSON object: {}", self.params))?;
+        if !params.is_empty() {
+            anyhow::bail!(
+                "`--params` applies to a single attention, not to the pattern `{}`",
+                self.attention
+            );
+        }
+        let d_ff = self
+            .d_model
+            .checked_mul(4)
+            .context("`--d-model` is too large")?;
+        let config = burn_attention_zoo::EncoderConfig::named(
+            &self.attention,
+            self.d_model,
+            self.heads,
+            d_ff,
+            parts.len(),
+        )?
+        .with_weight_dropout(0.0)
+        .with_residual_dropout(0.0);
+        for layer in config.layer_attentions() {
+            layer.check_input(n_max, n_max, causal)?;
+        }
+        Ok(Layer::Stack(config.init(device)))
+    }
+}
+
+/// Refuses a `warmup` past the limit and a `warmup + reps` that overflows, naming `reps_flag`.
+fn check_repetitions(reps: usize, warmup: usize, reps_flag: &str) -> Result<()> {
+    crate::limits::check_size("--warmup", warmup, false)?;
+    if warmup.checked_add(reps).is_none() {
+        anyhow::bail!("`--warmup` + `{reps_flag}` ({warmup} + {reps}) is too large");
+    }
+    Ok(())
+}
+
+/// The module a benchmark case measures: one attention layer, or a hybrid pattern's encoder.
+#[derive(Module, Debug)]
+enum Layer {
+    /// One attention.
+    Attention(burn_attention_zoo::Attention),
+    /// An encoder of one block per layer of a hybrid pattern.
+    Stack(burn_attention_zoo::Encoder<burn_attention_zoo::Attention>),
+}
+
+impl Layer {
+    fn forward(&self, input: AttentionInput) -> Result<Tensor<3>> {
+        Ok(match self {
+            Self::Attention(a) => a.try_forward(input)?,
+            Self::Stack(e) => e.try_forward(input)?,
+        })
+    }
+
+    /// The prompt's output and the decoding state after it (a stack's: one per block).
+    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, Vec<DecodingState>)> {
+        Ok(match self {
+            Self::Attention(a) => {
+                let (y, state) = a.prefill(x)?;
+                (y, vec![state])
+            }
+            Self::Stack(e) => e.prefill(x)?,
+        })
+    }
+
+    fn decode(&self, x: Tensor<3>, states: Vec<DecodingState>) -> Result<Tensor<3>> {
+        Ok(match self {
+            Self::Attention(a) => {
+                let state = states.into_iter().next().unwrap_or_default();
+                a.decode(x, state)?.0
+            }
+            Self::Stack(e) => e.decode(x, states)?.0,
+        })
     }
 }
 
@@ -121,26 +227,14 @@ fn proc_status_kib(field: &str) -> Option<f64> {
 
 /// Runs the measurement.
 pub fn run(args: &BenchArgs) -> Result<BenchResult> {
-    args.layer.check_sizes(args.n, args.reps)?;
+    args.layer.check_sizes(args.n, args.reps, args.warmup)?;
     // The input, its gradient and the output: refused before anything is allocated where they
     // alone cannot fit.
-    let input_bytes = [args.layer.batch, args.n, args.layer.d_model, 3 * 4]
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-    if input_bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
-        anyhow::bail!(
-            "`--batch` x `--n` x `--d-model` ({} x {} x {}) is too large: the input, its gradient \
-             and the output alone exceed the memory available",
-            args.layer.batch,
-            args.n,
-            args.layer.d_model
-        );
-    }
-    let config = args.layer.config(args.n)?;
-    config.check_input(args.n, args.n, args.causal)?;
+    args.layer
+        .check_input_memory(args.n, 3, "the input, its gradient and the output")?;
     let device = args.layer.backend.device()?.autodiff();
     device.seed(0);
-    let attention = config.init(&device);
+    let attention = args.layer.build(args.n, args.causal, &device)?;
     let inference = attention.valid();
     let shape = [args.layer.batch, args.n, args.layer.d_model];
     let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
@@ -151,13 +245,13 @@ pub fn run(args: &BenchArgs) -> Result<BenchResult> {
     for rep in 0..args.warmup + args.reps {
         let x = Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
         let started = Instant::now();
-        let y = inference.forward(AttentionInput::new(x.clone().inner()).causal(args.causal));
+        let y = inference.forward(AttentionInput::new(x.clone().inner()).causal(args.causal))?;
         sync(y);
         let t_forward = started.elapsed().as_secs_f64() * 1e3;
 
         let x = x.require_grad();
         let started = Instant::now();
-        let y = attention.forward(AttentionInput::new(x.clone()).causal(args.causal));
+        let y = attention.forward(AttentionInput::new(x.clone()).causal(args.causal))?;
         let grads = y.sum().backward();
         let gx = x.grad(&grads).context("no gradient reached the input")?;
         gx.sum().into_scalar::<f64>();
@@ -218,16 +312,21 @@ pub struct DecodeBenchResult {
 /// autodiff), then decodes `warmup + reps` random tokens, each from the prompt's state (so each
 /// timed token is the `n + 1`-th), and reports the median time of a token.
 pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
-    args.layer.check_sizes(args.n, args.reps)?;
+    args.layer.check_sizes(args.n, args.reps, args.warmup)?;
     let n_max = args
         .n
         .checked_add(1)
         .context("`--n` is too large: the decoded token's position overflows")?;
-    let config = args.layer.config(n_max)?;
-    config.check_input(n_max, n_max, true)?;
+    // The prompt, its output and a key/value cache of two more: refused before anything is
+    // allocated where they alone cannot fit.
+    args.layer.check_input_memory(
+        n_max,
+        4,
+        "the prompt, its output and a key/value cache of that length",
+    )?;
     let device = args.layer.backend.device()?;
     device.seed(0);
-    let attention = config.init(&device);
+    let attention = args.layer.build(n_max, true, &device)?;
     let sync = |t: Tensor<3>| t.sum().into_scalar::<f64>();
     let rss_before = proc_status_kib("VmRSS:").unwrap_or(0.0);
 
@@ -239,6 +338,7 @@ pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
     let started = Instant::now();
     let (y, state) = attention.prefill(prompt)?;
     sync(y);
+    let state_elements: usize = state.iter().map(DecodingState::num_elements).sum();
     let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
 
     let mut times = Vec::new();
@@ -249,7 +349,7 @@ pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
             &device,
         );
         let started = Instant::now();
-        let (y, _) = attention.decode(token, state.clone())?;
+        let y = attention.decode(token, state.clone())?;
         sync(y);
         if rep >= args.warmup {
             times.push(started.elapsed().as_secs_f64() * 1e3);
@@ -261,7 +361,7 @@ pub fn run_decode(args: &DecodeBenchArgs) -> Result<DecodeBenchResult> {
         n: args.n,
         token_ms: median(times),
         prefill_ms,
-        state_mib: state.num_elements() as f64 * 4.0 / (1u64 << 20) as f64,
+        state_mib: state_elements as f64 * 4.0 / (1u64 << 20) as f64,
         peak_mib: (peak - rss_before).max(0.0) / 1024.0,
     })
 }
@@ -325,7 +425,9 @@ pub struct TrainBenchResult {
 /// included, as on the PyTorch side.
 pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
+    check_repetitions(args.steps, args.warmup, "--steps")?;
     let config = train_bench_config(args)?;
+    check_train_memory(args, &config)?;
     let task = crate::tasks::find(&args.task)?;
     let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
     let count = crate::budget::ParamCount::of(&spec)?;
@@ -338,6 +440,29 @@ fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
     sizes
         .iter()
         .try_for_each(|&(flag, n)| crate::limits::check_size(flag, n, true))
+}
+
+/// Refuses, before anything is allocated, a case whose activations surely exceed the memory
+/// available, naming the flags: at least `4 + 4 n_layers` tensors of `[batch, n, d_model]` f32
+/// (embeddings, each block's input, attention output, feed-forward input and output, kept for
+/// the backward pass, and their gradients), a lower bound of what a step holds.
+fn check_train_memory(args: &TrainBenchArgs, config: &crate::config::RunConfig) -> Result<()> {
+    let m = &config.model;
+    let bytes = [4 * m.n_layers as u64 + 4, 4]
+        .into_iter()
+        .chain([args.batch, args.n, m.d_model].map(|d| d as u64))
+        .try_fold(1u64, |total, d| total.checked_mul(d));
+    if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
+        anyhow::bail!(
+            "`--batch` x `--n` ({} x {}) is too large: the activations of a training step of the \
+             preset's model (d_model {}, {} layers) alone exceed the memory available",
+            args.batch,
+            args.n,
+            m.d_model,
+            m.n_layers
+        );
+    }
+    Ok(())
 }
 
 /// The run configuration a [`TrainBenchArgs`] case trains.

@@ -448,9 +448,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn train_command(mut args: TrainArgs) -> Result<()> {
-    for part in burn_attention_zoo::hybrid_pattern(&args.attention) {
-        burn_attention_zoo::variant(part)?;
-    }
+    burn_attention_zoo::hybrid_pattern(&args.attention)?;
     // Paths as the file system names them, so that a run records the same paths however the
     // command spelt them (`runs` or `/home/me/runs`).
     args.out = lra_runs::absolute(&args.out)?;

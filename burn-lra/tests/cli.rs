@@ -304,6 +304,24 @@ fn bench_decode_prints_one_json_line() {
         !refused.status.success() && stderr.contains("nystrom"),
         "{stderr}"
     );
+    // A hybrid pattern decodes through a block per layer: its state is its layers' together
+    // (retnet's fixed state beside softmax's cache), and a pattern with a layer that has no
+    // causal form is refused, naming it.
+    for n in [10, 40] {
+        let v = json_line(decode("retnet+softmax", n));
+        assert_eq!(v["attention"], "retnet+softmax");
+        assert_eq!(
+            v["state_mib"].as_f64(),
+            Some(mib(2 * 16 * 17 + 1 + 2 * 2 * n * 16)),
+            "{v}"
+        );
+    }
+    let refused = decode("retnet+nystrom", 10);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("nystrom"),
+        "{stderr}"
+    );
 }
 
 /// `list --causal` lists the attentions with a causal form: softmax and retnet, not nystrom.

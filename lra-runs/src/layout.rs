@@ -104,9 +104,12 @@ pub fn sweep_dir(out: &Path, task: &Task, preset: &str) -> PathBuf {
     out.join(task.name()).join(preset)
 }
 
-/// A run's folder within its sweep: `<sweep>/<attention>/seed-<seed>`.
+/// A run's folder within its sweep: `<sweep>/<attention>/seed-<seed>`, a long hybrid pattern's
+/// folder shortened with a hash of the whole ([`crate::AttentionName::dir_name`]).
 pub fn run_dir(sweep_dir: &Path, attention: &str, seed: u64) -> PathBuf {
-    sweep_dir.join(attention).join(format!("seed-{seed}"))
+    sweep_dir
+        .join(crate::names::attention_dir_name(attention))
+        .join(format!("seed-{seed}"))
 }
 
 /// Whether `name` is one of `names` or the temporary file of an atomic write of one, left behind

@@ -32,7 +32,7 @@ pub use files::{
 };
 pub use layout::{preset_name, run_dir, sweep_dir};
 pub use metrics::MetricsLine;
-pub use names::{BackendKind, Task};
+pub use names::{AttentionName, BackendKind, HYBRID_SEPARATOR, Task};
 pub use record::RunRecord;
 pub use result::{ConfigChange, RunResult, RunState, Selection, run_state};
 pub use state::CheckpointState;

@@ -71,6 +71,141 @@ impl std::fmt::Display for Task {
     }
 }
 
+/// The separator of a hybrid stack's pattern: `gla+local` is a layer of `gla`, then one of
+/// `local`, repeated.
+pub const HYBRID_SEPARATOR: char = '+';
+
+/// The longest attention name a run directory takes whole (bytes); a longer pattern is filed
+/// under a shortened name with a hash of the whole ([`AttentionName::dir_name`]), since file
+/// systems refuse names over 255 bytes.
+pub const MAX_DIR_NAME: usize = 96;
+
+/// An attention as flags, files and run directories name it: a registry name (`gla`), or a
+/// hybrid stack's pattern of them joined by `+` (`gla+local`), parsed once here for the harness
+/// and the sweep tool alike. Which names exist is the library's registry's to say; here every
+/// part is only checked to be a name: lowercase ASCII letters and digits, `-` between them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AttentionName(String);
+
+impl AttentionName {
+    /// The attention called `name`; an error naming the pattern and the part where `name` is
+    /// not one (an empty part, as in `gla++local` or `gla+`, or a part with other characters).
+    pub fn new(name: &str) -> Result<Self, String> {
+        if name.is_empty() {
+            return Err("the attention's name is empty".to_string());
+        }
+        let parts: Vec<&str> = name.split(HYBRID_SEPARATOR).collect();
+        for (i, part) in parts.iter().enumerate() {
+            let which = if parts.len() == 1 {
+                String::new()
+            } else {
+                format!(
+                    " in the pattern `{name}`, layer {} of {},",
+                    i + 1,
+                    parts.len()
+                )
+            };
+            if part.is_empty() {
+                return Err(format!(
+                    "the attention name{which} is empty (a pattern joins names with one `+`, \
+                     e.g. `gla+local`)"
+                ));
+            }
+            let well_formed = !part.starts_with('-')
+                && !part.ends_with('-')
+                && (part.bytes())
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !well_formed {
+                return Err(format!(
+                    "`{part}`{which} is not an attention name (lowercase letters and digits, `-` \
+                     between them)"
+                ));
+            }
+        }
+        Ok(Self(name.to_string()))
+    }
+
+    /// The name as given (`gla+local`).
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// The registry names of its layers, in order: one for a plain attention.
+    pub fn parts(&self) -> Vec<&str> {
+        self.0.split(HYBRID_SEPARATOR).collect()
+    }
+
+    /// Whether it names a hybrid stack (more than one part).
+    pub fn is_hybrid(&self) -> bool {
+        self.0.contains(HYBRID_SEPARATOR)
+    }
+
+    /// The folder its runs are filed under: the name itself up to [`MAX_DIR_NAME`] bytes;
+    /// a longer pattern's first parts (whole, up to 64 bytes) then `~` and 16 hex digits of a
+    /// 64-bit FNV-1a hash of the whole name, so that long patterns stay within file-name limits
+    /// and two of them do not share a folder (each run records its whole name, which summaries
+    /// check against the folder).
+    pub fn dir_name(&self) -> String {
+        attention_dir_name(&self.0)
+    }
+}
+
+/// The folder the runs of the attention called `name` are filed under (see
+/// [`AttentionName::dir_name`]).
+pub fn attention_dir_name(name: &str) -> String {
+    if name.len() <= MAX_DIR_NAME {
+        return name.to_string();
+    }
+    let mut head = String::new();
+    for part in name.split(HYBRID_SEPARATOR) {
+        let next = usize::from(!head.is_empty()) + part.len();
+        if head.len() + next > 64 {
+            break;
+        }
+        if !head.is_empty() {
+            head.push(HYBRID_SEPARATOR);
+        }
+        head.push_str(part);
+    }
+    format!("{head}~{:016x}", fnv1a(name.as_bytes()))
+}
+
+/// 64-bit FNV-1a of `bytes`: a stable hash (the same in every build and on every machine).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl TryFrom<String> for AttentionName {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        Self::new(&name)
+    }
+}
+
+impl From<AttentionName> for String {
+    fn from(name: AttentionName) -> String {
+        name.0
+    }
+}
+
+impl std::str::FromStr for AttentionName {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::new(name)
+    }
+}
+
+impl std::fmt::Display for AttentionName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A Burn backend the harness can run on. Each is a cargo feature of `burn-lra`; `flex` is the
 /// default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -131,5 +266,61 @@ impl BackendKind {
 impl std::fmt::Display for BackendKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Empty parts and odd characters are refused naming the pattern and the part; good names
+    /// and patterns parse into their layers.
+    #[test]
+    fn attention_names_parse_once_with_errors_naming_the_part() {
+        assert_eq!(
+            AttentionName::new("gla+local").unwrap().parts(),
+            ["gla", "local"]
+        );
+        assert!(!AttentionName::new("ff-linear").unwrap().is_hybrid());
+        for (bad, says) in [
+            ("", "the attention's name is empty"),
+            ("+", "in the pattern `+`, layer 1 of 2, is empty"),
+            (
+                "gla++local",
+                "in the pattern `gla++local`, layer 2 of 3, is empty",
+            ),
+            ("gla+", "in the pattern `gla+`, layer 2 of 2, is empty"),
+            (
+                "gla+Local",
+                "`Local` in the pattern `gla+Local`, layer 2 of 2, is not",
+            ),
+            ("../x", "`../x` is not an attention name"),
+        ] {
+            let err = AttentionName::new(bad).unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
+    /// A long pattern's folder stays within file-name limits, keeps its first layers readable
+    /// and differs from another long pattern's that shares them.
+    #[test]
+    fn long_patterns_get_short_distinct_folders() {
+        let long = vec!["gated-deltanet"; 40].join("+");
+        let other = format!("{}+gla", vec!["gated-deltanet"; 39].join("+"));
+        let (a, b) = (
+            AttentionName::new(&long).unwrap().dir_name(),
+            AttentionName::new(&other).unwrap().dir_name(),
+        );
+        assert!(
+            a.len() <= MAX_DIR_NAME && b.len() <= MAX_DIR_NAME,
+            "{a} {b}"
+        );
+        assert!(a.starts_with("gated-deltanet+gated-deltanet+"), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(
+            AttentionName::new("gla+local").unwrap().dir_name(),
+            "gla+local"
+        );
     }
 }

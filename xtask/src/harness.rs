@@ -206,15 +206,21 @@ pub(crate) fn resolve_attentions(
         [] => every(),
         [all] if all == "all" => every(),
         list => {
-            let parts = list.iter().flat_map(|name| name.split('+'));
-            if let Some(unknown) = parts
-                .into_iter()
-                .find(|a| !registered.iter().any(|r| r == a))
-            {
-                bail!(
-                    "unknown attention `{unknown}` (known: all, {})",
-                    registered.join(", ")
-                );
+            for name in list {
+                let name = lra_runs::AttentionName::new(name).map_err(anyhow::Error::msg)?;
+                let parts = name.parts();
+                if let Some((i, unknown)) =
+                    (parts.iter().enumerate()).find(|(_, a)| !registered.iter().any(|r| r == *a))
+                {
+                    let place = match parts.len() {
+                        1 => String::new(),
+                        n => format!(" (layer {} of {n} of the pattern `{name}`)", i + 1),
+                    };
+                    bail!(
+                        "unknown attention `{unknown}`{place} (known: all, {})",
+                        registered.join(", ")
+                    );
+                }
             }
             Ok(list.to_vec())
         }

@@ -31,6 +31,13 @@ pub enum AttentionError {
         /// The registered names.
         known: Vec<&'static str>,
     },
+    /// A hybrid stack's pattern (`gla+local`) with a part that names no attention.
+    InvalidPattern {
+        /// The pattern as given.
+        pattern: String,
+        /// What is wrong, naming the part.
+        message: String,
+    },
     /// Variant parameters given as key/value pairs (a config file) could not be applied.
     InvalidParams {
         /// The attention variant (its registry name).
@@ -70,12 +77,22 @@ impl fmt::Display for AttentionError {
             Self::Unsupported { variant, message } => {
                 write!(f, "{variant} attention does not support {message}")
             }
+            Self::UnknownVariant { name, known } if name.is_empty() => {
+                write!(
+                    f,
+                    "the attention's name is empty (known: {})",
+                    known.join(", ")
+                )
+            }
             Self::UnknownVariant { name, known } => {
                 write!(
                     f,
                     "unknown attention `{name}` (known: {})",
                     known.join(", ")
                 )
+            }
+            Self::InvalidPattern { pattern, message } => {
+                write!(f, "attention pattern `{pattern}`: {message}")
             }
             Self::InvalidParams { variant, message } => {
                 write!(f, "{variant} attention parameters: {message}")

@@ -245,7 +245,11 @@ fn attempt(
 fn log_path(args: &LraArgs, run: &Run) -> PathBuf {
     args.sweep_dir()
         .join(lra_runs::layout::SWEEP_LOGS)
-        .join(format!("{}-seed-{}.log", run.attention, run.seed))
+        .join(format!(
+            "{}-seed-{}.log",
+            lra_runs::names::attention_dir_name(&run.attention),
+            run.seed
+        ))
 }
 
 /// Pins the child to `cores` and sizes its thread pools (rayon: flex, ndarray; OpenMP: tch) to
