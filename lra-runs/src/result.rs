@@ -102,6 +102,134 @@ pub struct RunResult {
     /// built outside a git checkout; `unrecorded`: steps trained by a harness that did not record its build). Empty in results written before they were recorded.
     #[serde(default)]
     pub commits: Vec<String>,
+    /// The SHA-256 (hex) of this result's own JSON written compactly without this field
+    /// ([`sealed`](Self::sealed)): summaries and `compare` check it before they believe a figure.
+    /// Absent in results written before it was recorded, whose figures are checked for range
+    /// only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+impl RunResult {
+    /// The SHA-256 of the result's JSON without its own checksum.
+    fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let unsealed = Self {
+            sha256: None,
+            ..self.clone()
+        };
+        let json = serde_json::to_string(&unsealed).expect("a result serialises");
+        Sha256::digest(json.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The result with its checksum recorded, as `burn-lra train` writes it.
+    pub fn sealed(self) -> Self {
+        let sha256 = Some(self.digest());
+        Self { sha256, ..self }
+    }
+
+    /// Checks what a result says of itself: its checksum where it has one, and every figure in
+    /// its range (accuracies and rates in [0, 1], parameter counts, steps and the training time
+    /// positive, the best-validation step within the steps). The error names the field.
+    pub fn verify(&self) -> Result<(), String> {
+        if let Some(recorded) = &self.sha256
+            && *recorded != self.digest()
+        {
+            return Err("its checksum does not match its contents (edited or damaged)".into());
+        }
+        for (field, value) in [
+            ("test_accuracy", self.test_accuracy),
+            ("test_accuracy_last", self.test_accuracy_last),
+            ("test_accuracy_best_val", self.test_accuracy_best_val),
+            ("best_val_accuracy", self.best_val_accuracy),
+            ("test_majority_rate", self.test_majority_rate),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("`{field}` is {value}, outside [0, 1]"));
+            }
+        }
+        let expected = match self.selection {
+            Selection::BestVal => self.test_accuracy_best_val,
+            Selection::Last => self.test_accuracy_last,
+        };
+        if self.test_accuracy != expected {
+            return Err(format!(
+                "`test_accuracy` ({}) is not the `{}` weights' ({expected})",
+                self.test_accuracy,
+                self.selection.as_str()
+            ));
+        }
+        if !(self.train_seconds.is_finite() && self.train_seconds > 0.0) {
+            return Err(format!(
+                "`train_seconds` is {}, not a positive time",
+                self.train_seconds
+            ));
+        }
+        if !(self.param_increase.is_finite() && self.param_increase > -1.0) {
+            return Err(format!(
+                "`param_increase` is {}, not a relative increase",
+                self.param_increase
+            ));
+        }
+        for (field, value) in [
+            ("steps", self.steps),
+            ("n_params", self.n_params),
+            ("n_params_softmax", self.n_params_softmax),
+        ] {
+            if value == 0 {
+                return Err(format!("`{field}` is 0"));
+            }
+        }
+        if self.best_val_step > self.steps {
+            return Err(format!(
+                "`best_val_step` ({}) is past `steps` ({})",
+                self.best_val_step, self.steps
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the result belongs where it was found: the run directory of `attention`
+    /// and `seed` in the sweep of `task` and `preset` (a run folder copied under another
+    /// attention's or seed's folder is refused), then [`verify`](Self::verify). The error
+    /// names what differs.
+    pub fn verify_place(
+        &self,
+        task: &Task,
+        preset: &str,
+        attention: &str,
+        seed: u64,
+    ) -> Result<(), String> {
+        let recorded_dir = crate::names::attention_dir_name(&self.attention);
+        if recorded_dir != crate::names::attention_dir_name(attention) {
+            return Err(format!(
+                "it records the attention `{}`, but sits in the folder of `{attention}`",
+                self.attention
+            ));
+        }
+        if self.seed != seed {
+            return Err(format!(
+                "it records seed {}, but sits in the folder of seed {seed}",
+                self.seed
+            ));
+        }
+        if self.task != *task {
+            return Err(format!(
+                "it records the task `{}`, but sits in the sweep of `{task}`",
+                self.task
+            ));
+        }
+        if self.preset != preset {
+            return Err(format!(
+                "it records the preset `{}`, but sits in the sweep of `{preset}`",
+                self.preset
+            ));
+        }
+        self.verify()
+    }
 }
 
 /// Where a run stands.
@@ -126,4 +254,95 @@ pub fn run_state(run_dir: &Path) -> anyhow::Result<RunState> {
         Some(_) => RunState::Checkpointed,
         None => RunState::Fresh,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result() -> RunResult {
+        RunResult {
+            task: Task::new("listops").unwrap(),
+            attention: "softmax".into(),
+            preset: "tiny".into(),
+            seed: 1,
+            backend: BackendKind::Flex,
+            device: "Cpu".into(),
+            steps: 100,
+            n_params: 10,
+            n_params_softmax: 10,
+            param_increase: 0.0,
+            selection: Selection::BestVal,
+            test_accuracy: 0.4,
+            test_accuracy_last: 0.3,
+            test_accuracy_best_val: 0.4,
+            best_val_accuracy: 0.5,
+            best_val_step: 50,
+            test_majority_rate: 0.1,
+            split_sizes: [10, 2, 2],
+            validation_source: "v".into(),
+            validated_on_test: false,
+            train_seconds: 1.0,
+            warnings: vec![],
+            config_changes: vec![],
+            weights_sha256: BTreeMap::new(),
+            commits: vec![],
+            sha256: None,
+        }
+        .sealed()
+    }
+
+    /// A sealed result checks out where it was written; an edited figure breaks its checksum;
+    /// without a checksum a figure out of range is still refused; a result in another
+    /// attention's, seed's, task's or preset's folder is refused, naming what differs.
+    #[test]
+    fn results_are_checked_against_their_checksum_ranges_and_place() {
+        let listops = Task::new("listops").unwrap();
+        let good = result();
+        good.verify_place(&listops, "tiny", "softmax", 1).unwrap();
+        let json = serde_json::to_string_pretty(&good).unwrap();
+        let read: RunResult = serde_json::from_str(&json).unwrap();
+        read.verify().unwrap();
+        let edited = RunResult {
+            test_accuracy_best_val: 0.45,
+            test_accuracy: 0.45,
+            ..good.clone()
+        };
+        assert!(edited.verify().unwrap_err().contains("checksum"));
+        let unsealed = RunResult {
+            test_accuracy: 1.5,
+            test_accuracy_best_val: 1.5,
+            sha256: None,
+            ..good.clone()
+        };
+        assert!(
+            unsealed
+                .verify()
+                .unwrap_err()
+                .contains("`test_accuracy` is 1.5")
+        );
+        for (task, preset, attention, seed, says) in [
+            (
+                "listops",
+                "tiny",
+                "linear",
+                1,
+                "records the attention `softmax`",
+            ),
+            ("listops", "tiny", "softmax", 0, "records seed 1"),
+            ("text", "tiny", "softmax", 1, "records the task `listops`"),
+            (
+                "listops",
+                "small",
+                "softmax",
+                1,
+                "records the preset `tiny`",
+            ),
+        ] {
+            let err = good
+                .verify_place(&Task::new(task).unwrap(), preset, attention, seed)
+                .unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 }

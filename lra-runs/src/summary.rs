@@ -77,6 +77,75 @@ impl AttentionSummary {
     }
 }
 
+impl Summary {
+    /// Checks what a summary says of itself before a report believes it: for each attention,
+    /// one accuracy of each kind per seed, seeds distinct and among those asked for, every
+    /// accuracy and rate in [0, 1], the mean, standard deviation and best those of its
+    /// accuracies (to 1e-9), steps and parameters positive. The error names the attention and
+    /// the field.
+    pub fn verify(&self) -> Result<(), String> {
+        for (name, a) in &self.attentions {
+            let fail = |why: String| Err(format!("attention `{name}`: {why}"));
+            let n = a.seeds.len();
+            if n == 0 {
+                return fail("no seeds".into());
+            }
+            for (field, values) in [
+                ("accuracies", &a.accuracies),
+                ("accuracies_best_val", &a.accuracies_best_val),
+                ("accuracies_last", &a.accuracies_last),
+            ] {
+                if values.len() != n {
+                    return fail(format!("{} `{field}` for {n} seeds", values.len()));
+                }
+                if let Some(bad) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                    return fail(format!("`{field}` holds {bad}, outside [0, 1]"));
+                }
+            }
+            let mut seeds = a.seeds.clone();
+            seeds.sort_unstable();
+            seeds.dedup();
+            if seeds.len() != n {
+                return fail(format!("seeds {:?} repeat", a.seeds));
+            }
+            if let Some(seed) = seeds.iter().find(|s| **s >= self.seeds_requested) {
+                return fail(format!(
+                    "seed {seed} is not among the {} asked for",
+                    self.seeds_requested
+                ));
+            }
+            let (mean, std, best) = stats(&a.accuracies);
+            for (field, recorded, computed) in [
+                ("mean", a.mean, mean),
+                ("std", a.std, std),
+                ("best", a.best, best),
+            ] {
+                if !((recorded - computed).abs() <= 1e-9) {
+                    return fail(format!(
+                        "`{field}` is {recorded}, its accuracies' is {computed}"
+                    ));
+                }
+            }
+            if !(0.0..=1.0).contains(&a.test_majority_rate) {
+                return fail(format!(
+                    "`test_majority_rate` is {}, outside [0, 1]",
+                    a.test_majority_rate
+                ));
+            }
+            if a.steps == 0 || a.n_params == 0 {
+                return fail("`steps` or `n_params` is 0".into());
+            }
+            if !(a.param_increase.is_finite() && a.param_increase > -1.0) {
+                return fail(format!(
+                    "`param_increase` is {}, not a relative increase",
+                    a.param_increase
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Mean, sample standard deviation (n - 1; 0 for one value) and maximum of `values` (not empty).
 pub fn stats(values: &[f64]) -> (f64, f64, f64) {
     let n = values.len() as f64;
@@ -90,9 +159,12 @@ pub fn stats(values: &[f64]) -> (f64, f64, f64) {
     (mean, var.sqrt(), best)
 }
 
-/// The median of `values` (not empty; the mean of the middle two for an even count): what the
+/// The median of `values` (NaN for none; the mean of the middle two for an even count): what the
 /// benchmarks report of repeated timings and of their rounds.
 pub fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
     values.sort_by(f64::total_cmp);
     let m = values.len() / 2;
     if values.len() % 2 == 1 {
@@ -104,7 +176,60 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{median, stats};
+    use super::{AttentionSummary, Summary, median, stats};
+
+    fn summary(accuracies: &[f64], mean: f64) -> Summary {
+        let (_, std, best) = stats(accuracies);
+        let attention = AttentionSummary {
+            accuracies: accuracies.to_vec(),
+            accuracies_best_val: accuracies.to_vec(),
+            accuracies_last: accuracies.to_vec(),
+            backend: crate::BackendKind::Flex,
+            best,
+            mean,
+            n_params: 10,
+            param_increase: 0.0,
+            seeds: (0..accuracies.len() as u64).collect(),
+            selection: crate::Selection::BestVal,
+            std,
+            steps: 10,
+            test_majority_rate: 0.1,
+        };
+        Summary {
+            attentions: [("softmax".to_string(), attention)].into(),
+            preset: "tiny".into(),
+            seeds_requested: 2,
+            task: crate::Task::new("listops").unwrap(),
+        }
+    }
+
+    /// A summary whose mean is not its accuracies', or whose figures leave their range, or
+    /// whose seeds were not asked for, is refused naming the attention and the field.
+    #[test]
+    fn summaries_are_checked_against_themselves() {
+        summary(&[0.4, 0.5], 0.45).verify().unwrap();
+        for (bad, says) in [
+            (summary(&[0.4, 0.5], 0.47), "`mean` is 0.47"),
+            (summary(&[0.4, 1.5], 0.95), "outside [0, 1]"),
+            (
+                summary(&[0.4, 0.5, 0.6], 0.5),
+                "seed 2 is not among the 2 asked for",
+            ),
+        ] {
+            let err = bad.verify().unwrap_err();
+            assert!(
+                err.contains("attention `softmax`") && err.contains(says),
+                "{err}"
+            );
+        }
+        let mut negative = summary(&[0.4], 0.4);
+        negative
+            .attentions
+            .get_mut("softmax")
+            .unwrap()
+            .param_increase = -2.0;
+        assert!(negative.verify().unwrap_err().contains("param_increase"));
+    }
 
     #[test]
     fn median_takes_the_middle_or_the_mean_of_the_middle_two() {

@@ -53,9 +53,22 @@ struct Point {
 pub fn report(args: ReportArgs) -> Result<()> {
     let summary_path = args.sweep.join(SUMMARY_JSON);
     let summary: Summary = lra_runs::read_json(&summary_path, "a sweep's summary")?;
+    summary
+        .verify()
+        .map_err(|why| anyhow::anyhow!("{}: {why}", summary_path.display()))?;
     let bench: Value = lra_runs::read_json(&args.bench, "a benchmark report")?;
     let n = check_match(&summary, &bench, &args.bench, args.n)?;
+    check_figures(&summary, &bench, &args.bench, n)?;
     let points = points(&summary, &bench, n);
+    for name in summary.attentions.keys() {
+        if !points.iter().any(|p| p.name == *name) {
+            eprintln!(
+                "{name}: no `bench lra` case of ours at n={n} in {}; left out of the chart and \
+                 its table",
+                args.bench.display()
+            );
+        }
+    }
     if points.is_empty() {
         bail!(
             "{}: no attention of {} was measured at n={n}",
@@ -108,6 +121,33 @@ fn check_match(summary: &Summary, bench: &Value, path: &Path, n: Option<usize>) 
         None => (lengths.iter().copied().max())
             .with_context(|| format!("{}: no lengths", path.display())),
     }
+}
+
+/// Refuses a benchmark report whose figures the chart would read (steps per second and peak
+/// memory of ours, at `n`, for the summary's attentions) where one is present but not a
+/// positive, finite number, naming the case and the figure.
+fn check_figures(summary: &Summary, bench: &Value, path: &Path, n: usize) -> Result<()> {
+    for name in summary.attentions.keys() {
+        for key in ["steps_per_s", "peak_mib"] {
+            let Some(case) = crate::bench::report::case(bench, name, n) else {
+                continue;
+            };
+            let value = &case["ours"][key];
+            if value.is_null() {
+                continue;
+            }
+            let ok = value
+                .as_f64()
+                .is_some_and(|x| x.is_finite() && (x > 0.0 || (key == "peak_mib" && x == 0.0)));
+            if !ok {
+                bail!(
+                    "{}: {name} at n={n}: `ours.{key}` is {value}, not a positive number",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The attentions both files have, in the summary's order.
@@ -235,7 +275,8 @@ mod tests {
                 "linear": {"accuracies": [0.4, 0.5], "accuracies_best_val": [0.4, 0.5],
                     "accuracies_last": [0.4, 0.5], "backend": "flex", "best": 0.5, "mean": 0.45,
                     "n_params": 10, "param_increase": 0.0, "seeds": [0, 1],
-                    "selection": "best-val", "std": 0.07, "steps": 10, "test_majority_rate": 0.1},
+                    "selection": "best-val", "std": 0.070_710_678_118_654_77, "steps": 10,
+                    "test_majority_rate": 0.1},
                 "softmax": {"accuracies": [0.5], "accuracies_best_val": [0.5],
                     "accuracies_last": [0.5], "backend": "flex", "best": 0.5, "mean": 0.5,
                     "n_params": 10, "param_increase": 0.0, "seeds": [0],

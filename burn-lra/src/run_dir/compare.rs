@@ -72,6 +72,14 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
         }
     };
     let (result_a, result_b) = (result(a)?, result(b)?);
+    // A result is believed only once it checks out (its checksum, its figures' ranges).
+    for (dir, result) in [(a, &result_a), (b, &result_b)] {
+        if let Some(result) = result {
+            result
+                .verify()
+                .map_err(|why| anyhow::anyhow!("{}: {why}", dir.join(RESULT).display()))?;
+        }
+    }
     // Times, locations and builds are not what a run was; the weight files embed random
     // parameter ids, so their values are compared below instead of their sums.
     let comparable = |result: &RunResult| RunResult {
@@ -79,6 +87,7 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
         validation_source: String::new(),
         commits: Vec::new(),
         weights_sha256: BTreeMap::new(),
+        sha256: None,
         ..result.clone()
     };
     if result_a.as_ref().map(comparable) != result_b.as_ref().map(comparable) {

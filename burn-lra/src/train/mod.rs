@@ -335,7 +335,9 @@ impl Session<'_> {
             config_changes,
             weights_sha256,
             commits: progress.state.commits.clone(),
-        };
+            sha256: None,
+        }
+        .sealed();
         write_atomic(
             &run_dir.join(RESULT),
             serde_json::to_string_pretty(&result)?.as_bytes(),

@@ -11,14 +11,28 @@ use lra_runs::{AttentionSummary, RunResult, RunState, Summary, write_atomic};
 
 use super::plan::LraArgs;
 
-/// The finished runs of `attention` among seeds `0..seeds`.
-fn results(sweep_dir: &Path, attention: &str, seeds: u64) -> Result<Vec<RunResult>> {
+/// The finished runs of `attention` among seeds `0..seeds` in the sweep of `task` and `preset`
+/// that check out: each result must record the attention, seed, task and preset of the folder
+/// it sits in, its checksum must match and its figures lie in their ranges
+/// ([`RunResult::verify_place`]). Those that do not are left out, each named on stderr with
+/// the reason.
+fn results(
+    sweep_dir: &Path,
+    (task, preset): (&lra_runs::Task, &str),
+    attention: &str,
+    seeds: u64,
+) -> Result<Vec<RunResult>> {
     let mut results = Vec::new();
     for seed in 0..seeds {
-        if let RunState::Finished(result) =
-            lra_runs::run_state(&lra_runs::run_dir(sweep_dir, attention, seed))?
-        {
-            results.push(*result);
+        let dir = lra_runs::run_dir(sweep_dir, attention, seed);
+        if let RunState::Finished(result) = lra_runs::run_state(&dir)? {
+            match result.verify_place(task, preset, attention, seed) {
+                Ok(()) => results.push(*result),
+                Err(why) => eprintln!(
+                    "{}: {why}; left out of the summary",
+                    dir.join(lra_runs::layout::RESULT).display()
+                ),
+            }
         }
     }
     Ok(results)
@@ -47,7 +61,7 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
     table.push_str("|---|---|---|---|---|---|---|---|---|\n");
     let mut attentions = std::collections::BTreeMap::new();
     for name in &names {
-        let results = results(sweep_dir, name, args.seeds)?;
+        let results = results(sweep_dir, (&args.task, &preset), name, args.seeds)?;
         let missing: Vec<String> = (0..args.seeds)
             .filter(|seed| !results.iter().any(|r| r.seed == *seed))
             .map(|seed| seed.to_string())
@@ -61,6 +75,8 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
         let Some(summary) = AttentionSummary::of(&results) else {
             continue;
         };
+        // The name the runs record (a long pattern's folder is a shortened name).
+        let name = &results[0].attention;
         table.push_str(&format!(
             "| {name} | {} | {:.2} ± {:.2} | {:.2} | {:.2} | {:.2} | {} | {:+.2}% | {:.2} |\n",
             summary.seeds.len(),
@@ -122,7 +138,8 @@ mod tests {
             let sweep = root.join(path).parent().unwrap().to_path_buf();
             let summary: Summary = serde_json::from_str(&read(&sweep.join(SUMMARY_JSON))).unwrap();
             for (name, attention) in &summary.attentions {
-                let results = results(&sweep, name, summary.seeds_requested).unwrap();
+                let place = (&summary.task, summary.preset.as_str());
+                let results = results(&sweep, place, name, summary.seeds_requested).unwrap();
                 assert_eq!(
                     results.len() as u64,
                     summary.seeds_requested,

@@ -109,7 +109,7 @@ fn write(path: &Path, text: &str) -> Result<()> {
 }
 
 /// The case of `name` at length `n`.
-fn case<'a>(report: &'a Value, name: &str, n: usize) -> Option<&'a Value> {
+pub(crate) fn case<'a>(report: &'a Value, name: &str, n: usize) -> Option<&'a Value> {
     report["cases"]
         .as_array()?
         .iter()
