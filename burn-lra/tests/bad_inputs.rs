@@ -62,7 +62,36 @@ fn png_claiming(width: u32, height: u32) -> Vec<u8> {
     png
 }
 
-/// Owned command-line arguments.
+/// A small aclImdb archive as tar bytes (uncompressed): two reviews a split and label, and
+/// tar's end-of-archive blocks (the last 1024 bytes).
+fn imdb_archive() -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for split in ["train", "test"] {
+        for (label, text) in [("neg", "a dull film"), ("pos", "a fine film")] {
+            for i in 0..2 {
+                let mut header = tar::Header::new_gnu();
+                header.set_size(text.len() as u64);
+                header.set_mode(0o644);
+                header.set_cksum();
+                let path = format!("aclImdb/{split}/{label}/{i}_5.txt");
+                tar.append_data(&mut header, path, text.as_bytes()).unwrap();
+            }
+        }
+    }
+    let bytes = tar.into_inner().unwrap();
+    assert!(bytes[bytes.len() - 1024..].iter().all(|&b| b == 0));
+    bytes
+}
+
+/// `bytes` gzipped.
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// Owned command-line arguments./// Owned command-line arguments.
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
@@ -972,8 +1001,176 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "`data.bpe_vocab_size` applies to `data.tokenizer = \"bpe\"` only",
     );
 
+    // Sizes of the attentions' own parameters, refused before anything is allocated.
+    b.config_case(
+        "routing-clusters",
+        "routing",
+        "n_clusters = 8",
+        "n_clusters = 4000000000",
+        "`n_clusters` is 4000000000, more clusters than the 64 positions of the sequence",
+    );
+    b.config_case(
+        "xl-memory",
+        "transformer-xl",
+        "mem_len = 16\n\n# Compressive",
+        "mem_len = 4000000000\n\n# Compressive",
+        "`mem_len` is 4000000000, longer than the 64 positions",
+    );
+    b.config_case(
+        "axial-width",
+        "axial",
+        "width = 8",
+        "width = 4000000000",
+        "`width` is 4000000000, a row wider than the 64 positions",
+    );
+    b.config_case(
+        "ff-depth",
+        "ff-glu",
+        "[attention.nystrom]",
+        "[attention.ff-glu]\ndepth = 4000000000\n[attention.nystrom]",
+        "`depth` must be at most 64",
+    );
+    b.config_case(
+        "attention-size-past-limit",
+        "local",
+        "[attention.nystrom]",
+        "[attention.local]\nwindow = 5000000000\n[attention.nystrom]",
+        "`attention.local.window` must be at most 4294967295",
+    );
+    b.config_case(
+        "attention-key-twice",
+        "nystrom",
+        "n_landmarks = 16",
+        "n_landmarks = 16\nn_landmarks = 8",
+        "n_landmarks",
+    );
+    // Benchmark repetitions and sizes: every benchmark checks `--warmup` and its memory first.
+    for (name, bench) in [
+        ("bench-attention-warmup", "bench-attention"),
+        ("bench-decode-warmup", "bench-decode"),
+    ] {
+        b.case(
+            name,
+            strings(&[
+                bench,
+                "--attention",
+                "softmax",
+                "--n",
+                "8",
+                "--warmup",
+                "18446744073709551615",
+            ]),
+            "`--warmup` must be at most 4294967295",
+        );
+    }
+    b.case(
+        "bench-train-warmup",
+        strings(&[
+            "bench-train",
+            "--attention",
+            "softmax",
+            "--n",
+            "64",
+            "--warmup",
+            "18446744073709551615",
+        ]),
+        "`--warmup` must be at most 4294967295",
+    );
+    b.case(
+        "bench-decode-huge",
+        strings(&[
+            "bench-decode",
+            "--attention",
+            "softmax",
+            "--n",
+            "4000000000",
+            "--batch",
+            "4000000000",
+        ]),
+        "`--batch` x `--n` x `--d-model` (4000000000 x 4000000001 x 512) is too large",
+    );
+    b.case(
+        "bench-train-huge",
+        strings(&[
+            "bench-train",
+            "--attention",
+            "softmax",
+            "--n",
+            "4000000",
+            "--batch",
+            "4000000000",
+            "--task",
+            "listops",
+            "--preset",
+            "tiny",
+        ]),
+        "`--batch` x `--n` (4000000000 x 4000000) is too large",
+    );
+    // Hybrid patterns: the pattern and the part named.
+    for (name, pattern, says) in [
+        (
+            "pattern-plus",
+            "+",
+            "attention pattern `+`: layer 1 of 2 is empty",
+        ),
+        (
+            "pattern-double-plus",
+            "gla++local",
+            "attention pattern `gla++local`: layer 2 of 3 is empty",
+        ),
+        (
+            "pattern-trailing-plus",
+            "gla+",
+            "attention pattern `gla+`: layer 2 of 2 is empty",
+        ),
+        (
+            "pattern-unknown-part",
+            "linformer+nope",
+            "attention pattern `linformer+nope`: layer 2 of 2: unknown attention `nope`",
+        ),
+    ] {
+        let args = b.train(pattern, &["--config", &short, "--no-progress"]);
+        b.case(name, args, says);
+        b.case(
+            &format!("{name}-bench-decode"),
+            strings(&["bench-decode", "--attention", pattern, "--n", "8"]),
+            says,
+        );
+    }
+    // Archives: cut short at a member boundary, and expanding past the cap.
+    let imdb = b.root.join("imdb-cut");
+    std::fs::create_dir_all(&imdb).unwrap();
+    let whole = imdb_archive();
+    // The archive without its end-of-archive blocks: cut after the last member.
+    std::fs::write(imdb.join("cut.tar.gz"), gzip(&whole[..whole.len() - 1024])).unwrap();
+    let data = imdb.join("cut.tar.gz").to_str().unwrap().to_string();
+    let args = b.task_args("text", &data);
+    b.case("archive-cut", args, "cut.tar.gz: the archive ends early");
+    let capped = b.root.join("imdb-capped");
+    std::fs::create_dir_all(&capped).unwrap();
+    std::fs::write(capped.join("whole.tar.gz"), gzip(&whole)).unwrap();
+    let text_config = include_str!("../../configs/text/tiny.toml").replacen(
+        "[data]\n",
+        "[data]\nmax_archive_bytes = 2000\n",
+        1,
+    );
+    assert!(text_config.contains("max_archive_bytes = 2000"));
+    let config = b.path("archive-cap.toml");
+    std::fs::write(&config, text_config).unwrap();
+    let data = capped.join("whole.tar.gz").to_str().unwrap().to_string();
+    let args = b.train_task(
+        "text",
+        "softmax",
+        &["--config", &config, "--data-dir", &data, "--no-progress"],
+    );
+    b.case(
+        "archive-cap",
+        args,
+        "expands past `data.max_archive_bytes` (2000 bytes)",
+    );
+
     let cases = std::mem::take(&mut b.cases);
-    assert!(cases.len() >= 85, "{} cases", cases.len());
+    assert!(cases.len() >= 106, "{} cases", cases.len());
     let before = snapshot(&b.root);
     for (name, args, needle) in &cases {
         let out = burn_lra(args);

@@ -33,6 +33,11 @@ pub struct DataConfig {
     /// BPE vocabulary size (`tokenizer = "bpe"` only), padding not counted.
     #[serde(default)]
     pub bpe_vocab_size: Option<usize>,
+    /// How many bytes a compressed or archived data file (an IMDB `.tar.gz`, a gzipped IDX file)
+    /// may expand to before reading it is refused (default 4 GiB: the IMDB reviews expand to
+    /// about 0.5 GB).
+    #[serde(default = "default_max_archive_bytes")]
+    pub max_archive_bytes: u64,
     /// Report test accuracy on a fixed sample of this many test examples (drawn once, seed 0)
     /// instead of the whole split: quick presets only; the result records the test size.
     #[serde(default)]
@@ -42,6 +47,11 @@ pub struct DataConfig {
 /// `data.doc_max_bytes` unless a configuration sets it (LRA's 10,000).
 pub fn default_doc_bytes() -> usize {
     10_000
+}
+
+/// `data.max_archive_bytes` unless a configuration sets it.
+pub fn default_max_archive_bytes() -> u64 {
+    crate::data::DEFAULT_MAX_ARCHIVE_BYTES
 }
 
 /// How the text and matching tasks turn text into tokens.

@@ -24,7 +24,12 @@ pub fn byte_tokens(bytes: &[u8], max_len: usize) -> Vec<u16> {
 ///   `label<TAB>text` format;
 /// - the aclImdb layout: a directory with `train/{pos,neg}` and `test/{pos,neg}` (or one holding
 ///   `aclImdb/`), a `.tar.gz` of it, or a directory holding exactly one `.tar.gz`.
-pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<Splits> {
+pub fn read_corpus(
+    path: &Path,
+    max_len: usize,
+    n_classes: usize,
+    max_archive_bytes: u64,
+) -> Result<Splits> {
     if !path.exists() {
         bail!(
             "data path {} does not exist; expected {TEXT_LAYOUTS}",
@@ -42,7 +47,7 @@ pub fn read_corpus(path: &Path, max_len: usize, n_classes: usize) -> Result<Spli
         };
         return Ok(Splits::new(train, val, read("test.tsv")?));
     }
-    let [train, test] = read_imdb(path, max_len)?;
+    let [train, test] = read_imdb(path, max_len, max_archive_bytes)?;
     Ok(Splits::new(train, None, test))
 }
 
@@ -109,8 +114,11 @@ fn imdb_entry(path: &Path) -> Option<(usize, usize, String)> {
 
 /// Reads IMDB's train and test splits (25,000 reviews each in the full corpus) from a directory
 /// or a `.tar.gz`, streaming the archive (nothing is unpacked to disk). Reviews are ordered by
-/// label and file name, whatever the archive's or directory's order.
-pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
+/// label and file name, whatever the archive's or directory's order. The archive may expand to
+/// at most `max_archive_bytes` (`data.max_archive_bytes`), and must be whole: an archive cut
+/// short (at a member boundary, without tar's end-of-archive blocks, or inside its gzip
+/// stream) is an error, not a smaller corpus.
+pub fn read_imdb(path: &Path, max_len: usize, max_archive_bytes: u64) -> Result<[Dataset; 2]> {
     let mut found: [Vec<(usize, String, Example)>; 2] = [Vec::new(), Vec::new()];
     let mut add = |entry: &Path, bytes: &[u8]| -> Result<()> {
         if let Some((split, label, name)) = imdb_entry(entry) {
@@ -132,7 +140,12 @@ pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
         ImdbSource::Archive(archive) => {
             let file = File::open(&archive)
                 .with_context(|| format!("cannot open {}", archive.display()))?;
-            let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(BufReader::new(file)));
+            let expanded = super::CappedReader::new(
+                flate2::read::GzDecoder::new(BufReader::new(file)),
+                &archive,
+                max_archive_bytes,
+            );
+            let mut tar = tar::Archive::new(expanded);
             let unreadable = |e: std::io::Error| {
                 anyhow::anyhow!("{}: unreadable archive ({e})", archive.display())
             };
@@ -147,6 +160,16 @@ pub fn read_imdb(path: &Path, max_len: usize) -> Result<[Dataset; 2]> {
                 entry.read_to_end(&mut bytes).map_err(unreadable)?;
                 add(&entry_path, &bytes).with_context(|| archive.display().to_string())?;
             }
+            let mut expanded = tar.into_inner();
+            if !expanded.ended_with_zero_block() {
+                bail!(
+                    "{}: the archive ends early (no end-of-archive marker after its last \
+                     member): it was cut short; download it again",
+                    archive.display()
+                );
+            }
+            // The rest of the gzip stream: its own end and checksum.
+            expanded.drain().map_err(unreadable)?;
             archive
         }
         ImdbSource::Directory(root) => {
@@ -272,14 +295,25 @@ mod tests {
         let root = scratch_dir("bytes-empty-review");
         write_tree(&root);
         std::fs::write(root.join("aclImdb/train/pos/3_8.txt"), "").unwrap();
-        let err = format!("{:#}", read_imdb(&root.join("aclImdb"), 16).unwrap_err());
+        let err = format!(
+            "{:#}",
+            read_imdb(
+                &root.join("aclImdb"),
+                16,
+                crate::data::DEFAULT_MAX_ARCHIVE_BYTES
+            )
+            .unwrap_err()
+        );
         assert!(
             err.ends_with("3_8.txt: the review is empty (an example needs at least one byte)"),
             "{err}"
         );
         let archive = root.join("imdb.tar.gz");
         write_archive(&root, &archive);
-        let err = format!("{:#}", read_imdb(&archive, 16).unwrap_err());
+        let err = format!(
+            "{:#}",
+            read_imdb(&archive, 16, crate::data::DEFAULT_MAX_ARCHIVE_BYTES).unwrap_err()
+        );
         assert!(
             err.starts_with(&format!(
                 "{}: aclImdb/train/pos/3_8.txt: the review is empty",
@@ -315,7 +349,8 @@ mod tests {
             archive_dir.clone(),
             archive_dir.join("aclImdb_v1.tar.gz"),
         ] {
-            let [train, test] = read_imdb(&source, 6).unwrap();
+            let [train, test] =
+                read_imdb(&source, 6, crate::data::DEFAULT_MAX_ARCHIVE_BYTES).unwrap();
             assert_eq!(train.examples, expected("train", 6), "{}", source.display());
             assert_eq!(test.examples, expected("test", 6), "{}", source.display());
         }
@@ -325,7 +360,14 @@ mod tests {
     #[test]
     fn bad_text_inputs_are_named() {
         let dir = scratch_dir("bytes-bad");
-        let err = |path: &Path| format!("{:#}", read_corpus(path, 8, 2).err().unwrap());
+        let err = |path: &Path| {
+            format!(
+                "{:#}",
+                read_corpus(path, 8, 2, crate::data::DEFAULT_MAX_ARCHIVE_BYTES)
+                    .err()
+                    .unwrap()
+            )
+        };
         // Missing path.
         let missing = dir.join("nope");
         assert!(
@@ -382,7 +424,7 @@ mod tests {
         let dir = scratch_dir("bytes-tsv");
         std::fs::write(dir.join("train.tsv"), "1\ta\tb\r\n0.0\tc\n").unwrap();
         std::fs::write(dir.join("test.tsv"), "0\tz\n").unwrap();
-        let splits = read_corpus(&dir, 10, 2).unwrap();
+        let splits = read_corpus(&dir, 10, 2, crate::data::DEFAULT_MAX_ARCHIVE_BYTES).unwrap();
         assert_eq!(
             splits.train.examples,
             vec![

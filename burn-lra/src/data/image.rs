@@ -57,7 +57,7 @@ pub fn pixel_tokens(pixels: &[u8]) -> Vec<u16> {
 
 /// The training and test images found in `dir` (CIFAR-10 or IDX), each refused when it has more
 /// pixels than `max_len` (an image is never cut).
-pub fn read_splits(dir: &Path, max_len: usize) -> Result<[Dataset; 2]> {
+pub fn read_splits(dir: &Path, max_len: usize, max_archive_bytes: u64) -> Result<[Dataset; 2]> {
     super::expect_folder(dir, &format!("a folder holding {IMAGE_LAYOUTS}"))?;
     let splits = if let Some(cifar) = cifar_folder(dir) {
         let train = CIFAR_TRAIN_FILES
@@ -80,7 +80,7 @@ pub fn read_splits(dir: &Path, max_len: usize) -> Result<[Dataset; 2]> {
             })?;
             Ok((
                 images.display().to_string(),
-                read_idx_pair(&images, &labels)?,
+                read_idx_pair(&images, &labels, max_archive_bytes)?,
             ))
         };
         let (test_prefix, test_images) = ["t10k", "test"]
@@ -177,8 +177,9 @@ pub struct Idx {
 /// Reads an IDX file of unsigned bytes (`.gz` or not: read by its first bytes), checking that
 /// the header's dimensions account for exactly the bytes that follow. The size the header
 /// claims is computed with checked arithmetic and never allocated up front: the data are read
-/// as they come, one byte past the claim at most.
-pub fn read_idx(path: &Path) -> Result<Idx> {
+/// as they come, one byte past the claim at most, and a gzipped file expands to at most
+/// `max_archive_bytes` (`data.max_archive_bytes`).
+pub fn read_idx(path: &Path, max_archive_bytes: u64) -> Result<Idx> {
     let at = |message: String| anyhow::anyhow!("{}: {message}", path.display());
     let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut magic = [0u8; 2];
@@ -186,7 +187,11 @@ pub fn read_idx(path: &Path) -> Result<Idx> {
     drop(file);
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut reader: Box<dyn Read> = if gzip {
-        Box::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)))
+        Box::new(super::CappedReader::new(
+            flate2::read::GzDecoder::new(std::io::BufReader::new(file)),
+            path,
+            max_archive_bytes,
+        ))
     } else {
         Box::new(std::io::BufReader::new(file))
     };
@@ -266,8 +271,8 @@ pub fn read_idx(path: &Path) -> Result<Idx> {
 }
 
 /// Reads an IDX images file and its labels file into examples.
-pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<Vec<Example>> {
-    let image_data = read_idx(images)?;
+pub fn read_idx_pair(images: &Path, labels: &Path, max_archive_bytes: u64) -> Result<Vec<Example>> {
+    let image_data = read_idx(images, max_archive_bytes)?;
     let [n, rows, cols] = image_data.dims[..] else {
         bail!(
             "{}: images need 3 dimensions (count, rows, columns), the header has {}",
@@ -275,7 +280,7 @@ pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<Vec<Example>> {
             image_data.dims.len()
         );
     };
-    let label_data = read_idx(labels)?;
+    let label_data = read_idx(labels, max_archive_bytes)?;
     if label_data.dims != [n] {
         bail!(
             "{}: {} labels for {n} images in {}",
@@ -315,6 +320,8 @@ pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<Vec<Example>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CAP: u64 = crate::data::DEFAULT_MAX_ARCHIVE_BYTES;
     use crate::data::scratch_dir;
 
     /// A CIFAR-10 record: `label`, then each channel filled by `pixel(channel, index)`.
@@ -383,7 +390,7 @@ mod tests {
         )
         .unwrap();
         for source in [root.clone(), dir.clone()] {
-            let [train, test] = read_splits(&source, 1024).unwrap();
+            let [train, test] = read_splits(&source, 1024, CAP).unwrap();
             assert_eq!(train.len(), 10);
             assert_eq!(test.len(), 1);
             let labels: Vec<usize> = train.examples.iter().map(|e| e.label).collect();
@@ -397,7 +404,7 @@ mod tests {
             assert!(train.examples[1].tokens.iter().all(|&t| t == 150));
             assert!(test.examples[0].tokens.iter().all(|&t| t == 30));
         }
-        let err = format!("{:#}", read_splits(&dir, 784).unwrap_err());
+        let err = format!("{:#}", read_splits(&dir, 784, CAP).unwrap_err());
         assert!(
             err.contains("images have 1024 pixels but `data.max_len` is 784"),
             "{err}"
@@ -427,13 +434,13 @@ mod tests {
             "{err}"
         );
         // A folder with the first batch but not the others.
-        let err = format!("{:#}", read_splits(&dir, 1024).unwrap_err());
+        let err = format!("{:#}", read_splits(&dir, 1024, CAP).unwrap_err());
         assert!(
             err.contains("data_batch_1.bin: record 2: label 12"),
             "{err}"
         );
         std::fs::write(&path, cifar_record(1, |_, _| 0)).unwrap();
-        let err = format!("{:#}", read_splits(&dir, 1024).unwrap_err());
+        let err = format!("{:#}", read_splits(&dir, 1024, CAP).unwrap_err());
         assert!(
             err.contains("cannot read") && err.contains("data_batch_2.bin"),
             "{err}"
@@ -458,7 +465,7 @@ mod tests {
             gzip(&idx(&[1], &[2])),
         )
         .unwrap();
-        let [train, test] = read_splits(&dir, 6).unwrap();
+        let [train, test] = read_splits(&dir, 6, CAP).unwrap();
         assert_eq!(train.len(), 3);
         assert_eq!(
             train.examples[1],
@@ -475,21 +482,21 @@ mod tests {
         let path = dir.join("train-images-idx3-ubyte");
         // The header says 3 images of 2 x 3, the data holds 17 bytes.
         std::fs::write(&path, idx(&[3, 2, 3], &[0; 17])).unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(
             err.ends_with("train-images-idx3-ubyte: the header says 3 x 2 x 3 (18 bytes of data) but the file holds 17"),
             "{err}"
         );
         std::fs::write(&path, [0, 0, 0x0d, 1, 0, 0, 0, 0]).unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(err.contains("IDX data type 0x0d"), "{err}");
         std::fs::write(&path, b"PK\x03\x04 not idx").unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(err.contains("not an IDX file"), "{err}");
         std::fs::write(&path, idx(&[2, 1, 2], &[0; 4])).unwrap();
         let labels = dir.join("train-labels-idx1-ubyte");
         std::fs::write(&labels, idx(&[2], &[1, 10])).unwrap();
-        let err = format!("{:#}", read_idx_pair(&path, &labels).unwrap_err());
+        let err = format!("{:#}", read_idx_pair(&path, &labels, CAP).unwrap_err());
         assert!(
             err.ends_with(
                 "train-labels-idx1-ubyte: label 10 (record 2) is out of range (expected 0..9)"
@@ -497,23 +504,23 @@ mod tests {
             "{err}"
         );
         std::fs::write(&labels, idx(&[3], &[1, 1, 1])).unwrap();
-        let err = format!("{:#}", read_idx_pair(&path, &labels).unwrap_err());
+        let err = format!("{:#}", read_idx_pair(&path, &labels, CAP).unwrap_err());
         assert!(err.contains("3 labels for 2 images"), "{err}");
         // Dimensions whose product overflows, claimed in a header of a few bytes: refused by
         // checked arithmetic, with nothing allocated for them.
         std::fs::write(&path, idx(&[u32::MAX, u32::MAX, u32::MAX], &[0; 4])).unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(
             err.ends_with("the header says 4294967295 x 4294967295 x 4294967295, more bytes than can be addressed"),
             "{err}"
         );
         // A large claim, a short file: the claim is not allocated, the shortfall is named.
         std::fs::write(&path, idx(&[u32::MAX, 65_535], &[0; 4])).unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(err.ends_with("but the file holds 4"), "{err}");
         // More bytes than the header accounts for.
         std::fs::write(&path, idx(&[2, 1, 2], &[0; 9])).unwrap();
-        let err = format!("{:#}", read_idx(&path).unwrap_err());
+        let err = format!("{:#}", read_idx(&path, CAP).unwrap_err());
         assert!(
             err.ends_with("(4 bytes of data) but the file holds more"),
             "{err}"
@@ -521,14 +528,14 @@ mod tests {
         // Images of no pixels.
         std::fs::write(&path, idx(&[2, 0, 5], &[])).unwrap();
         std::fs::write(&labels, idx(&[2], &[1, 1])).unwrap();
-        let err = format!("{:#}", read_idx_pair(&path, &labels).unwrap_err());
+        let err = format!("{:#}", read_idx_pair(&path, &labels, CAP).unwrap_err());
         assert!(err.contains("2 images of 0 x 5 pixels"), "{err}");
         std::fs::write(&path, idx(&[2, 1, 2], &[0; 4])).unwrap();
         // No test files beside the training ones.
         std::fs::write(&labels, idx(&[2], &[1, 1])).unwrap();
-        let err = format!("{:#}", read_splits(&dir, 8).unwrap_err());
+        let err = format!("{:#}", read_splits(&dir, 8, CAP).unwrap_err());
         assert!(err.contains("no t10k-images-idx3-ubyte"), "{err}");
-        let err = format!("{:#}", read_splits(&dir.join("nope"), 8).unwrap_err());
+        let err = format!("{:#}", read_splits(&dir.join("nope"), 8, CAP).unwrap_err());
         assert!(err.contains("does not exist"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

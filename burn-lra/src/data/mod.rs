@@ -414,11 +414,205 @@ pub fn expect_folder(dir: &Path, expected: &str) -> Result<()> {
     anyhow::bail!("{} does not exist; expected {expected}", dir.display())
 }
 
+/// The file a data file names at `relative` (a path relative to the dataset folder `root`),
+/// resolved: it must exist, be a regular file (links are followed, then judged) and stay inside
+/// `root` (no `..` or link leading out of it). Returns the resolved path, by which duplicates
+/// are judged (two spellings of one file resolve alike). `root` is resolved by the caller once
+/// ([`std::fs::canonicalize`]). The error says which of these failed, without the file's
+/// location (the caller prefixes the file and line that named it).
+pub fn resolve_inside(root: &Path, relative: &Path) -> Result<std::path::PathBuf> {
+    if relative.is_absolute() {
+        bail!(
+            "{} is an absolute path; a dataset's files are named relative to its folder",
+            relative.display()
+        );
+    }
+    let joined = root.join(relative);
+    let resolved = std::fs::canonicalize(&joined)
+        .with_context(|| format!("{} cannot be found", joined.display()))?;
+    if !resolved.starts_with(root) {
+        bail!(
+            "{} leads outside the dataset folder {} (to {})",
+            relative.display(),
+            root.display(),
+            resolved.display()
+        );
+    }
+    if !resolved.is_file() {
+        bail!("{} is not a regular file", joined.display());
+    }
+    Ok(resolved)
+}
+
+/// What a reader reports of repeated examples, as warnings (one sentence each): examples whose
+/// tokens (both documents, for matching) repeat an earlier one of the same split, and examples
+/// of the validation and test splits that also appear in training (a corpus listing a document
+/// twice trains on it twice; one found in two splits is measured on what was trained).
+pub fn repeated_examples(train: &Dataset, val: Option<&Dataset>, test: &Dataset) -> Vec<String> {
+    use std::collections::HashSet;
+    use std::hash::{Hash, Hasher};
+    let key = |e: &Example| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        e.tokens.hash(&mut h);
+        e.pair.hash(&mut h);
+        h.finish()
+    };
+    let mut warnings = Vec::new();
+    let mut seen_in_train = HashSet::new();
+    for (name, split) in [
+        ("training", Some(train)),
+        ("validation", val),
+        ("test", Some(test)),
+    ] {
+        let Some(split) = split else { continue };
+        let mut seen = HashSet::new();
+        let (mut repeats, mut in_train) = (0usize, 0usize);
+        for example in &split.examples {
+            let k = key(example);
+            if !seen.insert(k) {
+                repeats += 1;
+            } else if name != "training" && seen_in_train.contains(&k) {
+                in_train += 1;
+            }
+        }
+        if repeats > 0 {
+            warnings.push(format!(
+                "{}: {repeats} of the {name} split's {} examples repeat an earlier one of the \
+                 split",
+                split.source,
+                split.len()
+            ));
+        }
+        if in_train > 0 {
+            warnings.push(format!(
+                "{}: {in_train} of the {name} split's {} examples also appear in the training \
+                 split",
+                split.source,
+                split.len()
+            ));
+        }
+        if name == "training" {
+            seen_in_train = seen;
+        }
+    }
+    warnings
+}
+
+/// The default of `data.max_archive_bytes`: how many bytes a compressed or archived data file
+/// may expand to (4 GiB; the IMDB reviews' archive expands to about 0.5 GB).
+pub const DEFAULT_MAX_ARCHIVE_BYTES: u64 = 4 << 30;
+
+/// A reader over an archive's expanded bytes that refuses to give more than `limit` of them
+/// (an archive that expands without end, or far beyond any dataset, is an error naming the
+/// archive and `data.max_archive_bytes`), and keeps the last 512 bytes it gave, so that a tar
+/// reader's end can be told from a cut archive's ([`Self::ended_with_zero_block`]).
+pub struct CappedReader<R> {
+    inner: R,
+    archive: std::path::PathBuf,
+    limit: u64,
+    given: u64,
+    tail: Vec<u8>,
+}
+
+impl<R: std::io::Read> CappedReader<R> {
+    /// `inner`'s bytes, at most `limit`, for messages about `archive`.
+    pub fn new(inner: R, archive: &Path, limit: u64) -> Self {
+        Self {
+            inner,
+            archive: archive.to_path_buf(),
+            limit,
+            given: 0,
+            tail: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Whether the last 512 bytes given were all zero: what a tar archive's end-of-archive
+    /// marker leaves. A tar archive cut at a member boundary ends without it.
+    pub fn ended_with_zero_block(&self) -> bool {
+        self.tail.len() >= 512 && self.tail[self.tail.len() - 512..].iter().all(|&b| b == 0)
+    }
+
+    /// Reads and discards the rest of the stream (under the cap), so that a compressed stream's
+    /// own end and checksum are checked.
+    pub fn drain(&mut self) -> std::io::Result<()> {
+        std::io::copy(self, &mut std::io::sink()).map(|_| ())
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for CappedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.given = self.given.saturating_add(n as u64);
+        if self.given > self.limit {
+            return Err(std::io::Error::other(format!(
+                "{} expands past `data.max_archive_bytes` ({} bytes); raise it if the archive \
+                 is genuine",
+                self.archive.display(),
+                self.limit
+            )));
+        }
+        self.tail.extend_from_slice(&buf[..n]);
+        if self.tail.len() > 1024 {
+            self.tail.drain(..self.tail.len() - 512);
+        }
+        Ok(n)
+    }
+}
+
 pub use lra_runs::write_atomic;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Repeats within a split and test or validation examples found in training are counted,
+    /// naming the split; distinct examples say nothing.
+    #[test]
+    fn repeated_examples_are_counted_by_split() {
+        let split = |name: &str, docs: &[&[u16]]| {
+            let examples = docs.iter().map(|d| Example::new(d.to_vec(), 0)).collect();
+            Dataset::new(name.into(), examples, 2).unwrap()
+        };
+        let train = split("train.tsv", &[&[1, 2], &[3], &[1, 2], &[1, 2]]);
+        let test = split("test.tsv", &[&[3], &[4], &[5, 5]]);
+        let warnings = repeated_examples(&train, None, &test);
+        assert_eq!(
+            warnings,
+            [
+                "train.tsv: 2 of the training split's 4 examples repeat an earlier one of the \
+                 split",
+                "test.tsv: 1 of the test split's 3 examples also appear in the training split",
+            ]
+        );
+        let fresh = split("test.tsv", &[&[7], &[8]]);
+        assert!(repeated_examples(&fresh, None, &split("t", &[&[9]])).is_empty());
+    }
+
+    /// The capped reader gives up to its cap and refuses past it, naming the archive and the
+    /// key; it tells tar's end-of-archive blocks from an archive cut at a member.
+    #[test]
+    fn archives_expand_under_a_cap_and_must_end_whole() {
+        use std::io::Read;
+        let archive = Path::new("x.tar.gz");
+        let mut out = Vec::new();
+        let mut capped = CappedReader::new(&[7u8; 100][..], archive, 100);
+        capped.read_to_end(&mut out).unwrap();
+        assert_eq!(out.len(), 100);
+        assert!(!capped.ended_with_zero_block());
+        let err = CappedReader::new(&[7u8; 101][..], archive, 100)
+            .read_to_end(&mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("x.tar.gz expands past `data.max_archive_bytes` (100 bytes)"),
+            "{err}"
+        );
+        let mut ended = vec![7u8; 600];
+        ended.extend([0u8; 1024]);
+        let mut capped = CappedReader::new(&ended[..], archive, 10_000);
+        capped.read_to_end(&mut Vec::new()).unwrap();
+        assert!(capped.ended_with_zero_block());
+    }
 
     /// Every line ending people save with, mixed in one file and split across the reader's
     /// buffer (a CRLF whose two bytes land in different reads), and a byte-order mark: the

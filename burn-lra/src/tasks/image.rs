@@ -39,7 +39,7 @@ impl LraTask for Image {
                  (Debian: dataset-fashion-mnist, /usr/share/datasets/fashion-mnist)"
             );
         };
-        let [train, test] = image::read_splits(dir, source.max_len)?;
+        let [train, test] = image::read_splits(dir, source.max_len, source.max_archive_bytes)?;
         Ok(Splits::new(train, None, test))
     }
 }

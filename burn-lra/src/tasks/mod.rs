@@ -100,6 +100,8 @@ pub struct DataSource<'a> {
     pub cache_dir: &'a Path,
     /// Examples are cut to this many tokens (`usize::MAX` where a BPE tokenizer cuts them later).
     pub max_len: usize,
+    /// `data.max_archive_bytes`: how far a compressed or archived data file may expand.
+    pub max_archive_bytes: u64,
 }
 
 /// A setting only some tasks read.
@@ -194,6 +196,7 @@ pub fn load_splits(
         data_dir,
         cache_dir,
         max_len: if bpe { usize::MAX } else { config.data.max_len },
+        max_archive_bytes: config.data.max_archive_bytes,
     };
     let Splits {
         mut train,
@@ -201,6 +204,11 @@ pub fn load_splits(
         mut test,
         ..
     } = task.read(config, &source)?;
+    // Files a user brought may list a document twice, or in two splits: said, not refused.
+    if data_dir.is_some() {
+        let repeats = crate::data::repeated_examples(&train, val.as_ref(), &test);
+        train.warnings.extend(repeats);
+    }
     let mut val = match (config.data.validation, val) {
         (Validation::Split, Some(val)) => Some(val),
         (Validation::Split, None) => bail!(

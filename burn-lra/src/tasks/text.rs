@@ -43,6 +43,11 @@ impl LraTask for Text {
                  their .tar.gz) or a folder holding train.tsv and test.tsv (label<TAB>text)"
             );
         };
-        bytes::read_corpus(dir, source.max_len, self.n_classes())
+        bytes::read_corpus(
+            dir,
+            source.max_len,
+            self.n_classes(),
+            source.max_archive_bytes,
+        )
     }
 }

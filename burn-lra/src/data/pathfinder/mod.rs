@@ -291,6 +291,10 @@ pub fn read_splits(dir: &Path, config: &PathfinderConfig, max_len: usize) -> Res
     files.sort();
     let mut examples = Vec::new();
     let mut listed = std::collections::HashMap::new();
+    // Every image a metadata row names must be a file inside the dataset folder, judged after
+    // resolving its path (`imgs/./0/x.png` and `imgs/0/x.png` are one image).
+    let root = std::fs::canonicalize(&folder)
+        .with_context(|| format!("cannot resolve {}", folder.display()))?;
     for (_, file) in &files {
         super::for_each_row(file, |number, row| {
             let at = |message: String| anyhow::anyhow!("{}:{number}: {message}", file.display());
@@ -304,7 +308,8 @@ pub fn read_splits(dir: &Path, config: &PathfinderConfig, max_len: usize) -> Res
                 )));
             }
             let label = super::bytes::parse_label(fields[3].as_bytes(), N_CLASSES).map_err(at)?;
-            let path = folder.join(fields[0]).join(fields[1]);
+            let relative = Path::new(fields[0]).join(fields[1]);
+            let path = super::resolve_inside(&root, &relative).map_err(|e| at(format!("{e:#}")))?;
             // An image listed twice would be trained on twice, or land in two splits.
             if let Some(first) = listed.insert(path.clone(), format!("{}:{number}", file.display()))
             {
@@ -454,6 +459,42 @@ mod tests {
             std::fs::read(target.join("metadata/0.npy")).unwrap(),
             before
         );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Metadata rows name files inside the dataset folder only, and an image is one image
+    /// however its path is spelt: a path leading out of the folder, an absolute path, a folder
+    /// and a missing file are refused naming the row; the same file spelt twice is a repeat.
+    #[test]
+    fn metadata_paths_stay_inside_the_dataset() {
+        let root = scratch_dir("pf-paths");
+        let cfg = config(10);
+        write_dataset(&root.join("d"), &cfg).unwrap();
+        let folder = root.join("d/curv_baseline");
+        let meta = folder.join("metadata/0.npy");
+        let original = std::fs::read_to_string(&meta).unwrap();
+        let first = original.lines().next().unwrap().to_string();
+        std::fs::write(
+            root.join("outside.png"),
+            png_bytes(&[0; 32 * 32], 32, 32).unwrap(),
+        )
+        .unwrap();
+        let cases = [
+            ("../.. outside.png 0 1", "leads outside the dataset folder"),
+            ("/ etc/passwd 0 1", "is an absolute path"),
+            ("imgs 0 0 1", "is not a regular file"),
+            ("imgs/0 nope.png 0 1", "cannot be found"),
+            (
+                &first.replacen("imgs/0", "imgs/./0", 1)[..],
+                "is listed again",
+            ),
+        ];
+        for (row, says) in cases {
+            std::fs::write(&meta, format!("{original}{row}\n")).unwrap();
+            let err = format!("{:#}", read_splits(&folder, &cfg, 1024).unwrap_err());
+            assert!(err.contains(says) && err.contains("0.npy:"), "{row}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
         std::fs::remove_dir_all(&root).unwrap();
     }
 
