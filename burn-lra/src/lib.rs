@@ -24,6 +24,8 @@ pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod plan;
+#[cfg(test)]
+mod properties;
 pub mod rng;
 pub mod run_dir;
 pub mod tasks;

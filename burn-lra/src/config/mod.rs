@@ -45,6 +45,13 @@ pub struct RunConfig {
     pub attention: BTreeMap<String, Map<String, Value>>,
 }
 
+/// The text of the shipped preset `configs/<task>/<name>.toml`, if there is one.
+pub fn preset_text(task: &str, name: &str) -> Option<&'static str> {
+    (PRESET_FILES.iter())
+        .find(|(t, p, _)| *t == task && *p == name)
+        .map(|(.., text)| *text)
+}
+
 impl RunConfig {
     /// A shipped preset of `task` (`configs/<task>/<name>.toml`).
     pub fn preset(task: &str, name: &str) -> Result<Self> {
