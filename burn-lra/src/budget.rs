@@ -85,8 +85,9 @@ const TRAINING_BYTES_PER_PARAM: u64 = 5 * 4;
 /// `count` is that of the classifier of `task` with `attention` for `config`; the variations
 /// that name the field are resolved and counted only when it does not fit.
 ///
-/// Activations are not counted: batches are padded to their longest example, so they grow with
-/// the data, not with `data.max_len`. Where the available memory is unknown (not Linux), only
+/// Activations are bounded from below only ([`check_activations`]: a batch of `data.max_len`
+/// tokens, the longest a batch can be; batches are padded to their longest example, so what a
+/// step holds grows with the data). Where the available memory is unknown (not Linux), only
 /// the count itself is checked.
 pub fn check_memory(
     count: &ParamCount,
@@ -101,7 +102,7 @@ pub fn check_memory(
     let fits = |bytes: Option<u64>| bytes.is_some_and(|b| b <= available);
     let bytes = needs(count);
     if fits(bytes) {
-        return Ok(());
+        return check_activations(config, available);
     }
     let fits_as = |config: &RunConfig| -> Result<bool> {
         let spec = ClassifierSpec::resolve(config, task, attention)?;
@@ -155,6 +156,30 @@ pub fn check_memory(
             gb(available)
         ),
     }
+}
+
+/// Refuses a batch whose activations surely exceed `available` bytes, naming the fields: at
+/// least `4 + 4 n_layers` tensors of `[batch_size, max_len, d_model]` f32 (the embeddings, each
+/// block's input, attention output and feed-forward input and output, kept for the backward
+/// pass, and their gradients), a lower bound of what a training step holds.
+fn check_activations(config: &RunConfig, available: u64) -> Result<()> {
+    let m = &config.model;
+    let bytes = [4 * m.n_layers as u64 + 4, 4]
+        .into_iter()
+        .chain([config.training.batch_size, config.encoder_len(), m.d_model].map(|d| d as u64))
+        .try_fold(1u64, |total, d| total.checked_mul(d));
+    if bytes.is_none_or(|b| b > available) {
+        bail!(
+            "`training.batch_size` x `data.max_len` ({} x {}) is too large: the activations of a \
+             training step (d_model {}, {} layers) alone exceed the {:.1} GB of memory available",
+            config.training.batch_size,
+            config.data.max_len,
+            m.d_model,
+            m.n_layers,
+            available as f64 / 1e9
+        );
+    }
+    Ok(())
 }
 
 /// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.

@@ -1044,6 +1044,13 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         "n_landmarks = 16\nn_landmarks = 8",
         "n_landmarks",
     );
+    b.config_case(
+        "activations-huge",
+        "softmax",
+        "batch_size = 32",
+        "batch_size = 4000000000",
+        "`training.batch_size` x `data.max_len` (4000000000 x 64) is too large",
+    );
     // Benchmark repetitions and sizes: every benchmark checks `--warmup` and its memory first.
     for (name, bench) in [
         ("bench-attention-warmup", "bench-attention"),
