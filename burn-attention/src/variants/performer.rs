@@ -28,9 +28,11 @@
 //! denominator is at least 1, the product of the row's largest feature and that feature's
 //! largest key, so nothing underflows; a causal row sums over earlier keys only, which may sit
 //! below their features' maxima (over all keys), and f32 holds such products down to about
-//! e⁻⁸⁷. The stabilisers are held constant in the backward pass (they cancel,
-//! so their gradient is zero). Padded keys take no part in them: their exponents are set to
-//! −10³⁰ first.
+//! e⁻⁸⁷ in the forward pass; the backward pass holds down to denominators of 1e-30 (about e⁻⁶⁹,
+//! [`GRADIENT_DENOMINATOR_FLOOR`](crate::GRADIENT_DENOMINATOR_FLOOR)), where inputs at four
+//! times unit scale once gave NaN gradients. The stabilisers are held constant in the backward
+//! pass (they cancel, so their gradient is zero). Padded keys take no part in them: their
+//! exponents are set to −10³⁰ first.
 //!
 //! The accuracy of the estimator itself is tabulated in [`favor_attention`].
 //!
