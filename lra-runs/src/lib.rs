@@ -19,6 +19,7 @@
 pub mod cli;
 pub mod files;
 pub mod layout;
+pub mod limits;
 pub mod metrics;
 pub mod names;
 pub mod record;

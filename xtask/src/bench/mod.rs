@@ -140,6 +140,26 @@ impl BenchFlags {
         if let Some((flag, _)) = sizes.iter().find(|(_, n)| *n == 0) {
             anyhow::bail!("`{flag}` must be at least 1");
         }
+        // Every size and count through the harness's one bound (2^32 - 1), so that no sum or
+        // product of them the cases form can wrap.
+        let largest = |values: &[usize]| values.iter().copied().max().unwrap_or(0);
+        for (flag, value) in [
+            ("--lengths", largest(self.lengths.as_deref().unwrap_or(&[]))),
+            ("--batch", self.batch.unwrap_or(1)),
+            ("--heads", self.heads),
+            ("--d-model", self.d_model),
+            (
+                "--reps",
+                usize::try_from(self.reps.unwrap_or(1)).unwrap_or(usize::MAX),
+            ),
+            ("--warmup", self.warmup),
+            (
+                "--rounds",
+                usize::try_from(self.rounds).unwrap_or(usize::MAX),
+            ),
+        ] {
+            lra_runs::limits::check_size(flag, value, false)?;
+        }
         Ok(Args {
             backend: self.backend,
             attentions: self.attention,

@@ -86,8 +86,14 @@ impl LraArgs {
         lra_runs::sweep_dir(&self.out, &self.task, &self.preset_name())
     }
 
-    /// Flags that belong to the other executor are errors, not silently ignored.
+    /// Flags that belong to the other executor are errors, not silently ignored; `--seeds`
+    /// and `--jobs` keep the harness's bound on sizes (2^32 - 1).
     pub(super) fn check_executor_flags(&self) -> Result<()> {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        lra_runs::limits::check_size("--seeds", count(self.seeds), true)?;
+        if let Some(jobs) = self.jobs {
+            lra_runs::limits::check_size("--jobs", count(jobs), true)?;
+        }
         let local_only = [
             ("--jobs", self.jobs.is_some()),
             ("--devices", !self.devices.is_empty()),
@@ -245,6 +251,13 @@ pub(crate) mod tests {
         ])
         .check_executor_flags()
         .unwrap();
+        let err = args(&["--seeds", "18446744073709551615"])
+            .check_executor_flags()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--seeds` must be at most 4294967295 (2^32 - 1), got 18446744073709551615"
+        );
     }
 
     #[test]
