@@ -1350,10 +1350,10 @@ fn kernelized_gradients_hold_down_to_the_documented_denominator() {
                 let real = lengths[bi];
                 let masked = |i: usize, j: usize| j >= real || (causal && j > i);
                 let (q, k, v, g) = (&qh[bi][0], &kh[bi][0], &vh[bi][0], &gh[bi][0]);
-                for i in 0..real {
+                for (i, qi) in q.iter().enumerate().take(real) {
                     let den: f64 = (0..n)
                         .filter(|&j| !masked(i, j))
-                        .map(|j| q[i].iter().zip(&k[j]).map(|(a, c)| a * c).sum::<f64>())
+                        .map(|j| qi.iter().zip(&k[j]).map(|(a, c)| a * c).sum::<f64>())
                         .sum();
                     smallest = smallest.min(den);
                 }

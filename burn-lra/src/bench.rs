@@ -139,6 +139,8 @@ fn check_repetitions(reps: usize, warmup: usize, reps_flag: &str) -> Result<()> 
 }
 
 /// The module a benchmark case measures: one attention layer, or a hybrid pattern's encoder.
+// One value a process (a Module cannot be boxed), so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 enum Layer {
     /// One attention.

@@ -120,7 +120,8 @@ impl Summary {
                 ("std", a.std, std),
                 ("best", a.best, best),
             ] {
-                if !((recorded - computed).abs() <= 1e-9) {
+                let within = (recorded - computed).abs() <= 1e-9;
+                if !within {
                     return fail(format!(
                         "`{field}` is {recorded}, its accuracies' is {computed}"
                     ));
