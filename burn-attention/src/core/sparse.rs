@@ -19,6 +19,7 @@ use std::sync::Arc;
 use burn::nn::Dropout;
 use burn::prelude::*;
 
+use super::contract::DecodingState;
 use super::dropout::WeightDropout;
 use super::error::AttentionError;
 use super::flash;
@@ -399,6 +400,28 @@ pub fn padding_flags(key_pad: &Option<Tensor<2, Bool>>, batch: usize, n: usize) 
             let flags: Vec<bool> = mask.clone().into_data().iter::<bool>().collect();
             flags.chunks(n).map(<[bool]>::to_vec).collect()
         }
+    }
+}
+
+/// A padded key/value cache (`unseen`: `[batch][columns]`, `true` = masked) less its leading
+/// columns masked in every row (at least one column stays).
+pub(crate) fn trimmed_cache(
+    keys: Tensor<4>,
+    values: Tensor<4>,
+    unseen: Vec<Vec<bool>>,
+) -> DecodingState {
+    let columns = keys.dims()[2];
+    let drop = unseen
+        .iter()
+        .map(|row| row.iter().position(|&masked| !masked).unwrap_or(columns))
+        .min()
+        .unwrap_or(0)
+        .min(columns - 1);
+    let unseen: Vec<Vec<bool>> = unseen.into_iter().map(|row| row[drop..].to_vec()).collect();
+    DecodingState::KeyValueCache {
+        padding: Some(flags_tensor(&unseen, &keys.device())),
+        keys: keys.slice(s![.., .., drop..]),
+        values: values.slice(s![.., .., drop..]),
     }
 }
 

@@ -31,7 +31,7 @@ use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
 use crate::core::softmax::exact_softmax_attention;
 use crate::core::sparse::{
-    flags_tensor, gathered_attention, padding_flags, pattern_weights, suffix_lengths,
+    gathered_attention, padding_flags, pattern_weights, suffix_lengths, trimmed_cache,
 };
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
@@ -385,24 +385,6 @@ impl LocalAttention {
             }
         }
         (self.proj.out(o), trimmed_cache(keys, values, unseen))
-    }
-}
-
-/// A padded key/value cache (`unseen`: `[batch][columns]`, `true` = masked) less its leading
-/// columns masked in every row (at least one column stays).
-fn trimmed_cache(keys: Tensor<4>, values: Tensor<4>, unseen: Vec<Vec<bool>>) -> DecodingState {
-    let columns = keys.dims()[2];
-    let drop = unseen
-        .iter()
-        .map(|row| row.iter().position(|&masked| !masked).unwrap_or(columns))
-        .min()
-        .unwrap_or(0)
-        .min(columns - 1);
-    let unseen: Vec<Vec<bool>> = unseen.into_iter().map(|row| row[drop..].to_vec()).collect();
-    DecodingState::KeyValueCache {
-        padding: Some(flags_tensor(&unseen, &keys.device())),
-        keys: keys.slice(s![.., .., drop..]),
-        values: values.slice(s![.., .., drop..]),
     }
 }
 

@@ -23,7 +23,9 @@
 //! O(n (s + m)) memory for segments of s and memory m.
 //!
 //! Masks: padding, causal; decoding token by token over a cache of keys, each step scoring its
-//! memory and its segment so far. No cross-attention (positions relate queries and keys), no
+//! memory and its segment so far; the cache keeps only what a later token can see (fewer than
+//! `mem_len + 2 s` keys a sequence), so a step's cost and the state stay flat with the position.
+//! No cross-attention (positions relate queries and keys), no
 //! attention mask, no weights. The per-head form ([`attend`](AttentionModule::attend)) stops the
 //! memory's gradient at the per-head keys and values it is given, so the key and value
 //! projections learn from the own segment only there; the forward pass stops it at the layer's
@@ -41,7 +43,9 @@ use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::segments::{
     RelativeScore, SegmentLayout, relative_score_params, segment_attention,
 };
-use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
+use crate::core::sparse::{
+    cache_positions, flags_tensor, padding_flags, suffix_lengths, trimmed_cache,
+};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
@@ -234,7 +238,48 @@ impl TransformerXlAttention {
         (self.proj.qkv(x), memory)
     }
 
-    /// A step over a cache of every key so far (`padding` marking shorter prompts' positions):
+    /// The key/value cache less what no later token can see. Per sequence, its oldest positions
+    /// are masked in whole segments (a multiple of `segment_len`, so that each kept position's
+    /// place in its segment and its distance to later tokens stay what they were, and positions
+    /// counted from the first kept one give the same scores), up to the memory the next token
+    /// reads (the `mem_len` positions before its segment); leading columns no sequence keeps
+    /// are dropped. A sequence then keeps fewer than `mem_len + 2 segment_len` positions.
+    fn window(&self, cache: DecodingState) -> DecodingState {
+        let DecodingState::KeyValueCache {
+            keys,
+            values,
+            padding,
+        } = cache
+        else {
+            return cache;
+        };
+        let [batch, _, columns, _] = keys.dims();
+        let s = self.segment_len;
+        let mut unseen = padding_flags(&padding, batch, columns);
+        let mut masked_any = false;
+        for row in &mut unseen {
+            let kept: Vec<usize> = (0..columns).filter(|&j| !row[j]).collect();
+            // The next token's position, counted from the first kept one, and where the
+            // memory it reads starts.
+            let next = kept.len();
+            let memory_start = (next / s * s).saturating_sub(self.mem_len);
+            for &j in &kept[..memory_start / s * s] {
+                row[j] = true;
+                masked_any = true;
+            }
+        }
+        if !masked_any {
+            return DecodingState::KeyValueCache {
+                keys,
+                values,
+                padding,
+            };
+        }
+        trimmed_cache(keys, values, unseen)
+    }
+
+    /// A step over the cache (`padding` marking positions a sequence does not see: shorter
+    /// prompts' padding and the positions `window` dropped):
     /// each sequence's token at position t scores the memory before its segment and its segment
     /// up to itself.
     fn decode_step(
@@ -389,30 +434,35 @@ impl AttentionModule for TransformerXlAttention {
         Ok(self.segments((q, k, v), memory, &masks.key_pad, masks.causal))
     }
 
-    /// The causal forward pass; the cache holds every key and value (a step scores the memory
-    /// and its segment among them).
+    /// The causal forward pass; the cache keeps the keys and values a later token can see (the
+    /// memory before its segment and the segment so far, dropped in whole segments).
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.proj
-            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
+        let (y, cache) = self
+            .proj
+            .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))?;
+        Ok((y, self.window(cache)))
     }
 
-    /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
-    /// padding marked, each sequence's positions read from it.
+    /// Prompts padded at their end: the causal forward pass; the cache keeps what a later token
+    /// of each sequence can see, with the padding marked, each sequence's positions read from it.
     fn prefill_padded(
         &self,
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         suffix_lengths(INFO.name, &mask_pad)?;
-        self.proj
+        let (y, cache) = self
+            .proj
             .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
                 self.attend(q, k, v, masks)
-            })
+            })?;
+        Ok((y, self.window(cache)))
     }
 
     /// Appends the token's key and value to the cache and scores the `mem_len` positions
-    /// before its segment and its segment so far: O((m + s) d) of scores used, the whole cache
-    /// read (it keeps every key).
+    /// before its segment and its segment so far, then keeps what a later token can see: a step
+    /// costs O((m + s) d) and the cache at most `mem_len + 2 segment_len` positions a sequence,
+    /// wherever the position.
     fn decode(
         &self,
         x: Tensor<3>,
@@ -421,13 +471,11 @@ impl AttentionModule for TransformerXlAttention {
         let (q, k, v) = self.proj.qkv(x);
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = self.decode_step(q, keys.clone(), values.clone(), &padding);
-        Ok((
-            self.proj.out(o),
-            DecodingState::KeyValueCache {
-                keys,
-                values,
-                padding,
-            },
-        ))
+        let cache = DecodingState::KeyValueCache {
+            keys,
+            values,
+            padding,
+        };
+        Ok((self.proj.out(o), self.window(cache)))
     }
 }
