@@ -554,3 +554,65 @@ fn measure_training(
         peak_mib: (peak - rss_before).max(0.0) / 1024.0,
     })
 }
+
+/// What to measure in one matrix-product case.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GemmBenchArgs {
+    /// The matrices' side: `[n, n] × [n, n]`, `2 n³` floating-point operations.
+    #[arg(long, default_value_t = 2048)]
+    pub n: usize,
+    /// Timed products (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Untimed products before them.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub backend: BackendKind,
+}
+
+/// One matrix-product measurement, printed as a JSON line.
+#[derive(Debug, Clone, Serialize)]
+pub struct GemmBenchResult {
+    /// The matrices' side.
+    pub n: usize,
+    /// Median time of one product, milliseconds.
+    pub ms: f64,
+    /// `2 n³` over that time, in GFLOP/s.
+    pub gflop_per_s: f64,
+}
+
+/// Times `[n, n] × [n, n]` in f32 on the backend (the product, then a sum that waits for it).
+pub fn run_gemm(args: &GemmBenchArgs) -> Result<GemmBenchResult> {
+    check_sizes(&[("--n", args.n), ("--reps", args.reps)])?;
+    check_repetitions(args.reps, args.warmup, "--reps")?;
+    let bytes = (args.n as u64)
+        .checked_mul(args.n as u64)
+        .and_then(|e| e.checked_mul(3 * 4));
+    if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
+        anyhow::bail!(
+            "`--n` ({}) is too large: three n x n matrices exceed the memory available",
+            args.n
+        );
+    }
+    let device = args.backend.device()?;
+    device.seed(0);
+    let a = Tensor::<2>::random([args.n, args.n], Distribution::Normal(0.0, 1.0), &device);
+    let b = Tensor::<2>::random([args.n, args.n], Distribution::Normal(0.0, 1.0), &device);
+    let mut times = Vec::new();
+    for rep in 0..args.warmup + args.reps {
+        let started = Instant::now();
+        let c = a.clone().matmul(b.clone());
+        c.sum().into_scalar::<f64>();
+        if rep >= args.warmup {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let ms = median(times);
+    Ok(GemmBenchResult {
+        n: args.n,
+        ms,
+        gflop_per_s: 2.0 * (args.n as f64).powi(3) / (ms * 1e6),
+    })
+}

@@ -56,6 +56,9 @@ enum Command {
     /// Time training steps of the Text model at one length (LRA's efficiency protocol: steps per
     /// second, peak memory) and print a JSON line; `cargo xtask bench lra` drives it.
     BenchTrain(burn_lra::bench::TrainBenchArgs),
+    /// Time a square f32 matrix product on the backend and print a JSON line with its rate
+    /// (GFLOP/s): the machine's floor for the products a training step is made of.
+    BenchGemm(burn_lra::bench::GemmBenchArgs),
     /// Write a small synthetic matching dataset in LRA's AAN format
     /// (new_aan_pairs.{train,eval,test}.tsv) into a folder.
     GenerateMatching {
@@ -309,6 +312,13 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::BenchTrain(args) if args.describe => {
             println!("{}", burn_lra::bench::describe_train(&args)?);
+            Ok(())
+        }
+        Command::BenchGemm(args) => {
+            println!(
+                "{}",
+                serde_json::to_string(&burn_lra::bench::run_gemm(&args)?)?
+            );
             Ok(())
         }
         Command::BenchTrain(args) => {

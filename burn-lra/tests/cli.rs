@@ -546,3 +546,23 @@ fn a_closed_pipe_ends_the_listing_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `bench-gemm` prints one JSON line: the product's side, its time and the rate `2 n³ / time`.
+#[test]
+fn bench_gemm_prints_one_json_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_burn-lra"))
+        .args(["bench-gemm", "--n", "64", "--reps", "2", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let v = json_line(out);
+    let (ms, rate) = (
+        v["ms"].as_f64().unwrap(),
+        v["gflop_per_s"].as_f64().unwrap(),
+    );
+    assert_eq!(v["n"], 64);
+    assert!(ms > 0.0, "{v}");
+    assert!(
+        (rate - 2.0 * 64f64.powi(3) / (ms * 1e6)).abs() < 1e-9 * rate,
+        "{v}"
+    );
+}
