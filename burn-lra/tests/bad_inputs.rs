@@ -1113,6 +1113,28 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         ]),
         "`--batch` x `--n` (4000000000 x 4000000) is too large",
     );
+    b.case(
+        "generate-matching-huge",
+        strings(&[
+            "generate-matching",
+            "--out",
+            &b.path("aan-huge"),
+            "--n-train",
+            "4000000000",
+        ]),
+        "`--n-train` (4000000000) is too large",
+    );
+    b.case(
+        "generate-matching-past-limit",
+        strings(&[
+            "generate-matching",
+            "--out",
+            &b.path("aan-huge"),
+            "--n-train",
+            "18446744073709551615",
+        ]),
+        "`--n-train` must be at most 4294967295",
+    );
     // Hybrid patterns: the pattern and the part named.
     for (name, pattern, says) in [
         (

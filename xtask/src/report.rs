@@ -58,7 +58,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
         .map_err(|why| anyhow::anyhow!("{}: {why}", summary_path.display()))?;
     let bench: Value = lra_runs::read_json(&args.bench, "a benchmark report")?;
     let n = check_match(&summary, &bench, &args.bench, args.n)?;
-    check_figures(&summary, &bench, &args.bench, n)?;
+    crate::bench::report::check_figures(&bench, &args.bench)?;
     let points = points(&summary, &bench, n);
     for name in summary.attentions.keys() {
         if !points.iter().any(|p| p.name == *name) {
@@ -121,33 +121,6 @@ fn check_match(summary: &Summary, bench: &Value, path: &Path, n: Option<usize>) 
         None => (lengths.iter().copied().max())
             .with_context(|| format!("{}: no lengths", path.display())),
     }
-}
-
-/// Refuses a benchmark report whose figures the chart would read (steps per second and peak
-/// memory of ours, at `n`, for the summary's attentions) where one is present but not a
-/// positive, finite number, naming the case and the figure.
-fn check_figures(summary: &Summary, bench: &Value, path: &Path, n: usize) -> Result<()> {
-    for name in summary.attentions.keys() {
-        for key in ["steps_per_s", "peak_mib"] {
-            let Some(case) = crate::bench::report::case(bench, name, n) else {
-                continue;
-            };
-            let value = &case["ours"][key];
-            if value.is_null() {
-                continue;
-            }
-            let ok = value
-                .as_f64()
-                .is_some_and(|x| x.is_finite() && (x > 0.0 || (key == "peak_mib" && x == 0.0)));
-            if !ok {
-                bail!(
-                    "{}: {name} at n={n}: `ours.{key}` is {value}, not a positive number",
-                    path.display()
-                );
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The attentions both files have, in the summary's order.

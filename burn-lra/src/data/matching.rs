@@ -78,6 +78,10 @@ pub struct PairGeneratorConfig {
 
 const TOPICS: usize = 8;
 
+/// The fewest bytes a generated pair's row takes (two documents of at least 10 words of at
+/// least 2 letters, their ids and the label).
+const MIN_PAIR_BYTES: u64 = 64;
+
 /// Writes a synthetic matching dataset in the AAN format into `dir`: documents of lowercase
 /// words, each document on one of 8 topics (a topic draws most of its words' letters from its
 /// own 6-letter alphabet); a pair is labelled 1 when both documents share a topic, 0 otherwise
@@ -100,6 +104,22 @@ pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
                 } else {
                     ""
                 }
+            );
+        }
+    }
+    // Each split is written from memory: refused, before anything is generated, where its
+    // rows alone (at least 64 bytes a pair: two documents of 10 words or more) cannot fit.
+    let available = crate::budget::available_memory().unwrap_or(u64::MAX);
+    for (flag, n) in [
+        ("--n-train", cfg.n_train),
+        ("--n-val", cfg.n_val),
+        ("--n-test", cfg.n_test),
+    ] {
+        crate::limits::check_size(flag, n, true)?;
+        if (n as u64).saturating_mul(MIN_PAIR_BYTES) > available {
+            anyhow::bail!(
+                "`{flag}` ({n}) is too large: its pairs alone (at least {MIN_PAIR_BYTES} bytes \
+                 each) exceed the memory available"
             );
         }
     }

@@ -27,6 +27,7 @@ pub(crate) fn render_files(path: &Path) -> Result<String> {
         .flatten()
         .filter_map(|n| n.as_u64().map(|n| n as usize))
         .collect();
+    check_figures(&report, path)?;
     let (markdown, panels) = match report["benchmark"].as_str() {
         Some("attention" | "attention-causal") => (
             markdown::attention(&report, &names, &lengths),
@@ -60,6 +61,43 @@ pub(crate) fn render_files(path: &Path) -> Result<String> {
         &svg::panels(&report, &names, &lengths, panels)?,
     )?;
     Ok(markdown)
+}
+
+/// Refuses a report with a figure out of its range, naming the case, the side and the figure:
+/// every time (`*_ms`) and rate (`steps_per_s`) a positive number, every memory (`*_mib`) and
+/// parameter count at least 0, in each side's figures and in each of its rounds.
+pub(crate) fn check_figures(report: &Value, path: &Path) -> Result<()> {
+    for case in report["cases"].as_array().into_iter().flatten() {
+        for side in ["ours", "torch"] {
+            let figures = &case[side];
+            let rounds = figures["rounds"].as_array().into_iter().flatten();
+            for values in std::iter::once(figures).chain(rounds) {
+                let Some(values) = values.as_object() else {
+                    continue;
+                };
+                for (key, value) in values {
+                    let Some(x) = value.as_f64() else { continue };
+                    let positive = key.ends_with("_ms") || key == "steps_per_s";
+                    let counted = key.ends_with("_mib") || key.starts_with("n_params");
+                    let fine = x.is_finite() && (!positive || x > 0.0) && (!counted || x >= 0.0);
+                    if !fine {
+                        bail!(
+                            "{}: {} n={} ({side}): `{key}` is {x}, not a {}",
+                            path.display(),
+                            case["attention"].as_str().unwrap_or("?"),
+                            case["n"],
+                            if positive {
+                                "positive number"
+                            } else {
+                                "number at least 0"
+                            }
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How a report's figures were taken, from its setup: repetitions, warm-up, rounds and
@@ -152,4 +190,54 @@ pub(crate) fn table(
         md.push('\n');
     }
     md.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every committed report's figures are in range; a negative time, a rate of 0 or a
+    /// negative memory in a round is refused, naming the case and the figure.
+    #[test]
+    fn report_figures_are_checked() {
+        let root = crate::harness::workspace_root().join("bench/results");
+        let mut reports = vec![];
+        let mut folders = vec![root];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(folder).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if path.extension().is_some_and(|e| e == "json") {
+                    reports.push(path);
+                }
+            }
+        }
+        assert!(reports.len() >= 5, "{reports:?}");
+        for path in &reports {
+            let report: Value = lra_runs::read_json(path, "a benchmark report").unwrap();
+            check_figures(&report, path).unwrap();
+        }
+        let path = Path::new("r.json");
+        for (figures, says) in [
+            (
+                serde_json::json!({"step_ms": -3.0}),
+                "softmax n=64 (ours): `step_ms` is -3, not a positive number",
+            ),
+            (
+                serde_json::json!({"steps_per_s": 0.0}),
+                "`steps_per_s` is 0, not a positive number",
+            ),
+            (
+                serde_json::json!({"rounds": [{"peak_mib": -1.0}]}),
+                "`peak_mib` is -1, not a number at least 0",
+            ),
+        ] {
+            let report = serde_json::json!({
+                "cases": [{"attention": "softmax", "n": 64, "ours": figures, "torch": null}]
+            });
+            let err = check_figures(&report, path).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 }
