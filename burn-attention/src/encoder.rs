@@ -110,6 +110,10 @@ pub struct EncoderBlock<A: Module + AttentionModule = Attention> {
     pub activation: Gelu,
     /// Dropout on the residual branches (the attention weights' own is the attention's).
     pub dropout: Dropout,
+    /// The LayerNorms' epsilon, kept beside them for the fused LayerNorm (Burn's `LayerNorm`
+    /// does not expose it). Not part of the record.
+    #[module(skip)]
+    pub norm_eps: f64,
 }
 
 impl<A: Module + AttentionModule> EncoderBlock<A> {
@@ -139,6 +143,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
             ff_out: dense(d_ff, d_model),
             activation: Gelu::new(),
             dropout: DropoutConfig::new(residual_dropout).init(),
+            norm_eps,
         }
     }
 
@@ -159,7 +164,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
     /// Applies the block, or says why its attention cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let x = input.query().clone();
-        let normed = self.norm_attn.forward(x.clone());
+        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let attended = self.attention.try_forward(input.with_query(normed))?;
         Ok(self.residual_then_feed_forward(x, attended))
     }
@@ -171,7 +176,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
         let x = input.query().clone();
-        let normed = self.norm_attn.forward(x.clone());
+        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, loss) = self
             .attention
             .try_forward_with_loss(input.with_query(normed))?;
@@ -187,7 +192,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         memory: Option<SegmentMemory>,
     ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
         let x = input.query().clone();
-        let normed = self.norm_attn.forward(x.clone());
+        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, memory) = self
             .attention
             .forward_with_memory(input.with_query(normed), memory)?;
@@ -201,9 +206,10 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (attended, state) = self
-            .attention
-            .decode(self.norm_attn.forward(x.clone()), state)?;
+        let (attended, state) = self.attention.decode(
+            flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps),
+            state,
+        )?;
         Ok((self.residual_then_feed_forward(x, attended), state))
     }
 
@@ -230,7 +236,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         mask_pad: Option<Tensor<2, Bool>>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let normed = self.norm_attn.forward(x.clone());
+        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, state) = match mask_pad {
             None => self.attention.prefill(normed)?,
             Some(mask_pad) => self.attention.prefill_padded(normed, mask_pad)?,
@@ -247,7 +253,11 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
     /// The block's second half: `x + FF(LN(x))`.
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         // The exact GELU `activation` stands for, vectorised on `flex`.
-        let h = flash::gelu(self.ff_in.forward(self.norm_ff.forward(x.clone())));
+        let h = flash::gelu(self.ff_in.forward(flash::layer_norm(
+            &self.norm_ff,
+            x.clone(),
+            self.norm_eps,
+        )));
         let h = self.ff_out.forward(dropout(&self.dropout, h));
         x + dropout(&self.dropout, h)
     }
@@ -551,6 +561,9 @@ pub struct Encoder<A: Module + AttentionModule = Attention> {
     pub shared_projection: Option<Param<Tensor<3>>>,
     /// Final LayerNorm.
     pub norm: LayerNorm,
+    /// The final LayerNorm's epsilon (see [`EncoderBlock::norm_eps`]). Not part of the record.
+    #[module(skip)]
+    pub norm_eps: f64,
 }
 
 impl<A: Module + AttentionModule> Encoder<A> {
@@ -571,6 +584,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             blocks,
             shared_projection: None,
             norm: final_norm(d_model, norm_eps, device),
+            norm_eps,
         }
     }
 
@@ -617,7 +631,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
         for block in &self.blocks {
             x = block.try_forward(input.clone().with_query(x))?;
         }
-        Ok(self.norm.forward(x))
+        Ok(flash::layer_norm(&self.norm, x, self.norm_eps))
     }
 
     /// Applies the encoder for training: the output and the sum of the blocks' auxiliary
@@ -638,7 +652,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
                 (a, b) => a.or(b),
             };
         }
-        Ok((self.norm.forward(x), total))
+        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), total))
     }
 
     /// The input with the encoder's shared sequence projection, where it has one (Linformer's
@@ -670,7 +684,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             next.push(memory);
         }
-        Ok((self.norm.forward(x), next))
+        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), next))
     }
 
     /// A whole prompt `x: [batch, n, d_model]` through every block at once: the causal forward
@@ -704,7 +718,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             states.push(state);
         }
-        Ok((self.norm.forward(x), states))
+        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), states))
     }
 
     /// One token through every block, each block's attention decoding from its own state:
@@ -724,7 +738,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             next.push(state);
         }
-        Ok((self.norm.forward(x), next))
+        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), next))
     }
 }
 

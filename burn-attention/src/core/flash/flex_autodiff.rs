@@ -227,6 +227,44 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
         )
     }
 
+    fn vector_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        match LayerNormBackward
+            .prepare::<C>([x.node(), gamma.node(), beta.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (x, shape) = host(x.primitive().clone());
+                let (gamma, _) = host(gamma.primitive().clone());
+                let (beta, _) = host(beta.primitive().clone());
+                let d = gamma.len();
+                let (out, mean, rstd) =
+                    kernel::layer_norm_forward(&x, &gamma, &beta, d, epsilon as f32);
+                let out =
+                    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape.clone()));
+                let saved = NormSaved {
+                    x: Arc::new(x),
+                    gamma: Arc::new(gamma),
+                    mean: Arc::new(mean),
+                    rstd: Arc::new(rstd),
+                    shape,
+                };
+                prep.finish(saved, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::vector_layer_norm(
+                x.into_primitive(),
+                gamma.into_primitive(),
+                beta.into_primitive(),
+                epsilon,
+            )),
+        }
+    }
+
     fn vector_elu_plus_one(x: FloatTensor<Self>) -> FloatTensor<Self> {
         tracked_unary::<C>(
             x,
@@ -234,6 +272,45 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
             |grad, y, _| kernel::elu_plus_one_grad_in_place(grad, y),
             false,
         )
+    }
+}
+
+/// What LayerNorm's backward keeps: its input and scale on the host, each row's mean and
+/// inverse deviation.
+#[derive(Debug, Clone)]
+struct NormSaved {
+    x: Arc<Vec<f32>>,
+    gamma: Arc<Vec<f32>>,
+    mean: Arc<Vec<f32>>,
+    rstd: Arc<Vec<f32>>,
+    shape: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl Backward<Flex, 3> for LayerNormBackward {
+    type State = NormSaved;
+
+    fn backward(self, ops: Ops<NormSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [x_node, gamma_node, beta_node] = ops.parents.map(|node| node.map(|node| node.id));
+        let (dy, _) = host(grads.consume::<Flex>(&ops.node));
+        let saved = ops.state;
+        let d = saved.gamma.len();
+        let (dx, d_gamma, d_beta) =
+            kernel::layer_norm_backward(&saved.x, &dy, &saved.gamma, (&saved.mean, &saved.rstd), d);
+        let tensor = |values: Vec<f32>, shape: Vec<usize>| {
+            burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+        };
+        for (node, grad, shape) in [
+            (x_node, dx, saved.shape.clone()),
+            (gamma_node, d_gamma, vec![d]),
+            (beta_node, d_beta, vec![d]),
+        ] {
+            if let Some(node) = node {
+                grads.register::<Flex>(node, tensor(grad, shape));
+            }
+        }
     }
 }
 

@@ -584,3 +584,91 @@ pub fn elu_plus_one_in_place(values: &mut [f32]) {
 pub fn elu_plus_one_grad_in_place(grad: &mut [f32], y: &[f32]) {
     par_chunks_with(grad, y, simd::elu_plus_one_grad);
 }
+
+/// LayerNorm's forward over rows of `d`: `out = (x − μ) r γ + β` with `μ` the row's mean and
+/// `r = 1 / √(σ² + ε)` (`σ²` its biased variance, both accumulated in f64); returns the output
+/// and each row's `μ` and `r`, which the backward reuses.
+pub fn layer_norm_forward(
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    d: usize,
+    epsilon: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len() / d.max(1);
+    let mut out = vec![0.0f32; x.len()];
+    let mut stats = vec![(0.0f32, 0.0f32); rows];
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .zip(stats.par_iter_mut())
+        .for_each(|((out, x), stats)| {
+            let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
+            let var = x
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / d as f64;
+            let r = 1.0 / (var + f64::from(epsilon)).sqrt();
+            let (mean, r) = (mean as f32, r as f32);
+            for j in 0..d {
+                out[j] = (x[j] - mean) * r * gamma[j] + beta[j];
+            }
+            *stats = (mean, r);
+        });
+    let (mean, rstd) = stats.into_iter().unzip();
+    (out, mean, rstd)
+}
+
+/// LayerNorm's backward from the output's gradient `dy`: with `x̂ = (x − μ) r` and `g = dy γ`,
+/// `dx = r (g − mean(g) − x̂ mean(g x̂))` a row, `dγ = Σ_rows dy x̂`, `dβ = Σ_rows dy`.
+pub fn layer_norm_backward(
+    x: &[f32],
+    dy: &[f32],
+    gamma: &[f32],
+    (mean, rstd): (&[f32], &[f32]),
+    d: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut dx = vec![0.0f32; x.len()];
+    dx.par_chunks_mut(d)
+        .zip(x.par_chunks(d).zip(dy.par_chunks(d)))
+        .zip(mean.par_iter().zip(rstd.par_iter()))
+        .for_each(|((dx, (x, dy)), (&mean, &r))| {
+            let (mut a, mut b) = (0.0f64, 0.0f64);
+            for j in 0..d {
+                let g = f64::from(dy[j] * gamma[j]);
+                a += g;
+                b += g * f64::from((x[j] - mean) * r);
+            }
+            let (a, b) = ((a / d as f64) as f32, (b / d as f64) as f32);
+            for j in 0..d {
+                let x_hat = (x[j] - mean) * r;
+                dx[j] = r * (dy[j] * gamma[j] - a - x_hat * b);
+            }
+        });
+    // dγ and dβ: sums over rows, a block of rows a task, the blocks' sums then added in order
+    // (the same result whatever the threads did: a resumed run repeats its steps exactly).
+    const BLOCK: usize = 256;
+    let partial: Vec<(Vec<f64>, Vec<f64>)> = x
+        .par_chunks(d * BLOCK)
+        .zip(dy.par_chunks(d * BLOCK))
+        .zip(mean.par_chunks(BLOCK).zip(rstd.par_chunks(BLOCK)))
+        .map(|((x, dy), (mean, rstd))| {
+            let (mut dg, mut db) = (vec![0.0f64; d], vec![0.0f64; d]);
+            for (row, (&mean, &r)) in mean.iter().zip(rstd).enumerate() {
+                for j in 0..d {
+                    let i = row * d + j;
+                    dg[j] += f64::from(dy[i] * (x[i] - mean) * r);
+                    db[j] += f64::from(dy[i]);
+                }
+            }
+            (dg, db)
+        })
+        .collect();
+    let (mut d_gamma, mut d_beta) = (vec![0.0f64; d], vec![0.0f64; d]);
+    for (dg, db) in partial {
+        d_gamma.iter_mut().zip(dg).for_each(|(a, b)| *a += b);
+        d_beta.iter_mut().zip(db).for_each(|(a, b)| *a += b);
+    }
+    let narrow = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect();
+    (dx, narrow(d_gamma), narrow(d_beta))
+}
