@@ -470,6 +470,7 @@ fn check_train_memory(args: &TrainBenchArgs, config: &crate::config::RunConfig) 
 /// The run configuration a [`TrainBenchArgs`] case trains.
 pub fn train_bench_config(args: &TrainBenchArgs) -> Result<crate::config::RunConfig> {
     use crate::config::RunConfig;
+    crate::tasks::find(&args.task)?;
     let mut config = RunConfig::preset(&args.task, &args.preset)?;
     config.data.max_len = args.n;
     config.training.batch_size = args.batch;

@@ -1135,6 +1135,19 @@ fn every_bad_input_is_one_error_line_and_changes_no_run() {
         ]),
         "`--n-train` must be at most 4294967295",
     );
+    b.case(
+        "bench-train-unknown-task",
+        strings(&[
+            "bench-train",
+            "--attention",
+            "softmax",
+            "--n",
+            "64",
+            "--task",
+            "nope",
+        ]),
+        "unknown task `nope`",
+    );
     // Hybrid patterns: the pattern and the part named.
     for (name, pattern, says) in [
         (
