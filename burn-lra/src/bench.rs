@@ -78,11 +78,16 @@ impl LayerArgs {
         Ok(())
     }
 
+    /// `--params`, read as a JSON object.
+    fn params(&self) -> Result<Map<String, Value>> {
+        serde_json::from_str(&self.params)
+            .with_context(|| format!("--params is not a JSON object: {}", self.params))
+    }
+
     /// The attention's configuration for sequences of up to `n_max` positions: `--params` over
     /// the registry's defaults, weight dropout off (as on the PyTorch side).
     fn config(&self, n_max: usize) -> Result<AttentionConfig> {
-        let params: Map<String, Value> = serde_json::from_str(&self.params)
-            .with_context(|| format!("--params is not a JSON object: {}", self.params))?;
+        let params = self.params()?;
         Ok(
             AttentionConfig::from_name(&self.attention, self.d_model, self.heads, n_max)?
                 .with_params(&params)?
@@ -101,9 +106,7 @@ impl LayerArgs {
             config.check_input(n_max, n_max, causal)?;
             return Ok(Layer::Attention(config.init(device)));
         }
-        let params: Map<String, Value> = serde_json::from_str(&self.params)
-            .with_context(|| format!("--params is not a JSON object: {}", self.params))?;
-        if !params.is_empty() {
+        if !self.params()?.is_empty() {
             anyhow::bail!(
                 "`--params` applies to a single attention, not to the pattern `{}`",
                 self.attention
@@ -429,7 +432,8 @@ pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
     check_repetitions(args.steps, args.warmup, "--steps")?;
     let config = train_bench_config(args)?;
-    check_train_memory(args, &config)?;
+    let available = crate::budget::available_memory().unwrap_or(u64::MAX);
+    crate::budget::check_activations(&config, available, ["--batch", "--n"])?;
     let task = crate::tasks::find(&args.task)?;
     let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
     let count = crate::budget::ParamCount::of(&spec)?;
@@ -442,29 +446,6 @@ fn check_sizes(sizes: &[(&str, usize)]) -> Result<()> {
     sizes
         .iter()
         .try_for_each(|&(flag, n)| crate::limits::check_size(flag, n, true))
-}
-
-/// Refuses, before anything is allocated, a case whose activations surely exceed the memory
-/// available, naming the flags: at least `4 + 4 n_layers` tensors of `[batch, n, d_model]` f32
-/// (embeddings, each block's input, attention output, feed-forward input and output, kept for
-/// the backward pass, and their gradients), a lower bound of what a step holds.
-fn check_train_memory(args: &TrainBenchArgs, config: &crate::config::RunConfig) -> Result<()> {
-    let m = &config.model;
-    let bytes = [4 * m.n_layers as u64 + 4, 4]
-        .into_iter()
-        .chain([args.batch, args.n, m.d_model].map(|d| d as u64))
-        .try_fold(1u64, |total, d| total.checked_mul(d));
-    if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
-        anyhow::bail!(
-            "`--batch` x `--n` ({} x {}) is too large: the activations of a training step of the \
-             preset's model (d_model {}, {} layers) alone exceed the memory available",
-            args.batch,
-            args.n,
-            m.d_model,
-            m.n_layers
-        );
-    }
-    Ok(())
 }
 
 /// The run configuration a [`TrainBenchArgs`] case trains.

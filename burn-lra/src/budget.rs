@@ -102,7 +102,7 @@ pub fn check_memory(
     let fits = |bytes: Option<u64>| bytes.is_some_and(|b| b <= available);
     let bytes = needs(count);
     if fits(bytes) {
-        return check_activations(config, available);
+        return check_activations(config, available, ["training.batch_size", "data.max_len"]);
     }
     let fits_as = |config: &RunConfig| -> Result<bool> {
         let spec = ClassifierSpec::resolve(config, task, attention)?;
@@ -158,11 +158,16 @@ pub fn check_memory(
     }
 }
 
-/// Refuses a batch whose activations surely exceed `available` bytes, naming the fields: at
-/// least `4 + 4 n_layers` tensors of `[batch_size, max_len, d_model]` f32 (the embeddings, each
-/// block's input, attention output and feed-forward input and output, kept for the backward
-/// pass, and their gradients), a lower bound of what a training step holds.
-fn check_activations(config: &RunConfig, available: u64) -> Result<()> {
+/// Refuses a batch whose activations surely exceed `available` bytes, naming the batch size
+/// and the length as `names` gives them (the configuration's fields, or a benchmark's flags):
+/// at least `4 + 4 n_layers` tensors of `[batch_size, max_len, d_model]` f32 (the embeddings,
+/// each block's input, attention output and feed-forward input and output, kept for the
+/// backward pass, and their gradients), a lower bound of what a training step holds.
+pub fn check_activations(
+    config: &RunConfig,
+    available: u64,
+    [batch, len]: [&str; 2],
+) -> Result<()> {
     let m = &config.model;
     let bytes = [4 * m.n_layers as u64 + 4, 4]
         .into_iter()
@@ -170,8 +175,8 @@ fn check_activations(config: &RunConfig, available: u64) -> Result<()> {
         .try_fold(1u64, |total, d| total.checked_mul(d));
     if bytes.is_none_or(|b| b > available) {
         bail!(
-            "`training.batch_size` x `data.max_len` ({} x {}) is too large: the activations of a \
-             training step (d_model {}, {} layers) alone exceed the {:.1} GB of memory available",
+            "`{batch}` x `{len}` ({} x {}) is too large: the activations of a training step \
+             (d_model {}, {} layers) alone exceed the {:.1} GB of memory available",
             config.training.batch_size,
             config.data.max_len,
             m.d_model,

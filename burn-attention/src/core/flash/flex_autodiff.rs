@@ -239,20 +239,20 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (x, shape) = host(x.primitive().clone());
+                let x = x.primitive().clone();
+                let shape = x.layout().shape().to_vec();
                 let (gamma, _) = host(gamma.primitive().clone());
                 let (beta, _) = host(beta.primitive().clone());
                 let d = gamma.len();
-                let (out, mean, rstd) =
-                    kernel::layer_norm_forward(&x, &gamma, &beta, d, epsilon as f32);
-                let out =
-                    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape.clone()));
+                let (out, mean, rstd) = with_values(&x, |values| {
+                    kernel::layer_norm_forward(values, &gamma, &beta, d, epsilon as f32)
+                });
+                let out = burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape));
                 let saved = NormSaved {
-                    x: Arc::new(x),
+                    x,
                     gamma: Arc::new(gamma),
                     mean: Arc::new(mean),
                     rstd: Arc::new(rstd),
-                    shape,
                 };
                 prep.finish(saved, out)
             }
@@ -275,15 +275,22 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
     }
 }
 
-/// What LayerNorm's backward keeps: its input and scale on the host, each row's mean and
-/// inverse deviation.
+/// What LayerNorm's backward keeps: its input (the tensor itself, its storage shared, not
+/// copied), its scale on the host, each row's mean and inverse deviation.
 #[derive(Debug, Clone)]
 struct NormSaved {
-    x: Arc<Vec<f32>>,
+    x: FloatTensor<Flex>,
     gamma: Arc<Vec<f32>>,
     mean: Arc<Vec<f32>>,
     rstd: Arc<Vec<f32>>,
-    shape: Vec<usize>,
+}
+
+/// `f` of `x`'s values, read in place where `x` is contiguous (else from a contiguous copy).
+fn with_values<T>(x: &FloatTensor<Flex>, f: impl FnOnce(&[f32]) -> T) -> T {
+    match x.as_slice::<f32>() {
+        Some(values) => f(values),
+        None => f(&host(x.clone()).0),
+    }
 }
 
 #[derive(Debug)]
@@ -297,13 +304,15 @@ impl Backward<Flex, 3> for LayerNormBackward {
         let (dy, _) = host(grads.consume::<Flex>(&ops.node));
         let saved = ops.state;
         let d = saved.gamma.len();
-        let (dx, d_gamma, d_beta) =
-            kernel::layer_norm_backward(&saved.x, &dy, &saved.gamma, (&saved.mean, &saved.rstd), d);
+        let shape = saved.x.layout().shape().to_vec();
+        let (dx, d_gamma, d_beta) = with_values(&saved.x, |x| {
+            kernel::layer_norm_backward(x, &dy, &saved.gamma, (&saved.mean, &saved.rstd), d)
+        });
         let tensor = |values: Vec<f32>, shape: Vec<usize>| {
             burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
         };
         for (node, grad, shape) in [
-            (x_node, dx, saved.shape.clone()),
+            (x_node, dx, shape),
             (gamma_node, d_gamma, vec![d]),
             (beta_node, d_beta, vec![d]),
         ] {
