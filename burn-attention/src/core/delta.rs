@@ -36,6 +36,7 @@
 use burn::prelude::*;
 
 use super::decay::{into_chunks, segment_sums};
+use super::flash::{self, RecurrenceForm};
 use super::input::causal_mask;
 use super::scan::{ChunkMaps, states_before};
 
@@ -52,9 +53,38 @@ pub const DELTA_CHUNK: usize = 32;
 /// - `state`: `[batch, heads, d_k, d_v]`, the state before the first position (`None`: zeros)
 /// - outputs `[batch, heads, n, d_v]`; state `[batch, heads, d_k, d_v]`
 ///
+/// On `flex` (`f32`), from a zero state, the recurrence runs token by token instead, in a fused
+/// kernel with its own backward (`core/flash/recurrence.rs`; `chunk` unused): the same values
+/// to round-off.
+///
 /// # Panics
 /// If `chunk` is 0.
 pub fn delta_causal(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
+    state: Option<Tensor<4>>,
+    chunk: usize,
+) -> (Tensor<4>, Tensor<4>) {
+    assert!(chunk > 0, "the chunk length must be at least 1");
+    if state.is_none() {
+        let [batch, heads, n, _] = q.dims();
+        let g = match &log_decay {
+            Some(g) => g.clone(),
+            None => Tensor::zeros([batch, heads, n, 1], &q.device()),
+        };
+        if let Some((out, Some(state))) =
+            flash::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::CAUSAL)
+        {
+            return (out, state);
+        }
+    }
+    delta_chunked(q, k, v, (beta, log_decay), state, chunk)
+}
+
+/// [`delta_causal`] composed from Burn's operations, in chunks, on every backend.
+pub(crate) fn delta_chunked(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
@@ -195,7 +225,54 @@ pub fn delta_bidirectional(
 ) -> Tensor<4> {
     let [batch, heads, n, d_k] = q.dims();
     let device = q.device();
-    let (forward, _) = delta_causal(
+    let g = match &log_decay {
+        Some(g) => g.clone(),
+        None => Tensor::zeros([batch, heads, n, 1], &device),
+    };
+    let Some((forward, _)) =
+        flash::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::FORWARD)
+    else {
+        return delta_bidirectional_chunked(q, k, v, (beta, log_decay), chunk);
+    };
+    if n == 1 {
+        return forward;
+    }
+    // On `flex`, the recurrence run from the end in place: position `i` reads the state after
+    // `i + 1`, the output at `i + 1` of the query of `i` (queries one step later, outputs one
+    // step earlier; the first query unused, the last position reading nothing).
+    let q_late = Tensor::cat(
+        vec![
+            Tensor::zeros([batch, heads, 1, d_k], &device),
+            (q * g.clone().exp()).slice(s![.., .., 0..n - 1]),
+        ],
+        2,
+    );
+    let (backward, _) =
+        flash::try_delta_recurrence(&q_late, &k, &v, &beta, &g, RecurrenceForm::BACKWARD)
+            .expect("the kernel that ran forwards runs backwards");
+    let d_v = backward.dims()[3];
+    let backward = Tensor::cat(
+        vec![
+            backward.slice(s![.., .., 1..n]),
+            Tensor::zeros([batch, heads, 1, d_v], &device),
+        ],
+        2,
+    );
+    forward + backward
+}
+
+/// [`delta_bidirectional`] composed from Burn's operations: the chunked form over the sequence
+/// and over its reverse.
+pub(crate) fn delta_bidirectional_chunked(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
+    chunk: usize,
+) -> Tensor<4> {
+    let [batch, heads, n, d_k] = q.dims();
+    let device = q.device();
+    let (forward, _) = delta_chunked(
         q.clone(),
         k.clone(),
         v.clone(),
@@ -206,13 +283,13 @@ pub fn delta_bidirectional(
     if n == 1 {
         return forward;
     }
-    // Reversed, position r reads the state after r − 1, i.e. the output at r − 1 of the query
-    // of r: queries moved one step earlier (the last one unused), outputs one step later.
-    let flip = |x: Tensor<4>| x.flip([2]);
     let q_own = match &log_decay {
         Some(g) => q * g.clone().exp(),
         None => q,
     };
+    // Reversed, position r reads the state after r − 1, i.e. the output at r − 1 of the query
+    // of r: queries moved one step earlier (the last one unused), outputs one step later.
+    let flip = |x: Tensor<4>| x.flip([2]);
     let q_reversed = flip(q_own);
     let q_early = Tensor::cat(
         vec![
@@ -221,7 +298,7 @@ pub fn delta_bidirectional(
         ],
         2,
     );
-    let (backward, _) = delta_causal(
+    let (backward, _) = delta_chunked(
         q_early,
         flip(k),
         flip(v),
@@ -273,4 +350,80 @@ pub fn delta_step(
 pub fn unit_length(x: Tensor<4>) -> Tensor<4> {
     let norm = x.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
     x / norm
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+
+    use crate::core::decay::tests::{assert_close, padding};
+
+    /// The fused delta rule (flex) against the chunked WY form composed of Burn's operations:
+    /// outputs, final state and the gradients of queries, keys, values, writing strengths and
+    /// log-decays, relative 1e-4, on a padded batch masked as the variants mask it. Unit-length
+    /// keys, strengths in (0, 1), without decay (DeltaNet) and with decays down to `e^{-4}` a step
+    /// (Gated DeltaNet), 150 positions; causal and not (both directions).
+    #[test]
+    fn fused_delta_rule_equals_chunked_form() {
+        let device = Device::flex().autodiff();
+        device.seed(12);
+        let (n, d_k, d_v) = (150, 16, 16);
+        let mask = padding(n, &device).reshape([2, 1, n, 1]);
+        let cases = [(false, true), (true, true), (false, false), (true, false)];
+        for (gated, causal) in cases {
+            let normal = |w: usize, spread: f64| {
+                Tensor::<4>::random([2, 2, n, w], Distribution::Normal(0.0, spread), &device)
+            };
+            let (q, k, v) = (normal(d_k, 1.0), normal(d_k, 1.0), normal(d_v, 3.0));
+            let beta =
+                Tensor::<4>::random([2, 2, n, 1], Distribution::Uniform(0.05, 0.95), &device);
+            let g = Tensor::<4>::random([2, 2, n, 1], Distribution::Uniform(-4.0, 0.0), &device);
+            let c_out = normal(d_v, 1.0);
+            let c_state =
+                Tensor::<4>::random([2, 2, d_k, d_v], Distribution::Normal(0.0, 1.0), &device);
+            let run = |fused: bool| {
+                let leaves = [q.clone(), k.clone(), v.clone(), beta.clone(), g.clone()]
+                    .map(|t| t.require_grad());
+                let [q, k, v, beta, g] = leaves.clone();
+                let k = super::unit_length(k).mask_fill(mask.clone(), 0.0);
+                let beta = beta.mask_fill(mask.clone(), 0.0);
+                let g = gated.then(|| g.mask_fill(mask.clone(), 0.0));
+                let chunk = super::DELTA_CHUNK;
+                let gates = (beta, g);
+                let (out, state) = match (causal, fused) {
+                    (true, true) => super::delta_causal(q, k, v, gates, None, chunk),
+                    (true, false) => super::delta_chunked(q, k, v, gates, None, chunk),
+                    // Without a state: the loss reads a zero one.
+                    (false, true) => (
+                        super::delta_bidirectional(q, k, v, gates, chunk),
+                        c_state.zeros_like(),
+                    ),
+                    (false, false) => (
+                        super::delta_bidirectional_chunked(q, k, v, gates, chunk),
+                        c_state.zeros_like(),
+                    ),
+                };
+                let loss =
+                    (out.clone() * c_out.clone()).sum() + (state.clone() * c_state.clone()).sum();
+                let grads = loss.backward();
+                let mut found = vec![out.inner(), state.inner()];
+                let tracked = if gated { 5 } else { 4 };
+                found.extend(leaves[..tracked].iter().map(|t| t.grad(&grads).unwrap()));
+                found
+            };
+            let (fused, chunked) = (run(true), run(false));
+            for (what, (a, b)) in ["output", "state", "dq", "dk", "dv", "dbeta", "dg"]
+                .iter()
+                .zip(fused.into_iter().zip(chunked))
+            {
+                assert_close(
+                    a,
+                    b,
+                    1e-4,
+                    &format!("gated {gated}, causal {causal}, {what}"),
+                );
+            }
+        }
+    }
 }

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use super::DropMask;
 use super::kernel::{self, Dims, Scoring};
-use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+use super::recurrence::{self, RecurrenceDims};
+use super::{
+    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, gathered,
+};
 use crate::core::key_slots::KeySlots;
 
 /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
@@ -259,5 +262,112 @@ impl GatheredAttention for Flex {
     ) -> FloatTensor<Self> {
         let inputs = HeldInputs::new(q, k, v);
         joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
+    }
+}
+
+/// `x` itself where its values lie contiguous in its storage (shared, not copied), else a
+/// contiguous copy.
+fn contiguous(x: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    if x.as_slice::<f32>().is_some() {
+        return x;
+    }
+    let (values, shape) = host(x);
+    burn::backend::flex::FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// The values of a tensor made contiguous by [`contiguous`].
+fn values(x: &FloatTensor<Flex>) -> &[f32] {
+    x.as_slice::<f32>()
+        .expect("the recurrence holds contiguous f32 tensors")
+}
+
+/// The inputs of a recurrence call, held contiguous (in place where they already are).
+#[derive(Debug, Clone)]
+pub(super) struct RecurrenceHost {
+    /// `q, k, v, g`.
+    tensors: [FloatTensor<Flex>; 4],
+    beta: Option<FloatTensor<Flex>>,
+    /// Batch and heads.
+    outer: [usize; 2],
+    pub(super) dims: RecurrenceDims,
+}
+
+impl RecurrenceHost {
+    /// `beta` `Some` for the delta rule.
+    pub(super) fn new(
+        tensors: [FloatTensor<Flex>; 4],
+        beta: Option<FloatTensor<Flex>>,
+        form: RecurrenceForm,
+    ) -> Self {
+        let tensors = tensors.map(contiguous);
+        let beta = beta.map(contiguous);
+        let shape = |t: &FloatTensor<Flex>| t.layout().shape().to_vec();
+        let (q_shape, v_shape, g_shape) =
+            (shape(&tensors[0]), shape(&tensors[2]), shape(&tensors[3]));
+        Self {
+            beta,
+            outer: [q_shape[0], q_shape[1]],
+            dims: RecurrenceDims {
+                m: q_shape[0] * q_shape[1],
+                n: q_shape[2],
+                d_k: q_shape[3],
+                d_v: v_shape[3],
+                decay_width: g_shape[3],
+                reverse: form.reverse,
+                with_state: form.with_state,
+            },
+            tensors,
+        }
+    }
+
+    pub(super) fn inputs(&self) -> recurrence::Inputs<'_> {
+        let [q, k, v, g] = &self.tensors;
+        recurrence::Inputs {
+            q: values(q),
+            k: values(k),
+            v: values(v),
+            g: values(g),
+            beta: self.beta.as_ref().map(values),
+        }
+    }
+
+    /// `[batch, heads, rows, width]`.
+    pub(super) fn shape(&self, rows: usize, width: usize) -> [usize; 4] {
+        [self.outer[0], self.outer[1], rows, width]
+    }
+
+    /// The forward pass as a `[batch, heads, n (+ d_k), d_v]` tensor, and the checkpoints when
+    /// `keep`.
+    pub(super) fn forward(&self, keep: bool) -> (FloatTensor<Flex>, Vec<f32>) {
+        let forward = recurrence::forward(self.inputs(), self.dims, keep);
+        let shape = self.shape(self.dims.joint_rows(), self.dims.d_v);
+        (device_tensor(forward.joint, shape), forward.checkpoints)
+    }
+}
+
+impl LinearRecurrence for Flex {
+    fn decayed_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        RecurrenceHost::new([q, k, v, log_decay], None, form)
+            .forward(false)
+            .0
+    }
+
+    fn delta_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        RecurrenceHost::new([q, k, v, log_decay], Some(beta), form)
+            .forward(false)
+            .0
     }
 }

@@ -13,9 +13,12 @@ use burn::tensor::TensorData;
 use std::sync::Arc;
 
 use super::DropMask;
-use super::flex::{HeldInputs, Host, device_tensor, host, joint_tensor};
+use super::flex::{HeldInputs, Host, RecurrenceHost, device_tensor, host, joint_tensor};
 use super::kernel::{self, Dims, Scoring};
-use super::{FlashAttention, GatheredAttention, KeyPadding, gathered};
+use super::{
+    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, gathered,
+    recurrence,
+};
 use crate::core::key_slots::KeySlots;
 
 /// Hands the gradients of `q`, `k` and `v` (contiguous, shaped by `dims`) to the parents
@@ -406,6 +409,131 @@ impl<C: CheckpointStrategy> GatheredAttention for Autodiff<Flex, C> {
                 scale,
                 dropout,
             )),
+        }
+    }
+}
+
+/// What a recurrence's backward keeps: its inputs on the host and the forward's checkpoints.
+#[derive(Debug, Clone)]
+struct RecurrenceSaved {
+    inputs: RecurrenceHost,
+    checkpoints: Arc<Vec<f32>>,
+}
+
+/// The backward of a recurrence with `N` inputs: `q, k, v, g` (the decaying rule) or
+/// `q, k, v, beta, g` (the delta rule).
+#[derive(Debug)]
+struct RecurrenceBackward;
+
+impl RecurrenceBackward {
+    /// The gradients of the inputs, handed to the parents (`q, k, v`, then `beta` if present,
+    /// then `g`) that track one.
+    fn run<const N: usize>(ops: Ops<RecurrenceSaved, N>, grads: &mut Gradients) {
+        let parents = ops.parents.map(|node| node.map(|node| node.id));
+        let (d_joint, _) = host(grads.consume::<Flex>(&ops.node));
+        let saved = ops.state;
+        let inputs = &saved.inputs;
+        let dims = inputs.dims;
+        let found = recurrence::backward(inputs.inputs(), dims, &saved.checkpoints, &d_joint);
+        let (n, d_k, d_v) = (dims.n, dims.d_k, dims.d_v);
+        let mut named = vec![
+            (found.dq, inputs.shape(n, d_k)),
+            (found.dk, inputs.shape(n, d_k)),
+            (found.dv, inputs.shape(n, d_v)),
+        ];
+        if N == 5 {
+            named.push((found.dbeta, inputs.shape(n, 1)));
+        }
+        named.push((found.dg, inputs.shape(n, dims.decay_width)));
+        for (node, (grad, shape)) in parents.into_iter().zip(named) {
+            if let Some(node) = node {
+                grads.register::<Flex>(node, device_tensor(grad, shape));
+            }
+        }
+    }
+}
+
+impl Backward<Flex, 4> for RecurrenceBackward {
+    type State = RecurrenceSaved;
+
+    fn backward(self, ops: Ops<RecurrenceSaved, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        Self::run(ops, grads);
+    }
+}
+
+impl Backward<Flex, 5> for RecurrenceBackward {
+    type State = RecurrenceSaved;
+
+    fn backward(self, ops: Ops<RecurrenceSaved, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        Self::run(ops, grads);
+    }
+}
+
+impl<C: CheckpointStrategy> LinearRecurrence for Autodiff<Flex, C> {
+    fn decayed_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        let nodes = [q.node(), k.node(), v.node(), log_decay.node()];
+        let host = || {
+            RecurrenceHost::new(
+                [&q, &k, &v, &log_decay].map(|t| t.primitive().clone()),
+                None,
+                form,
+            )
+        };
+        match RecurrenceBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let inputs = host();
+                let (joint, checkpoints) = inputs.forward(true);
+                let saved = RecurrenceSaved {
+                    inputs,
+                    checkpoints: Arc::new(checkpoints),
+                };
+                prep.finish(saved, joint)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
+        }
+    }
+
+    fn delta_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        let nodes = [q.node(), k.node(), v.node(), beta.node(), log_decay.node()];
+        let host = || {
+            RecurrenceHost::new(
+                [&q, &k, &v, &log_decay].map(|t| t.primitive().clone()),
+                Some(beta.primitive().clone()),
+                form,
+            )
+        };
+        match RecurrenceBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let inputs = host();
+                let (joint, checkpoints) = inputs.forward(true);
+                let saved = RecurrenceSaved {
+                    inputs,
+                    checkpoints: Arc::new(checkpoints),
+                };
+                prep.finish(saved, joint)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
         }
     }
 }

@@ -21,6 +21,9 @@ mod hash;
 mod kernel;
 mod mask;
 #[cfg(feature = "flex")]
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+mod recurrence;
+#[cfg(feature = "flex")]
 mod simd;
 
 use std::sync::Arc;
@@ -133,6 +136,118 @@ pub(crate) fn try_gathered_attention(
         let _ = (q, k, v, slots, scale, dropout);
         None
     }
+}
+
+/// The decaying core's causal recurrence (see [`crate::core::decay`]) on `flex` (`f32`), token
+/// by token with its own backward ([`recurrence`]): the outputs `[batch, heads, n, d_v]` and the
+/// state after the last position `[batch, heads, d_k, d_v]`, both differentiable; `None`
+/// elsewhere (the caller runs the chunked form).
+///
+/// `log_decay` is `[batch, heads, n, 1]` or `[batch, heads, n, d_k]`, each entry at most 0.
+/// `form` says from which end the recurrence runs (from the last position, `S_t` from `S_{t+1}`,
+/// each output at its position) and whether the final state is wanted (`None` in its place
+/// when not).
+pub(crate) fn try_decayed_recurrence(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    log_decay: &Tensor<4>,
+    form: RecurrenceForm,
+) -> Option<(Tensor<4>, Option<Tensor<4>>)> {
+    #[cfg(feature = "flex")]
+    if recurrence_applies([q, k, v, log_decay]) {
+        let joint = <burn::backend::Dispatch as LinearRecurrence>::decayed_recurrence(
+            q.clone().into_dispatch(),
+            k.clone().into_dispatch(),
+            v.clone().into_dispatch(),
+            log_decay.clone().into_dispatch(),
+            form,
+        );
+        return Some(split_joint(Tensor::from_dispatch(joint), q.dims()[2], form));
+    }
+    let _ = (q, k, v, log_decay, form);
+    None
+}
+
+/// The delta-rule core's causal recurrence from a zero state (see [`crate::core::delta`]) on
+/// `flex` (`f32`), token by token with its own backward ([`recurrence`]): the outputs
+/// `[batch, heads, n, d_v]` and the final state `[batch, heads, d_k, d_v]`; `None` elsewhere.
+///
+/// `beta` and `log_decay` are `[batch, heads, n, 1]`; `form` as for
+/// [`try_decayed_recurrence`].
+pub(crate) fn try_delta_recurrence(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    beta: &Tensor<4>,
+    log_decay: &Tensor<4>,
+    form: RecurrenceForm,
+) -> Option<(Tensor<4>, Option<Tensor<4>>)> {
+    #[cfg(feature = "flex")]
+    if recurrence_applies([q, k, v, log_decay]) && beta.dtype() == burn::tensor::DType::F32 {
+        let joint = <burn::backend::Dispatch as LinearRecurrence>::delta_recurrence(
+            q.clone().into_dispatch(),
+            k.clone().into_dispatch(),
+            v.clone().into_dispatch(),
+            beta.clone().into_dispatch(),
+            log_decay.clone().into_dispatch(),
+            form,
+        );
+        return Some(split_joint(Tensor::from_dispatch(joint), q.dims()[2], form));
+    }
+    let _ = (q, k, v, beta, log_decay, form);
+    None
+}
+
+/// Whether the recurrence kernel takes these tensors: `flex`, `f32`, at least one position.
+#[cfg(feature = "flex")]
+fn recurrence_applies(tensors: [&Tensor<4>; 4]) -> bool {
+    flex_kernels(&tensors[0].device())
+        && tensors[0].dims()[2] > 0
+        && tensors
+            .iter()
+            .all(|t| t.dtype() == burn::tensor::DType::F32)
+}
+
+/// How a recurrence runs: from which end, and whether its final state is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecurrenceForm {
+    /// From the last position to the first (`S_t` from `S_{t+1}`), each output at its position.
+    pub(crate) reverse: bool,
+    /// Whether the final state comes back beside the outputs.
+    pub(crate) with_state: bool,
+}
+
+impl RecurrenceForm {
+    /// The causal form: from the first position, with the final state.
+    pub(crate) const CAUSAL: Self = Self {
+        reverse: false,
+        with_state: true,
+    };
+    /// The outputs alone, from the first position.
+    pub(crate) const FORWARD: Self = Self {
+        reverse: false,
+        with_state: false,
+    };
+    /// The outputs alone, from the last position.
+    pub(crate) const BACKWARD: Self = Self {
+        reverse: true,
+        with_state: false,
+    };
+}
+
+/// The recurrence's joint output as its outputs (the first `n` rows) and, where `form` asked
+/// for it, its final state (the last `d_k`).
+#[cfg(feature = "flex")]
+fn split_joint(joint: Tensor<4>, n: usize, form: RecurrenceForm) -> (Tensor<4>, Option<Tensor<4>>) {
+    if !form.with_state {
+        return (joint, None);
+    }
+    let rows = joint.dims()[2];
+    (
+        joint.clone().slice(s![.., .., 0..n]),
+        Some(joint.slice(s![.., .., n..rows])),
+    )
 }
 
 /// `x.exp()`, on `flex` (f32) through the vectorised exponential of the fused kernel, whose
@@ -374,6 +489,47 @@ mod gathered_extension {
             slots: Arc<KeySlots>,
             scale: f32,
             dropout: Option<DropMask>,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
+use recurrence_extension::LinearRecurrence;
+
+#[cfg(feature = "flex")]
+mod recurrence_extension {
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, backend_extension};
+
+    use super::RecurrenceForm;
+
+    /// The backend extension: the linear recurrences of the decaying and delta-rule cores,
+    /// token by token, with a handwritten backward.
+    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff: cfg(feature = "train"))]
+    pub trait LinearRecurrence: Backend {
+        /// `S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ`, `o_t = S_tᵀ q_t` from a zero state, on
+        /// `[batch, heads, n, d]` tensors (`g` of width 1 or `d_k`): `[batch, heads, n + d_k,
+        /// d_v]`, the outputs then the final state (`[batch, heads, n, d_v]` without it), run
+        /// from either end as `form` says.
+        fn decayed_recurrence(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            log_decay: FloatTensor<Self>,
+            form: RecurrenceForm,
+        ) -> FloatTensor<Self>;
+
+        /// `S_t = α_t S_{t−1} + β_t k_t (v_t − α_t S_{t−1}ᵀ k_t)ᵀ`, `α_t = exp(g_t)`,
+        /// `o_t = S_tᵀ q_t` from a zero state (`β`, `g` of width 1): `[batch, heads, n + d_k,
+        /// d_v]`, the outputs then the final state (`[batch, heads, n, d_v]` without it), run
+        /// from either end as `form` says.
+        fn delta_recurrence(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            log_decay: FloatTensor<Self>,
+            form: RecurrenceForm,
         ) -> FloatTensor<Self>;
     }
 }
