@@ -9,11 +9,13 @@
 
 use burn::prelude::*;
 
-/// The rotation angles `θ_i` of `d`-wide heads (`d` even), `[d / 2]`.
+/// The rotation angles of `d`-wide heads (`d` even), each `θ_i` twice (for channels `2i` and
+/// `2i + 1`), `[d]`.
 fn angles(d: usize, device: &Device) -> Tensor<1> {
     let half = d / 2;
-    let theta: Vec<f32> = (0..half)
-        .map(|i| {
+    let theta: Vec<f32> = (0..d)
+        .map(|c| {
+            let i = c / 2;
             let t = if half > 1 {
                 i as f64 / (half - 1) as f64
             } else {
@@ -22,10 +24,25 @@ fn angles(d: usize, device: &Device) -> Tensor<1> {
             10_000f64.powf(-t) as f32
         })
         .collect();
-    Tensor::from_data(TensorData::new(theta, [half]), device)
+    Tensor::from_data(TensorData::new(theta, [d]), device)
 }
 
-/// `x` rotated at `positions`.
+/// The `d × d` matrix that takes each channel pair `(x_{2i}, x_{2i+1})` to `(−x_{2i+1}, x_{2i})`
+/// (`x` times it, `x` a row).
+fn quarter_turn(d: usize, device: &Device) -> Tensor<2> {
+    let mut m = vec![0.0f32; d * d];
+    for i in 0..d / 2 {
+        let (even, odd) = (2 * i, 2 * i + 1);
+        m[odd * d + even] = -1.0;
+        m[even * d + odd] = 1.0;
+    }
+    Tensor::from_data(TensorData::new(m, [d, d]), device)
+}
+
+/// `x` rotated at `positions`: `x cos + (x J) sin` channel by channel, with `J` the quarter
+/// turn of each pair ([`quarter_turn`]): one small product and three element-wise operations,
+/// where splitting the pairs apart and stacking them back would copy `x` several times, forward
+/// and backward.
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, n, d]`, `d` even
@@ -34,26 +51,17 @@ fn angles(d: usize, device: &Device) -> Tensor<1> {
 /// # Panics
 /// If `d` is odd (the variants refuse odd head widths when configured).
 pub fn rotate(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
-    let [batch, heads, n, d] = x.dims();
+    let [batch, _, n, d] = x.dims();
     assert!(
         d % 2 == 0,
         "rotary position encoding needs an even head width, not {d}"
     );
-    let half = d / 2;
-    let theta = angles(d, &x.device()).reshape([1, 1, 1, half]);
-    let phase = positions.reshape([batch, 1, n, 1]) * theta; // [b, 1, n, d/2]
+    let device = x.device();
+    let theta = angles(d, &device).reshape([1, 1, 1, d]);
+    let phase = positions.reshape([batch, 1, n, 1]) * theta; // [b, 1, n, d]
     let (cos, sin) = (phase.clone().cos(), phase.sin());
-    let pairs = x.reshape([batch, heads, n, half, 2]);
-    let even = pairs
-        .clone()
-        .slice(s![.., .., .., .., 0..1])
-        .reshape([batch, heads, n, half]);
-    let odd = pairs
-        .slice(s![.., .., .., .., 1..2])
-        .reshape([batch, heads, n, half]);
-    let rotated_even = even.clone() * cos.clone() - odd.clone() * sin.clone();
-    let rotated_odd = even * sin + odd * cos;
-    Tensor::stack::<5>(vec![rotated_even, rotated_odd], 4).reshape([batch, heads, n, d])
+    let turned = x.clone().matmul(quarter_turn(d, &device).reshape([1, 1, d, d]));
+    x * cos + turned * sin
 }
 
 /// The index of each position among its sequence's real ones, `[batch, n]` (a padded

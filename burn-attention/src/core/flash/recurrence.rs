@@ -177,21 +177,14 @@ pub fn forward(inputs: Inputs<'_>, dims: RecurrenceDims, keep: bool) -> Forward 
                 .chain(std::iter::repeat_with(|| &mut [][..])),
         )
         .collect();
-    tasks
-        .par_iter_mut()
-        .enumerate()
-        .for_each(|(i, (joint, kept))| {
+    tasks.par_iter_mut().enumerate().for_each_init(
+        || Scratch::new(dims),
+        |scratch, (i, (joint, kept))| {
             let (out, state) = joint.split_at_mut(dims.n * dims.d_v);
             let kept = if keep { Some(&mut kept[..]) } else { None };
-            let mut scratch = Vec::new();
-            let state = if dims.with_state {
-                state
-            } else {
-                scratch.resize(dims.state(), 0.0);
-                &mut scratch[..]
-            };
-            forward_sequence(inputs.sequence(i, dims), dims, out, state, kept);
-        });
+            forward_sequence(inputs.sequence(i, dims), dims, (out, state, kept), scratch);
+        },
+    );
     Forward { joint, checkpoints }
 }
 
@@ -263,18 +256,58 @@ pub fn backward(
         .collect();
     let per_checkpoints = dims.checkpoints() * dims.state();
     let per_joint = dims.joint_rows() * d_v;
-    tasks.par_iter_mut().enumerate().for_each(|(i, grads)| {
-        let d_joint = &d_joint[i * per_joint..(i + 1) * per_joint];
-        let (d_out, d_state) = d_joint.split_at(n * d_v);
-        backward_sequence(
-            inputs.sequence(i, dims),
-            dims,
-            &checkpoints[i * per_checkpoints..(i + 1) * per_checkpoints],
-            (d_out, d_state),
-            grads,
-        );
-    });
+    tasks.par_iter_mut().enumerate().for_each_init(
+        || Scratch::new(dims),
+        |scratch, (i, grads)| {
+            let d_joint = &d_joint[i * per_joint..(i + 1) * per_joint];
+            let (d_out, d_state) = d_joint.split_at(n * d_v);
+            backward_sequence(
+                inputs.sequence(i, dims),
+                dims,
+                &checkpoints[i * per_checkpoints..(i + 1) * per_checkpoints],
+                (d_out, d_state),
+                (grads, scratch),
+            );
+        },
+    );
     grads
+}
+
+/// The buffers a sequence's passes work in, allocated once per rayon task and reused across
+/// the sequences it takes.
+struct Scratch {
+    /// The decays of one position, one per key channel.
+    alpha: Vec<f32>,
+    /// The gradient of each key channel's decay at one position.
+    d_alpha: Vec<f32>,
+    /// The state of the forward pass when the output does not carry it.
+    state: Vec<f32>,
+    /// `du_t`, `dr_t` of the delta rule.
+    du: Vec<f32>,
+    dr: Vec<f32>,
+    /// The gradient of the state on the backward walk.
+    ds: Vec<f32>,
+    /// The states of one stretch: `states[j]` before its position `j`, `states[j + 1]` after.
+    states: Vec<f32>,
+    /// With the delta rule, `r_t` of each position of the stretch (and of the forward step).
+    rs: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(dims: RecurrenceDims) -> Self {
+        let stretch = dims.n.min(CHECKPOINT);
+        let size = dims.state();
+        Self {
+            alpha: vec![0.0; dims.d_k],
+            d_alpha: vec![0.0; dims.d_k],
+            state: vec![0.0; size],
+            du: vec![0.0; dims.d_v],
+            dr: vec![0.0; dims.d_v],
+            ds: vec![0.0; size],
+            states: vec![0.0; (stretch + 1) * size],
+            rs: vec![0.0; stretch.max(1) * dims.d_v],
+        }
+    }
 }
 
 /// One sequence's gradients, written in place.
@@ -315,9 +348,8 @@ per_level!(
     fn forward_sequence => forward_sequence_generic(
         seq: Sequence<'_>,
         dims: RecurrenceDims,
-        out: &mut [f32],
-        state: &mut [f32],
-        kept: Option<&mut [f32]>
+        out_state_kept: (&mut [f32], &mut [f32], Option<&mut [f32]>),
+        scratch: &mut Scratch
     )
 );
 
@@ -328,7 +360,7 @@ per_level!(
         dims: RecurrenceDims,
         checkpoints: &[f32],
         upstream: (&[f32], &[f32]),
-        grads: &mut SequenceGrads<'_>
+        grads_scratch: (&mut SequenceGrads<'_>, &mut Scratch)
     )
 );
 
@@ -713,13 +745,17 @@ fn step(
 fn forward_sequence_generic<R: RowKernels>(
     seq: Sequence<'_>,
     dims: RecurrenceDims,
-    out: &mut [f32],
-    state: &mut [f32],
-    mut kept: Option<&mut [f32]>,
+    (out, state, mut kept): (&mut [f32], &mut [f32], Option<&mut [f32]>),
+    scratch: &mut Scratch,
 ) {
-    let RecurrenceDims { n, d_k, d_v, .. } = dims;
-    let mut alpha = vec![0.0; d_k];
-    let mut r = vec![0.0; d_v];
+    let RecurrenceDims { n, d_v, .. } = dims;
+    // The state in the output when it carries it, else in the scratch buffers.
+    let state = if dims.with_state {
+        state
+    } else {
+        &mut scratch.state[..]
+    };
+    let (alpha, r) = (&mut scratch.alpha, &mut scratch.rs[..d_v]);
     state.fill(0.0);
     for tau in 0..n {
         if tau % CHECKPOINT == 0
@@ -734,7 +770,7 @@ fn forward_sequence_generic<R: RowKernels>(
             dims,
             t,
             state,
-            (&mut alpha, &mut r),
+            (&mut alpha[..], &mut r[..]),
             Some(&mut out[t * d_v..(t + 1) * d_v]),
         );
     }
@@ -746,23 +782,26 @@ fn backward_sequence_generic<R: RowKernels>(
     dims: RecurrenceDims,
     checkpoints: &[f32],
     (d_out, d_state): (&[f32], &[f32]),
-    grads: &mut SequenceGrads<'_>,
+    (grads, scratch): (&mut SequenceGrads<'_>, &mut Scratch),
 ) {
     let RecurrenceDims { n, d_k, d_v, .. } = dims;
     let w = dims.decay_width;
     let size = dims.state();
-    let mut alpha = vec![0.0; d_k];
-    let mut d_alpha = vec![0.0; d_k];
-    let mut du = vec![0.0; d_v];
-    let mut dr = vec![0.0; d_v];
-    // The states of one stretch: `states[j]` before its position `j`, `states[j + 1]` after.
-    let mut states = vec![0.0; (CHECKPOINT + 1) * size];
-    // With the delta rule, `r_t` of each position of the stretch.
-    let mut rs = vec![0.0; CHECKPOINT * d_v];
+    let Scratch {
+        alpha,
+        d_alpha,
+        du,
+        dr,
+        ds,
+        states,
+        rs,
+        ..
+    } = scratch;
     // The gradient of the final state (none without it in the output).
-    let mut ds = vec![0.0; size];
     if dims.with_state {
         ds.copy_from_slice(d_state);
+    } else {
+        ds.fill(0.0);
     }
     for stretch in (0..dims.checkpoints()).rev() {
         let start = stretch * CHECKPOINT;
@@ -777,7 +816,7 @@ fn backward_sequence_generic<R: RowKernels>(
                 dims,
                 dims.position(tau),
                 &mut after[..size],
-                (&mut alpha, &mut rs[j * d_v..(j + 1) * d_v]),
+                (&mut alpha[..], &mut rs[j * d_v..(j + 1) * d_v]),
                 None,
             );
         }
@@ -793,7 +832,7 @@ fn backward_sequence_generic<R: RowKernels>(
             let dq = &mut grads.dq[t * d_k..(t + 1) * d_k];
             let dk = &mut grads.dk[t * d_k..(t + 1) * d_k];
             let dv = &mut grads.dv[t * d_v..(t + 1) * d_v];
-            decays_at(seq.g, t, w, &mut alpha);
+            decays_at(seq.g, t, w, alpha);
             match seq.beta {
                 None => {
                     for (a, ds) in ds.chunks_exact_mut(d_v).enumerate() {
@@ -819,20 +858,20 @@ fn backward_sequence_generic<R: RowKernels>(
                     for (a, ds) in ds.chunks_exact_mut(d_v).enumerate() {
                         let now = &now[a * d_v..(a + 1) * d_v];
                         let [q_grad, dot_r] =
-                            R::delta_row_first(ds, now, (d_o, r, &mut du), (q[a], k[a]));
+                            R::delta_row_first(ds, now, (d_o, r, du), (q[a], k[a]));
                         dq[a] = q_grad;
                         // u = β r
                         dk[a] = b * dot_r;
                     }
-                    grads.dbeta[t] = dot(&du, r);
-                    for (dr, &du) in dr.iter_mut().zip(&du) {
+                    grads.dbeta[t] = dot(du, r);
+                    for (dr, &du) in dr.iter_mut().zip(du.iter()) {
                         *dr = b * du;
                     }
-                    dv.copy_from_slice(&dr);
+                    dv.copy_from_slice(dr);
                     let mut d_al = 0.0;
                     for (a, ds) in ds.chunks_exact_mut(d_v).enumerate() {
                         let prev = &prev[a * d_v..(a + 1) * d_v];
-                        let [read, decayed] = R::delta_row_second(ds, prev, &dr, (k[a], al));
+                        let [read, decayed] = R::delta_row_second(ds, prev, dr, (k[a], al));
                         dk[a] -= al * read;
                         d_al += decayed;
                     }
