@@ -60,7 +60,9 @@ pub fn rotate(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
     let theta = angles(d, &device).reshape([1, 1, 1, d]);
     let phase = positions.reshape([batch, 1, n, 1]) * theta; // [b, 1, n, d]
     let (cos, sin) = (phase.clone().cos(), phase.sin());
-    let turned = x.clone().matmul(quarter_turn(d, &device).reshape([1, 1, d, d]));
+    let turned = x
+        .clone()
+        .matmul(quarter_turn(d, &device).reshape([1, 1, d, d]));
     x * cos + turned * sin
 }
 

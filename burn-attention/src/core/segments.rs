@@ -17,6 +17,7 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 
 use super::dropout::dropout;
+use super::flash;
 use super::heads::split_heads;
 use super::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
 use super::params::lazy_param;
@@ -237,12 +238,13 @@ pub fn segment_attention(
             hidden.push(too_old || (causal && delta < 0));
         }
     }
-    let index = Tensor::<5, Int>::from_data(TensorData::new(index, [1, 1, 1, s, width]), &device)
-        .expand([batch, heads, nb, s, width]);
-    let position = score
-        .position_scores(q, first, count)
-        .reshape([batch, heads, nb, s, count])
-        .gather(4, index);
+    let position = flash::gather_shared(
+        score
+            .position_scores(q, first, count)
+            .reshape([batch, heads, nb, s, count]),
+        &index,
+        width,
+    );
     let hidden =
         Tensor::<5, Bool>::from_data(TensorData::new(hidden, [1, 1, 1, s, width]), &device);
     // Keys before the sequence, after it, or padded.

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, MASK_FILL, flags_framed, zeros_after, zeros_before};
 use crate::core::params::lazy_param;
@@ -211,11 +212,6 @@ pub struct EtcAttention {
 
 projection_shape!(EtcAttention);
 
-/// An `Int` tensor of `shape` from row-major `values`.
-fn index<const D: usize>(values: Vec<i64>, shape: [usize; D], device: &Device) -> Tensor<D, Int> {
-    Tensor::from_data(TensorData::new(values, shape), device)
-}
-
 impl EtcAttention {
     fn label_own(&self) -> i64 {
         2 * self.max_distance as i64 + 1
@@ -252,10 +248,8 @@ impl EtcAttention {
     /// `scores [batch, heads, rows, cols]` plus each pair's label score, the labels
     /// `[rows, cols]` (row-major) read from `by_label` (`[batch, heads, rows, 2k + 3]`).
     fn add_labels(scores: Tensor<4>, by_label: Tensor<4>, labels: Vec<i64>) -> Tensor<4> {
-        let [batch, heads, rows, cols] = scores.dims();
-        let labels =
-            index(labels, [1, 1, rows, cols], &scores.device()).expand([batch, heads, rows, cols]);
-        scores + by_label.gather(3, labels)
+        let cols = scores.dims()[3];
+        scores + flash::gather_shared(by_label, &labels, cols)
     }
 
     /// The global input `[batch, g, d_model]` and its padding `[batch, g]` (`true` = a segment
@@ -413,12 +407,12 @@ impl EtcAttention {
                 labels.push(self.label_distance(delta));
             }
         }
-        let label_index =
-            index(labels, [1, 1, 1, b, width], &device).expand([batch, heads, nb, b, width]);
         let local = local
-            + by_label
-                .reshape([batch, heads, nb, b, 2 * self.max_distance + 3])
-                .gather(4, label_index);
+            + flash::gather_shared(
+                by_label.reshape([batch, heads, nb, b, 2 * self.max_distance + 3]),
+                &labels,
+                width,
+            );
         let far = Tensor::<5, Bool>::from_data(TensorData::new(far, [1, 1, 1, b, width]), &device);
         // Keys outside the sequence or padded, per window.
         let framed_len = np + 2 * side * b;

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use super::DropMask;
 use super::kernel::{self, Dims, Scoring};
 use super::recurrence::{self, RecurrenceDims};
+use super::shared_gather::{self, GatherDims};
 use super::{
-    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, gathered,
+    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
+    gathered,
 };
 use crate::core::key_slots::KeySlots;
 
@@ -369,5 +371,39 @@ impl LinearRecurrence for Flex {
         RecurrenceHost::new([q, k, v, log_decay], Some(beta), form)
             .forward(false)
             .0
+    }
+}
+
+/// The sizes of a shared-pattern gather of `x` into rows of `cols`, and `x`'s shape.
+pub(super) fn gather_dims(x: &FloatTensor<Flex>, cols: usize) -> (GatherDims, Vec<usize>) {
+    let shape = x.layout().shape().to_vec();
+    let d = shape.len();
+    let dims = GatherDims {
+        outer: shape[..d - 2].iter().product(),
+        rows: shape[d - 2],
+        len: shape[d - 1],
+        cols,
+    };
+    (dims, shape)
+}
+
+/// A shared-pattern gather's output as a tensor of `x`'s shape with `cols` last.
+pub(super) fn gathered_rows(
+    x: &FloatTensor<Flex>,
+    pattern: &[u32],
+    cols: usize,
+) -> FloatTensor<Flex> {
+    let (dims, mut shape) = gather_dims(x, cols);
+    let out = match x.as_slice::<f32>() {
+        Some(values) => shared_gather::forward(values, pattern, dims),
+        None => shared_gather::forward(&host(x.clone()).0, pattern, dims),
+    };
+    *shape.last_mut().expect("at least two axes") = cols;
+    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
+}
+
+impl RowGather for Flex {
+    fn gather_shared(x: FloatTensor<Self>, pattern: Arc<[u32]>, cols: usize) -> FloatTensor<Self> {
+        gathered_rows(&x, &pattern, cols)
     }
 }

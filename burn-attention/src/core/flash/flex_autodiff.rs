@@ -13,11 +13,13 @@ use burn::tensor::TensorData;
 use std::sync::Arc;
 
 use super::DropMask;
-use super::flex::{HeldInputs, Host, RecurrenceHost, device_tensor, host, joint_tensor};
+use super::flex::{
+    HeldInputs, Host, RecurrenceHost, device_tensor, gather_dims, gathered_rows, host, joint_tensor,
+};
 use super::kernel::{self, Dims, Scoring};
 use super::{
-    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, gathered,
-    recurrence,
+    FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
+    gathered, recurrence, shared_gather,
 };
 use crate::core::key_slots::KeySlots;
 
@@ -534,6 +536,57 @@ impl<C: CheckpointStrategy> LinearRecurrence for Autodiff<Flex, C> {
                 prep.finish(saved, joint)
             }
             OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
+        }
+    }
+}
+
+/// What a shared-pattern gather's backward keeps: the pattern and the input's sizes.
+#[derive(Debug, Clone)]
+struct GatherSaved {
+    pattern: Arc<[u32]>,
+    dims: shared_gather::GatherDims,
+    shape: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct RowGatherBackward;
+
+impl Backward<Flex, 1> for RowGatherBackward {
+    type State = GatherSaved;
+
+    fn backward(self, ops: Ops<GatherSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
+        if let Some(node) = node {
+            let saved = ops.state;
+            let dx = shared_gather::backward(&d_out, &saved.pattern, saved.dims);
+            let dx = burn::backend::flex::FlexTensor::from_data(TensorData::new(dx, saved.shape));
+            grads.register::<Flex>(node.id, dx);
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> RowGather for Autodiff<Flex, C> {
+    fn gather_shared(x: FloatTensor<Self>, pattern: Arc<[u32]>, cols: usize) -> FloatTensor<Self> {
+        match RowGatherBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let input = x.primitive();
+                let (dims, shape) = gather_dims(input, cols);
+                let out = gathered_rows(input, &pattern, cols);
+                prep.finish(
+                    GatherSaved {
+                        pattern,
+                        dims,
+                        shape,
+                    },
+                    out,
+                )
+            }
+            OpsKind::UnTracked(prep) => prep.finish(gathered_rows(x.primitive(), &pattern, cols)),
         }
     }
 }

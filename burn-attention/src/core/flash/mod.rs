@@ -24,6 +24,9 @@ mod mask;
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 mod recurrence;
 #[cfg(feature = "flex")]
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+mod shared_gather;
+#[cfg(feature = "flex")]
 mod simd;
 
 use std::sync::Arc;
@@ -248,6 +251,45 @@ fn split_joint(joint: Tensor<4>, n: usize, form: RecurrenceForm) -> (Tensor<4>, 
         joint.clone().slice(s![.., .., 0..n]),
         Some(joint.slice(s![.., .., n..rows])),
     )
+}
+
+/// `x` gathered along its last axis with one pattern for every leading position:
+/// `out[…, r, c] = x[…, r, pattern[r · cols + c]]` (`x`: `[…, rows, len]`, out `[…, rows,
+/// cols]`), as `x.gather(D − 1, index)` with the pattern expanded over the leading axes. On
+/// `flex` (`f32`) a copy a row with a backward that adds each row's gradient back in place
+/// ([`shared_gather`]); elsewhere Burn's `gather`.
+///
+/// # Panics
+/// If the pattern is not `rows × cols` long, or holds an index past `len`.
+pub(crate) fn gather_shared<const D: usize>(
+    x: Tensor<D>,
+    pattern: &[i64],
+    cols: usize,
+) -> Tensor<D> {
+    let dims = x.dims();
+    let (rows, len) = (dims[D - 2], dims[D - 1]);
+    assert_eq!(pattern.len(), rows * cols, "a pattern of {rows} × {cols}");
+    assert!(
+        pattern.iter().all(|&i| (0..len as i64).contains(&i)),
+        "pattern indices within the {len} values of a row"
+    );
+    #[cfg(feature = "flex")]
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        let pattern: Arc<[u32]> = pattern.iter().map(|&i| i as u32).collect();
+        return Tensor::from_dispatch(<burn::backend::Dispatch as RowGather>::gather_shared(
+            x.into_dispatch(),
+            pattern,
+            cols,
+        ));
+    }
+    let mut shape = [1; D];
+    shape[D - 2] = rows;
+    shape[D - 1] = cols;
+    let mut out_dims = dims;
+    out_dims[D - 1] = cols;
+    let index = Tensor::<D, Int>::from_data(TensorData::new(pattern.to_vec(), shape), &x.device())
+        .expand(out_dims);
+    x.gather(D - 1, index)
 }
 
 /// `x.exp()`, on `flex` (f32) through the vectorised exponential of the fused kernel, whose
@@ -489,6 +531,29 @@ mod gathered_extension {
             slots: Arc<KeySlots>,
             scale: f32,
             dropout: Option<DropMask>,
+        ) -> FloatTensor<Self>;
+    }
+}
+
+#[cfg(feature = "flex")]
+use gather_extension::RowGather;
+
+#[cfg(feature = "flex")]
+mod gather_extension {
+    use std::sync::Arc;
+
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, backend_extension};
+
+    /// The backend extension: gathering along the last axis with one index pattern for every
+    /// leading position, with a handwritten backward.
+    #[backend_extension(Flex: cfg(feature = "flex"), Autodiff: cfg(feature = "train"))]
+    pub trait RowGather: Backend {
+        /// `out[…, r, c] = x[…, r, pattern[r · cols + c]]`.
+        fn gather_shared(
+            x: FloatTensor<Self>,
+            pattern: Arc<[u32]>,
+            cols: usize,
         ) -> FloatTensor<Self>;
     }
 }
@@ -762,6 +827,68 @@ mod tests {
                 (dx[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-6),
                 "grad at {}",
                 x[i]
+            );
+        }
+    }
+
+    /// The shared-pattern gather (on an autodiff `flex` device) equals Burn's `gather` with the
+    /// pattern expanded: outputs exactly, and the input's gradient (values read twice or never
+    /// included) to round-off; a 5-axis input, and a transposed (non-contiguous) one.
+    #[test]
+    fn shared_gather_equals_burn_gather() {
+        let device = Device::flex().autodiff();
+        device.seed(5);
+        let (rows, len, cols): (usize, usize, usize) = (6, 9, 11);
+        // Row r reads r, r + 1, … wrapping around, and its first column twice.
+        let pattern: Vec<i64> = (0..rows * cols)
+            .map(|i| {
+                let (r, c) = (i / cols, i % cols);
+                ((r + c.saturating_sub(1)) % len) as i64
+            })
+            .collect();
+        for transposed in [false, true] {
+            let x = if transposed {
+                Tensor::<5>::random(
+                    [2, 3, 4, len, rows],
+                    Distribution::Normal(0.0, 1.0),
+                    &device,
+                )
+                .require_grad()
+            } else {
+                Tensor::<5>::random(
+                    [2, 3, 4, rows, len],
+                    Distribution::Normal(0.0, 1.0),
+                    &device,
+                )
+                .require_grad()
+            };
+            let input = || {
+                if transposed {
+                    x.clone().swap_dims(3, 4)
+                } else {
+                    x.clone()
+                }
+            };
+            let g = Tensor::<5>::random(
+                [2, 3, 4, rows, cols],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let ours = super::gather_shared(input(), &pattern, cols);
+            let index = Tensor::<5, Int>::from_data(
+                TensorData::new(pattern.clone(), [1, 1, 1, rows, cols]),
+                &device,
+            )
+            .expand([2, 3, 4, rows, cols]);
+            let theirs = input().gather(4, index);
+            let grad = |y: Tensor<5>| x.grad(&(y * g.clone()).sum().backward()).unwrap();
+            let (d_ours, d_theirs) = (grad(ours.clone()), grad(theirs.clone()));
+            let err: f32 = (ours - theirs).abs().max().into_scalar();
+            assert_eq!(err, 0.0, "transposed {transposed}: outputs");
+            let err: f32 = (d_ours - d_theirs).abs().max().into_scalar();
+            assert!(
+                err <= 1e-6,
+                "transposed {transposed}: gradients differ by {err}"
             );
         }
     }
