@@ -43,6 +43,7 @@ use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, flags_framed, zeros_after};
 use crate::core::segments::{
@@ -295,21 +296,22 @@ fn frozen(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
     }
 }
 
+/// The rows of `index` (`None`: row 0, to be masked).
+fn rows_of(index: &[Option<usize>]) -> Vec<usize> {
+    index.iter().map(|j| j.unwrap_or(0)).collect()
+}
+
 /// Rows `index` (`None`: row 0, to be masked) of `x` along `dim`.
-fn pick<const D: usize, K: burn::tensor::kind::Basic>(
-    x: Tensor<D, K>,
-    dim: usize,
-    index: &[Option<usize>],
-) -> Tensor<D, K> {
-    let rows: Vec<i64> = index.iter().map(|j| j.unwrap_or(0) as i64).collect();
-    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [index.len()]), &x.device());
-    x.select(dim, rows)
+fn pick<const D: usize>(x: Tensor<D>, dim: usize, index: &[Option<usize>]) -> Tensor<D> {
+    flash::select_rows(x, dim, &rows_of(index))
 }
 
 /// Columns `index` (`None`: column 0, to be masked) of the flags `[batch, m]` (selected as
 /// integers: `flex` 0.22.1 selects booleans into a tensor its boolean operations refuse).
 fn pick_flags(flags: Tensor<2, Bool>, index: &[Option<usize>]) -> Tensor<2, Bool> {
-    pick(flags.int(), 1, index).equal_elem(1)
+    let rows: Vec<i64> = rows_of(index).into_iter().map(|r| r as i64).collect();
+    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [index.len()]), &flags.device());
+    flags.int().select(1, rows).equal_elem(1)
 }
 
 /// Which entries of `index` are `None`, for every sequence of the batch: `[batch, len]`.

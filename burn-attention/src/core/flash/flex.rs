@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::DropMask;
 use super::kernel::{self, Dims, Scoring};
 use super::recurrence::{self, RecurrenceDims};
-use super::shared_gather::{self, GatherDims};
+use super::shared_gather::{self, GatherDims, SelectDims};
 use super::{
     FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
     gathered,
@@ -402,8 +402,38 @@ pub(super) fn gathered_rows(
     burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
 }
 
+/// The sizes of a selection of `count` slices along `dim` of `x`, and the output's shape.
+pub(super) fn select_dims(
+    x: &FloatTensor<Flex>,
+    dim: usize,
+    count: usize,
+) -> (SelectDims, Vec<usize>) {
+    let mut shape = x.layout().shape().to_vec();
+    let dims = SelectDims {
+        outer: shape[..dim].iter().product(),
+        len: shape[dim],
+        inner: shape[dim + 1..].iter().product(),
+    };
+    shape[dim] = count;
+    (dims, shape)
+}
+
+/// The slices `rows` of `x` along `dim`.
+pub(super) fn selected_rows(x: &FloatTensor<Flex>, dim: usize, rows: &[u32]) -> FloatTensor<Flex> {
+    let (dims, shape) = select_dims(x, dim, rows.len());
+    let out = match x.as_slice::<f32>() {
+        Some(values) => shared_gather::select_forward(values, rows, dims),
+        None => shared_gather::select_forward(&host(x.clone()).0, rows, dims),
+    };
+    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
+}
+
 impl RowGather for Flex {
     fn gather_shared(x: FloatTensor<Self>, pattern: Arc<[u32]>, cols: usize) -> FloatTensor<Self> {
         gathered_rows(&x, &pattern, cols)
+    }
+
+    fn select_rows(x: FloatTensor<Self>, dim: usize, rows: Arc<[u32]>) -> FloatTensor<Self> {
+        selected_rows(&x, dim, &rows)
     }
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::DropMask;
 use super::flex::{
-    HeldInputs, Host, RecurrenceHost, device_tensor, gather_dims, gathered_rows, host, joint_tensor,
+    HeldInputs, Host, RecurrenceHost, device_tensor, gather_dims, gathered_rows, host,
+    joint_tensor, select_dims, selected_rows,
 };
 use super::kernel::{self, Dims, Scoring};
 use super::{
@@ -587,6 +588,49 @@ impl<C: CheckpointStrategy> RowGather for Autodiff<Flex, C> {
                 )
             }
             OpsKind::UnTracked(prep) => prep.finish(gathered_rows(x.primitive(), &pattern, cols)),
+        }
+    }
+
+    fn select_rows(x: FloatTensor<Self>, dim: usize, rows: Arc<[u32]>) -> FloatTensor<Self> {
+        match SelectBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let input = x.primitive();
+                let (dims, _) = select_dims(input, dim, rows.len());
+                let shape = input.layout().shape().to_vec();
+                let out = selected_rows(input, dim, &rows);
+                prep.finish(SelectSaved { rows, dims, shape }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(selected_rows(x.primitive(), dim, &rows)),
+        }
+    }
+}
+
+/// What a selection's backward keeps: the rows and the input's sizes.
+#[derive(Debug, Clone)]
+struct SelectSaved {
+    rows: Arc<[u32]>,
+    dims: shared_gather::SelectDims,
+    shape: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct SelectBackward;
+
+impl Backward<Flex, 1> for SelectBackward {
+    type State = SelectSaved;
+
+    fn backward(self, ops: Ops<SelectSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
+        if let Some(node) = node {
+            let saved = ops.state;
+            let dx = shared_gather::select_backward(&d_out, &saved.rows, saved.dims);
+            let dx = burn::backend::flex::FlexTensor::from_data(TensorData::new(dx, saved.shape));
+            grads.register::<Flex>(node.id, dx);
         }
     }
 }

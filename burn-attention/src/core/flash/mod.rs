@@ -292,6 +292,33 @@ pub(crate) fn gather_shared<const D: usize>(
     x.gather(D - 1, index)
 }
 
+/// `x.select(dim, rows)`: the slices `rows` along axis `dim`, in that order (repeats
+/// allowed). On `flex` (`f32`) a copy a slice with a backward that adds each slice's gradient
+/// back in place ([`shared_gather`]), where Burn's backward goes through a general
+/// scatter-add; elsewhere Burn's `select`.
+///
+/// # Panics
+/// If a row is past the axis's length.
+pub(crate) fn select_rows<const D: usize>(x: Tensor<D>, dim: usize, rows: &[usize]) -> Tensor<D> {
+    let len = x.dims()[dim];
+    assert!(
+        rows.iter().all(|&r| r < len),
+        "rows within the axis's {len}"
+    );
+    #[cfg(feature = "flex")]
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        let rows: Arc<[u32]> = rows.iter().map(|&r| r as u32).collect();
+        return Tensor::from_dispatch(<burn::backend::Dispatch as RowGather>::select_rows(
+            x.into_dispatch(),
+            dim,
+            rows,
+        ));
+    }
+    let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let index = Tensor::<1, Int>::from_data(TensorData::new(index, [rows.len()]), &x.device());
+    x.select(dim, index)
+}
+
 /// `x.exp()`, on `flex` (f32) through the vectorised exponential of the fused kernel, whose
 /// results are 0 below -87.3 (where `f32`'s are subnormal) and inputs clamped above 88.7; for
 /// callers whose arguments are at most 0 (stabilised random features).
@@ -546,7 +573,7 @@ mod gather_extension {
     use burn::backend::{Backend, backend_extension};
 
     /// The backend extension: gathering along the last axis with one index pattern for every
-    /// leading position, with a handwritten backward.
+    /// leading position, and selecting slices along an axis, with handwritten backwards.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff: cfg(feature = "train"))]
     pub trait RowGather: Backend {
         /// `out[…, r, c] = x[…, r, pattern[r · cols + c]]`.
@@ -555,6 +582,9 @@ mod gather_extension {
             pattern: Arc<[u32]>,
             cols: usize,
         ) -> FloatTensor<Self>;
+
+        /// The slices `rows` of `x` along axis `dim`.
+        fn select_rows(x: FloatTensor<Self>, dim: usize, rows: Arc<[u32]>) -> FloatTensor<Self>;
     }
 }
 
@@ -889,6 +919,41 @@ mod tests {
             assert!(
                 err <= 1e-6,
                 "transposed {transposed}: gradients differ by {err}"
+            );
+        }
+    }
+
+    /// The selection of slices (on an autodiff `flex` device) equals Burn's `select`: outputs
+    /// exactly, the input's gradient to round-off, along the first, a middle and the last axis,
+    /// rows repeated and left out, on a transposed (non-contiguous) input too.
+    #[test]
+    fn select_rows_equals_burn_select() {
+        let device = Device::flex().autodiff();
+        device.seed(6);
+        let rows = [3, 0, 3, 5, 1];
+        for (dim, transposed) in [(0, false), (1, false), (3, false), (1, true)] {
+            let x = Tensor::<4>::random([6, 7, 2, 6], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
+            let input = || {
+                if transposed {
+                    x.clone().swap_dims(1, 3)
+                } else {
+                    x.clone()
+                }
+            };
+            let ours = super::select_rows(input(), dim, &rows);
+            let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+            let index = Tensor::<1, Int>::from_data(TensorData::new(index, [rows.len()]), &device);
+            let theirs = input().select(dim, index);
+            let g = Tensor::<4>::random(ours.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let grad = |y: Tensor<4>| x.grad(&(y * g.clone()).sum().backward()).unwrap();
+            let (d_ours, d_theirs) = (grad(ours.clone()), grad(theirs.clone()));
+            let err: f32 = (ours - theirs).abs().max().into_scalar();
+            assert_eq!(err, 0.0, "axis {dim}, transposed {transposed}: outputs");
+            let err: f32 = (d_ours - d_theirs).abs().max().into_scalar();
+            assert!(
+                err <= 1e-6,
+                "axis {dim}, transposed {transposed}: gradients differ by {err}"
             );
         }
     }

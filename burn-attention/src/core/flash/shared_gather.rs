@@ -1,6 +1,8 @@
-//! Gathering along the last axis with one index pattern for every leading position: `out[…, r,
-//! c] = x[…, r, pattern[r, c]]`, as relative-position scores are read from a table of scores by
-//! distance (Transformer-XL's and the Compressive Transformer's segments, ETC's labels).
+//! Gathering with one index for every leading position: along the last axis, `out[…, r, c] =
+//! x[…, r, pattern[r, c]]`, as relative-position scores are read from a table of scores by
+//! distance (Transformer-XL's and the Compressive Transformer's segments, ETC's labels); and
+//! whole slices along an axis, `out[o, r, …] = x[o, rows[r], …]` (Burn's `select`), as the
+//! Compressive Transformer picks its compressed memories.
 //!
 //! Burn's `gather` takes an index as large as its output and, under autodiff, scatters the
 //! gradient back through it with a general scatter-add, which on `flex` took a sixth of a
@@ -85,6 +87,59 @@ pub fn backward(d_out: &[f32], pattern: &[u32], dims: GatherDims) -> Vec<f32> {
             {
                 for (&g, &i) in d_out.iter().zip(pattern) {
                     dx[i as usize] += g;
+                }
+            }
+        });
+    dx
+}
+
+/// Sizes of a selection along an axis: `outer` positions before the axis, `len` along it in,
+/// `inner` values after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelectDims {
+    /// Product of the axes before the selected one.
+    pub outer: usize,
+    /// The selected axis's length in.
+    pub len: usize,
+    /// Product of the axes after it.
+    pub inner: usize,
+}
+
+/// `out[o, r, i] = x[o, rows[r], i]`: `[outer, rows.len(), inner]`.
+pub fn select_forward(x: &[f32], rows: &[u32], dims: SelectDims) -> Vec<f32> {
+    let SelectDims { outer, len, inner } = dims;
+    assert_eq!(x.len(), outer * len * inner);
+    assert!(rows.iter().all(|&r| (r as usize) < len));
+    let mut out = vec![0.0; outer * rows.len() * inner];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(rows.len() * inner)
+        .zip(x.par_chunks(len * inner))
+        .for_each(|(out, x)| {
+            for (out, &r) in out.chunks_exact_mut(inner).zip(rows) {
+                let r = r as usize;
+                out.copy_from_slice(&x[r * inner..(r + 1) * inner]);
+            }
+        });
+    out
+}
+
+/// The backward of [`select_forward`]: `dx[o, rows[r], i] += d_out[o, r, i]`.
+pub fn select_backward(d_out: &[f32], rows: &[u32], dims: SelectDims) -> Vec<f32> {
+    let SelectDims { outer, len, inner } = dims;
+    assert_eq!(d_out.len(), outer * rows.len() * inner);
+    let mut dx = vec![0.0; outer * len * inner];
+    if dx.is_empty() || d_out.is_empty() {
+        return dx;
+    }
+    dx.par_chunks_mut(len * inner)
+        .zip(d_out.par_chunks(rows.len() * inner))
+        .for_each(|(dx, d_out)| {
+            for (g, &r) in d_out.chunks_exact(inner).zip(rows) {
+                let r = r as usize;
+                for (dx, &g) in dx[r * inner..(r + 1) * inner].iter_mut().zip(g) {
+                    *dx += g;
                 }
             }
         });
