@@ -17,8 +17,8 @@ mod registry;
 pub mod variants;
 
 pub use crate::core::contract::{
-    AttentionModule, CachedKeys, Capabilities, DecayedState, DecodingState, RecurrentState,
-    SegmentMemory,
+    AttentionModule, CachedKeys, Capabilities, CompressiveMemory, DecayedState, DecodingState,
+    RecurrentState, SegmentMemory,
 };
 pub use crate::core::error::AttentionError;
 pub use crate::core::features::{orthogonal_features, random_orthogonal};

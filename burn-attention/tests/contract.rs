@@ -505,10 +505,27 @@ fn decoding_equals_causal_forward() {
                     assert_eq!(blocks.keys.dims()[2], n / 3, "{}", config.name());
                     assert_eq!(current.expect("block under way").keys.dims()[2], n % 3);
                 }
-                (DecodingState::Inputs { .. }, DecodingState::Inputs { states, padding }) => {
-                    // The Compressive Transformer: every input so far.
-                    assert_eq!(states.dims()[1], n, "{}", config.name());
-                    assert!(padding.is_none(), "{}", config.name());
+                (DecodingState::Compressive(_), DecodingState::Compressive(memories)) => {
+                    // The Compressive Transformer: per sequence, at most c − 1 + mem_len + s
+                    // inputs and cmem_len compressed slots (the small configuration's c, mem_len,
+                    // s and cmem_len below), whatever the position.
+                    let small::CompressiveSizes {
+                        compression: c,
+                        mem_len,
+                        segment_len: s,
+                        cmem_len,
+                    } = small::COMPRESSIVE;
+                    for memory in memories {
+                        assert_eq!(memory.seen, n, "{}", config.name());
+                        let inputs = memory.recent.expect("inputs")[0].dims()[0];
+                        assert!(
+                            inputs < c + mem_len + s,
+                            "{}: {inputs} inputs",
+                            config.name()
+                        );
+                        let slots = memory.compressed.expect("compressed slots")[0].dims()[0];
+                        assert!(slots <= cmem_len, "{}: {slots} slots", config.name());
+                    }
                 }
                 (_, other) => panic!("{}: unexpected state {other:?}", config.name()),
             }

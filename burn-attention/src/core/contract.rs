@@ -240,15 +240,27 @@ pub enum DecodingState {
     /// Linear attention with a decaying state (RetNet's retention): the decayed sums over
     /// the tokens so far, so that a step costs O(d²) wherever it is in the sequence.
     Decayed(DecayedState),
-    /// The Compressive Transformer: the attention's own inputs so far (its compressed memory is
-    /// made from the inputs, not from the keys); a step reads a bounded stretch of them.
-    Inputs {
-        /// The inputs so far, `[batch, t, d_model]`.
-        states: Tensor<3>,
-        /// `[batch, t]`, `true` = a position that pads a prompt shorter than the batch's
-        /// longest; `None`: none.
-        padding: Option<Tensor<2, Bool>>,
-    },
+    /// The Compressive Transformer, sequence by sequence: the inputs its next tokens read or
+    /// will compress, and its compressed memory; bounded whatever the position.
+    Compressive(Vec<CompressiveMemory>),
+}
+
+/// What the Compressive Transformer keeps of one sequence while decoding: its attention's
+/// inputs, keys and values over the positions a later token reads (its memory and segment) or
+/// will compress (the fewer than `c` before them), and the keys and values of its compressed
+/// memory (`f_c` of the newest blocks of `c` positions, projected). The default: nothing seen.
+#[derive(Debug, Clone, Default)]
+pub struct CompressiveMemory {
+    /// Positions seen: the next token's position.
+    pub seen: usize,
+    /// The inputs, keys and values of the last positions seen, `[len, d_model]` each, the
+    /// newest last (`None`: none).
+    pub recent: Option<[Tensor<2>; 3]>,
+    /// The keys and values of the compressed blocks `compressed_end − m .. compressed_end`,
+    /// `[m, d_model]` each, the newest last (`None`: none yet).
+    pub compressed: Option<[Tensor<2>; 2]>,
+    /// Blocks compressed so far: the index after the newest.
+    pub compressed_end: usize,
 }
 
 /// What a recurrent attention carries from one call to the next
@@ -293,7 +305,16 @@ impl DecodingState {
                 .map(|c| count(&c.keys) + count(&c.values))
                 .sum(),
             Self::Decayed(state) => count(&state.s) + state.seen.shape().num_elements(),
-            Self::Inputs { states, .. } => states.shape().num_elements(),
+            Self::Compressive(memories) => memories
+                .iter()
+                .flat_map(|m| {
+                    m.recent
+                        .iter()
+                        .flatten()
+                        .chain(m.compressed.iter().flatten())
+                })
+                .map(|t| t.shape().num_elements())
+                .sum(),
         }
     }
 
@@ -358,35 +379,9 @@ impl DecodingState {
             Self::Recurrent(_)
             | Self::Decayed(_)
             | Self::Compressed { .. }
-            | Self::Inputs { .. } => Err(AttentionError::unsupported(
+            | Self::Compressive(_) => Err(AttentionError::unsupported(
                 variant,
                 "another variant's decoding state (it carries a key/value cache)",
-            )),
-        }
-    }
-
-    /// The inputs so far with this token's `x` (`[batch, 1, d_model]`) appended, and their
-    /// padding flags (the new token's `false`), starting from [`Empty`](Self::Empty): the state
-    /// of the attentions that decode from their inputs. Any other state is an error naming
-    /// `variant`.
-    pub fn append_to_inputs(
-        self,
-        variant: &'static str,
-        x: Tensor<3>,
-    ) -> Result<(Tensor<3>, Option<Tensor<2, Bool>>), AttentionError> {
-        match self {
-            Self::Empty => Ok((x, None)),
-            Self::Inputs { states, padding } => {
-                let padding = padding.map(|pad| {
-                    let batch = pad.dims()[0];
-                    let real = TensorData::new(vec![false; batch], [batch, 1]);
-                    Tensor::cat(vec![pad, Tensor::from_data(real, &x.device())], 1)
-                });
-                Ok((Tensor::cat(vec![states, x], 1), padding))
-            }
-            _ => Err(AttentionError::unsupported(
-                variant,
-                "another variant's decoding state (it carries its inputs)",
             )),
         }
     }

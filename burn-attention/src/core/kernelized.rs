@@ -215,7 +215,7 @@ pub fn recurrent_state(
         DecodingState::KeyValueCache { .. }
         | DecodingState::Decayed(_)
         | DecodingState::Compressed { .. }
-        | DecodingState::Inputs { .. } => Err(AttentionError::unsupported(
+        | DecodingState::Compressive(_) => Err(AttentionError::unsupported(
             variant,
             "another variant's decoding state (it carries a recurrent state)",
         )),

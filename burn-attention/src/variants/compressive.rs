@@ -29,19 +29,20 @@
 //! the segments that evict something. Without that loss `f_c` keeps its initial weights.
 //!
 //! Masks: padding (padded states are zeroed before the compression and a slot wholly of padding
-//! is masked), causal (the paper's language model). Decoding keeps the layer's inputs so far
-//! ([`DecodingState::Inputs`]): a step runs the causal pass over the positions the new token can
-//! reach, from a multiple of `lcm(s, c)` at or before its oldest compressed slot, so a step
-//! costs a forward pass over at most `lcm(s, c) + c · cmem_len + mem_len + s` positions,
-//! whatever the position. No cross-attention, attention mask, weights, per-head form (the
-//! compression mixes the heads' channels) or memory across calls.
+//! is masked), causal (the paper's language model). Decoding keeps, per sequence, the paper's
+//! recurrent state ([`DecodingState::Compressive`]): the compressed memory (`f_c` of the newest
+//! `cmem_len` blocks) and the layer's inputs over the positions later tokens read or compress
+//! (at most `c − 1 + mem_len + s`); a step compresses the blocks that leave the memory and
+//! attends one query to at most `cmem_len + mem_len + s` keys, whatever the position. No
+//! cross-attention, attention mask, weights, per-head form (the compression mixes the heads'
+//! channels) or memory across calls.
 
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
+use crate::core::contract::{AttentionModule, Capabilities, CompressiveMemory, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
@@ -49,7 +50,7 @@ use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, flags_framed, zer
 use crate::core::segments::{
     RelativeScore, SegmentLayout, SegmentPrefix, relative_score_params, segment_attention,
 };
-use crate::core::sparse::{flags_tensor, padding_flags, suffix_lengths};
+use crate::core::sparse::{flags_tensor, suffix_lengths};
 use crate::core::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
@@ -509,20 +510,176 @@ impl CompressiveAttention {
         )
     }
 
-    /// A step's output for one sequence whose inputs so far are `states: [1, t + 1, d_model]`:
-    /// the causal pass over the positions from the last multiple of `lcm(s, c)` at or before the
-    /// oldest the token at `t` sees, its last row (`[1, 1, d_model]`).
-    fn last_position(&self, states: Tensor<3>) -> Tensor<3> {
-        let t = states.dims()[1] - 1;
+    /// Blocks compressed when the token at position `t` runs: those that end at or before its
+    /// memory's start, `⌊max(0, τ s − mem_len) / c⌋` with `τ = ⌊t / s⌋`.
+    fn blocks_before(&self, t: usize) -> usize {
+        let s = self.segment_len;
+        (t / s * s).saturating_sub(self.mem_len) / self.compression
+    }
+
+    /// The keys and values of the compressed blocks `from..to`, `f_c` of them projected, from
+    /// `inputs` (`[len, d_model]`) whose first row is the position `first`: `[to − from,
+    /// d_model]` each.
+    fn compressed_slots(
+        &self,
+        inputs: &Tensor<2>,
+        first: usize,
+        (from, to): (usize, usize),
+    ) -> [Tensor<2>; 2] {
+        let c = self.compression;
+        let d_model = inputs.dims()[1];
+        let rows = inputs
+            .clone()
+            .slice(s![from * c - first..to * c - first])
+            .reshape([to - from, c * d_model]);
+        self.keys_and_values(
+            self.compress
+                .forward(rows.unsqueeze_dim::<3>(0))
+                .reshape([to - from, d_model]),
+        )
+    }
+
+    /// The layer's keys and values of `x` (`[len, d_model]`), `[len, d_model]` each.
+    fn keys_and_values(&self, x: Tensor<2>) -> [Tensor<2>; 2] {
+        [&self.proj.key, &self.proj.value].map(|layer| layer.forward(x.clone()))
+    }
+
+    /// One sequence's decoding memory after its inputs `x` (`[t, d_model]`, its real positions):
+    /// as [`step`](Self::step) leaves it after the token at `t − 1`.
+    fn memory_after(&self, x: Tensor<2>) -> CompressiveMemory {
+        let t = x.dims()[0];
+        if t == 0 {
+            return CompressiveMemory::default();
+        }
+        let hi = self.blocks_before(t - 1);
+        let from = hi.saturating_sub(self.cmem_len);
+        let compressed = (hi > from).then(|| self.compressed_slots(&x, 0, (from, hi)));
+        let kept = hi * self.compression;
+        let recent = (kept < t).then(|| {
+            let inputs = x.slice(s![kept..t]);
+            let [keys, values] = self.keys_and_values(inputs.clone());
+            [inputs, keys, values]
+        });
+        CompressiveMemory {
+            seen: t,
+            recent,
+            compressed,
+            compressed_end: hi,
+        }
+    }
+
+    /// The token at position `memory.seen` of one sequence, `x: [1, d_model]`: its output
+    /// (`[1, d_model]`) and the memory after it. The blocks that leave the memory are compressed
+    /// (the newest `cmem_len` kept, as keys and values), the token attends to the compressed
+    /// slots, the memory and its segment so far, and the positions no later token reads or
+    /// compresses are dropped: at most `c − 1 + mem_len + s` positions and `cmem_len` slots are
+    /// kept, whatever the position, and a step projects one input and at most the blocks that
+    /// leave the memory.
+    fn step(&self, x: Tensor<2>, memory: CompressiveMemory) -> (Tensor<2>, CompressiveMemory) {
+        let t = memory.seen;
         let (s, c) = (self.segment_len, self.compression);
-        let start = (t / s * s).saturating_sub(self.mem_len);
-        let oldest = (start / c).saturating_sub(self.cmem_len) * c;
-        let period = lcm(s, c).expect("validated");
-        let from = oldest / period * period;
-        let (o, _) = self.attention(states.slice(s![.., from..]), &None, true, false);
-        let o = self.proj.out(o);
-        let len = o.dims()[1];
-        o.slice(s![.., len - 1..len])
+        let [k_x, v_x] = self.keys_and_values(x.clone());
+        let own = [x.clone(), k_x, v_x];
+        let first = t - memory.recent.as_ref().map_or(0, |r| r[0].dims()[0]);
+        let recent = match memory.recent {
+            Some(recent) => {
+                let mut parts = own.into_iter();
+                recent.map(|old| Tensor::cat(vec![old, parts.next().expect("three")], 0))
+            }
+            None => own,
+        };
+        let hi = self.blocks_before(t);
+        let from = memory.compressed_end.max(hi.saturating_sub(self.cmem_len));
+        let mut compressed = memory.compressed;
+        if hi > from {
+            let new = self.compressed_slots(&recent[0], first, (from, hi));
+            compressed = Some(match compressed {
+                Some(old) => {
+                    let mut parts = new.into_iter();
+                    old.map(|old| Tensor::cat(vec![old, parts.next().expect("two")], 0))
+                }
+                None => new,
+            });
+        }
+        let compressed = compressed.and_then(|slots| {
+            let m = slots[0].dims()[0];
+            let keep = m.min(self.cmem_len);
+            (keep > 0).then(|| slots.map(|x| x.slice(s![m - keep..m])))
+        });
+        let start = (t / s * s).saturating_sub(self.mem_len) - first;
+        let read = [&recent[1], &recent[2]].map(|x| x.clone().slice(s![start..]));
+        let y = self.attend_one(x, compressed.as_ref(), read, t - t / s * s);
+        // Later tokens compress the blocks from `hi` on and read from their memories' starts,
+        // which are at or after `hi c`.
+        let kept = hi * c - first;
+        let len = recent[0].dims()[0];
+        let memory = CompressiveMemory {
+            seen: t + 1,
+            recent: (kept < len).then(|| recent.map(|x| x.slice(s![kept..len]))),
+            compressed,
+            compressed_end: hi,
+        };
+        (y, memory)
+    }
+
+    /// One query (`x: [1, d_model]`, at place `rho` of its segment) over the compressed slots'
+    /// keys and values (`[p, d_model]` each, oldest first) and those of its memory and segment
+    /// up to itself (`own`, `[len, d_model]` each, the query's own last), with the relative
+    /// score of the forward pass: a slot `k`-th newest at distance `rho + mem_len + k`, a
+    /// position at its distance. `[1, d_model]`.
+    fn attend_one(
+        &self,
+        x: Tensor<2>,
+        compressed: Option<&[Tensor<2>; 2]>,
+        own: [Tensor<2>; 2],
+        rho: usize,
+    ) -> Tensor<2> {
+        let heads = self.proj.n_heads;
+        let d_model = x.dims()[1];
+        let p = compressed.map_or(0, |slots| slots[0].dims()[0]);
+        let len = own[0].dims()[0];
+        let [k, v] = match compressed {
+            Some(slots) => {
+                let mut own = own.into_iter();
+                slots
+                    .clone()
+                    .map(|slot| Tensor::cat(vec![slot, own.next().expect("two")], 0))
+            }
+            None => own,
+        }
+        .map(|x| split_heads(x.unsqueeze_dim::<3>(0), heads));
+        let q = split_heads(self.proj.query.forward(x.unsqueeze_dim::<3>(0)), heads);
+        let distances: Vec<i64> = (0..p)
+            .map(|i| (rho + self.mem_len + (p - i)) as i64)
+            .chain((0..len).map(|j| (len - 1 - j) as i64))
+            .collect();
+        let count = distances.iter().max().map_or(1, |&d| d as usize + 1);
+        let score = self.score();
+        let content = score.content_queries(q.clone()).matmul(k.swap_dims(2, 3));
+        let position = flash::gather_shared(
+            score.position_scores_by_query(q, 0, count),
+            &distances,
+            p + len,
+        );
+        let o = softmax(content + position, 3).matmul(v);
+        self.proj.out(o).reshape([1, d_model])
+    }
+
+    /// The decoding memories of a batch after its prompts `x` (`[batch, t, d_model]`), each
+    /// sequence's of its first `lengths[b]` positions.
+    fn memories_after(&self, x: &Tensor<3>, lengths: &[usize]) -> Vec<CompressiveMemory> {
+        let d_model = x.dims()[2];
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(b, &len)| {
+                let own = x
+                    .clone()
+                    .slice(s![b..b + 1, 0..len])
+                    .reshape([len, d_model]);
+                self.memory_after(own)
+            })
+            .collect()
     }
 }
 
@@ -573,67 +730,71 @@ impl AttentionModule for CompressiveAttention {
         ))
     }
 
-    /// The causal forward pass; the state keeps the inputs (the compressed memory is made from
-    /// them).
+    /// The causal forward pass; the state keeps, per sequence, the inputs later tokens read or
+    /// compress and the compressed memory ([`DecodingState::Compressive`]).
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let y = self.try_forward(AttentionInput::new(x.clone()).causal(true))?;
-        Ok((
-            y,
-            DecodingState::Inputs {
-                states: x,
-                padding: None,
-            },
-        ))
+        let [batch, t, _] = x.dims();
+        let memories = self.memories_after(&x, &vec![t; batch]);
+        Ok((y, DecodingState::Compressive(memories)))
     }
 
     /// Prompts padded at their end: the causal forward pass with the padding masked; each
-    /// sequence's positions are read from the padding.
+    /// sequence's memory is made from its own positions.
     fn prefill_padded(
         &self,
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        suffix_lengths(INFO.name, &mask_pad)?;
+        let lengths = suffix_lengths(INFO.name, &mask_pad)?;
         let y = self.try_forward(
             AttentionInput::new(x.clone())
                 .mask_pad(mask_pad.clone())
                 .causal(true),
         )?;
-        Ok((
-            y,
-            DecodingState::Inputs {
-                states: x,
-                padding: Some(mask_pad),
-            },
-        ))
+        let memories = self.memories_after(&x, &lengths);
+        Ok((y, DecodingState::Compressive(memories)))
     }
 
-    /// Appends the token to the inputs and runs, per sequence, the causal pass over the
-    /// positions it can reach (see the module's documentation for the cost).
+    /// One token per sequence from its memory ([`step`](Self::step)): a bounded amount of work
+    /// and state whatever the position.
     fn decode(
         &self,
         x: Tensor<3>,
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (states, padding) = state.append_to_inputs(INFO.name, x)?;
-        let [batch, t, _] = states.dims();
-        let flags = padding_flags(&padding, batch, t);
-        let outputs = flags
-            .iter()
+        let [batch, _, d_model] = x.dims();
+        let memories = match state {
+            DecodingState::Empty => vec![CompressiveMemory::default(); batch],
+            DecodingState::Compressive(memories) if memories.len() == batch => memories,
+            DecodingState::Compressive(memories) => {
+                return Err(AttentionError::unsupported(
+                    INFO.name,
+                    format!(
+                        "a decoding state of {} sequences for a batch of {batch}",
+                        memories.len()
+                    ),
+                ));
+            }
+            _ => {
+                return Err(AttentionError::unsupported(
+                    INFO.name,
+                    "another variant's decoding state (it carries its inputs and compressed memory)",
+                ));
+            }
+        };
+        let (outputs, memories): (Vec<_>, Vec<_>) = memories
+            .into_iter()
             .enumerate()
-            .map(|(b, pad)| {
-                let real: Vec<Option<usize>> = pad
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| !**p)
-                    .map(|(j, _)| Some(j))
-                    .collect();
-                self.last_position(pick(states.clone().slice(s![b..b + 1]), 1, &real))
+            .map(|(b, memory)| {
+                let token = x.clone().slice(s![b..b + 1]).reshape([1, d_model]);
+                let (y, memory) = self.step(token, memory);
+                (y.reshape([1, 1, d_model]), memory)
             })
-            .collect();
+            .unzip();
         Ok((
             Tensor::cat(outputs, 0),
-            DecodingState::Inputs { states, padding },
+            DecodingState::Compressive(memories),
         ))
     }
 }

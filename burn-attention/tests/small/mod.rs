@@ -3,6 +3,22 @@
 
 use burn_attention_zoo::{AttentionConfig, BigBirdConfig, SinkhornConfig, SynthesizerConfig};
 
+/// The small compressive configuration's sizes (see [`small_config`]).
+pub struct CompressiveSizes {
+    pub segment_len: usize,
+    pub mem_len: usize,
+    pub compression: usize,
+    pub cmem_len: usize,
+}
+
+/// Segments of 4, 2 positions of memory, slots of 2 positions, 3 of them.
+pub const COMPRESSIVE: CompressiveSizes = CompressiveSizes {
+    segment_len: 4,
+    mem_len: 2,
+    compression: 2,
+    cmem_len: 3,
+};
+
 /// The registered variant `name` at width `d_model` with `n_heads` heads on sequences of up to
 /// `n_max` positions, dropout off, its large defaults cut down (Linformer k = 5, Performer 24
 /// features, Nyströmformer 4 landmarks, local blocks of 4 and windows of 2,
@@ -55,10 +71,10 @@ pub fn small_config(name: &str, d_model: usize, n_heads: usize, n_max: usize) ->
         // Segments of 4, 2 positions of memory, slots of 2 positions, 3 of them: a sequence of
         // 7 already compresses a block, the checks' longer ones fill the compressed memory.
         AttentionConfig::Compressive(c) => AttentionConfig::Compressive(
-            c.with_segment_len(4)
-                .with_mem_len(2)
-                .with_compression(2)
-                .with_cmem_len(3),
+            c.with_segment_len(COMPRESSIVE.segment_len)
+                .with_mem_len(COMPRESSIVE.mem_len)
+                .with_compression(COMPRESSIVE.compression)
+                .with_cmem_len(COMPRESSIVE.cmem_len),
         ),
         // Three clusters (so that the checks' sequences fill several, each of ⌈n/3⌉) and
         // windows of 2 for the local heads.
