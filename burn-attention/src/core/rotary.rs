@@ -40,7 +40,7 @@ fn quarter_turn(d: usize, device: &Device) -> Tensor<2> {
 }
 
 /// `x` rotated at `positions`: `x cos + (x J) sin` channel by channel, with `J` the quarter
-/// turn of each pair ([`quarter_turn`]): one small product and three element-wise operations,
+/// turn of each pair, `(x_{2i}, x_{2i+1}) ↦ (−x_{2i+1}, x_{2i})`: one small product and three element-wise operations,
 /// where splitting the pairs apart and stacking them back would copy `x` several times, forward
 /// and backward.
 ///

@@ -756,8 +756,8 @@ impl AttentionModule for CompressiveAttention {
         Ok((y, DecodingState::Compressive(memories)))
     }
 
-    /// One token per sequence from its memory ([`step`](Self::step)): a bounded amount of work
-    /// and state whatever the position.
+    /// One token per sequence from its memory (the module docs' recurrent state): a bounded
+    /// amount of work and state whatever the position.
     fn decode(
         &self,
         x: Tensor<3>,
