@@ -30,6 +30,13 @@
 //! **Recurrent form.** [`decayed_step`] carries `S` token by token in O(d_k d_v) a step,
 //! whatever the position.
 //!
+//! **On `flex`** (`f32`) the causal and non-causal forms run the recurrence itself, token by
+//! token, in a fused kernel with its own backward (`core/flash/recurrence.rs`): with the head
+//! sizes the presets train, `2 d_k d_v` multiply-adds a token forward beat the chunked form's
+//! `c × c` weights and its dozens of tensor operations, each a pass over memory under autodiff.
+//! The two forms agree to round-off (checked on padded batches, gradients included); every other
+//! backend runs the chunked form below.
+//!
 //! **Non-causal form.** [`decayed_bidirectional`] sums both directions: the causal form
 //! forwards, the same recurrence over the reversed sequence, less the diagonal both count.
 

@@ -28,6 +28,10 @@
 //!
 //! **Recurrent form.** [`delta_step`], O(d_k d_v) a token.
 //!
+//! **On `flex`** (`f32`, from a zero state) the causal and non-causal forms run the recurrence
+//! token by token in a fused kernel with its own backward (`core/flash/recurrence.rs`), as the
+//! decaying core does; every other backend runs the chunked WY form.
+//!
 //! **Non-causal form.** [`delta_bidirectional`]: the forward recurrence's output plus that of
 //! the recurrence run from the end, read before the position's own write (the state after
 //! `i + 1` decayed by `α_i`), so that every position is written into the output once, by the
