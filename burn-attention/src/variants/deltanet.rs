@@ -30,12 +30,13 @@ use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::{sigmoid, silu, softplus};
+use burn::tensor::activation::softplus;
 
 use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{decayed_state, real_tokens};
 use crate::core::delta::{DELTA_CHUNK, delta_bidirectional, delta_causal, delta_step, unit_length};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash::{sigmoid, silu};
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
 use crate::core::params::lazy_param;
 use crate::core::variant::{

@@ -21,13 +21,14 @@
 use burn::module::Param;
 use burn::nn::Initializer;
 use burn::prelude::*;
-use burn::tensor::activation::{sigmoid, softplus};
+use burn::tensor::activation::softplus;
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
+use crate::core::flash::sigmoid;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::kernelized::{

@@ -25,7 +25,7 @@
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{log_sigmoid, silu};
+use burn::tensor::activation::log_sigmoid;
 
 use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
@@ -33,6 +33,7 @@ use crate::core::decay::{
     without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash::silu;
 use crate::core::heads::{merge_heads, split_heads};
 use crate::core::params::lazy_param;
 use crate::core::variant::{

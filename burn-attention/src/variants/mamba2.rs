@@ -27,7 +27,7 @@ use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::{silu, softplus};
+use burn::tensor::activation::softplus;
 
 use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
@@ -35,6 +35,7 @@ use crate::core::decay::{
     without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash::silu;
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
 use crate::core::params::lazy_param;
 use crate::core::variant::{

@@ -26,7 +26,6 @@
 
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::silu;
 
 use crate::core::contract::{Capabilities, DecayedState, DecodingState};
 use crate::core::decay::{
@@ -34,6 +33,7 @@ use crate::core::decay::{
     without_padding,
 };
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash::silu;
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
 use crate::core::rotary::{real_positions, rotate};
 use crate::core::variant::{

@@ -132,6 +132,14 @@ impl FlashAttention for Flex {
         in_place(x, kernel::elu_plus_one_in_place)
     }
 
+    fn vector_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::sigmoid_in_place)
+    }
+
+    fn vector_silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::silu_in_place)
+    }
+
     fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (mut values, shape) = host(x);
         kernel::softmax_rows_in_place(&mut values, shape.last().copied().unwrap_or(1));

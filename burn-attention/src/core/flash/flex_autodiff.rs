@@ -279,6 +279,24 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
             false,
         )
     }
+
+    fn vector_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_sigmoid,
+            |grad, y, _| kernel::sigmoid_grad_in_place(grad, y),
+            false,
+        )
+    }
+
+    fn vector_silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_silu,
+            |grad, x, _| kernel::silu_grad_in_place(grad, x),
+            true,
+        )
+    }
 }
 
 /// What LayerNorm's backward keeps: its input (the tensor itself, its storage shared, not

@@ -574,6 +574,26 @@ pub fn gelu_grad_in_place(grad: &mut [f32], x: &[f32]) {
     par_chunks_with(grad, x, simd::gelu_grad);
 }
 
+/// The logistic sigmoid `1 / (1 + exp(−x))` of every element in place, vectorised.
+pub fn sigmoid_in_place(values: &mut [f32]) {
+    par_chunks(values, simd::sigmoid);
+}
+
+/// `grad ∘ σ′` in place, from the output `y = σ(x)`: `σ′ = y (1 − y)`.
+pub fn sigmoid_grad_in_place(grad: &mut [f32], y: &[f32]) {
+    par_chunks_with(grad, y, simd::sigmoid_grad);
+}
+
+/// SiLU `x σ(x)` of every element in place, vectorised.
+pub fn silu_in_place(values: &mut [f32]) {
+    par_chunks(values, simd::silu);
+}
+
+/// `grad ∘ SiLU′(x)` in place, `SiLU′(x) = σ(x) (1 + x (1 − σ(x)))`.
+pub fn silu_grad_in_place(grad: &mut [f32], x: &[f32]) {
+    par_chunks_with(grad, x, simd::silu_grad);
+}
+
 /// `elu(x) + 1` of every element in place: `x + 1` for `x > 0`, `exp(x)` otherwise.
 pub fn elu_plus_one_in_place(values: &mut [f32]) {
     par_chunks(values, simd::elu_plus_one);

@@ -154,6 +154,31 @@ kernels! {
         }
     }
 
+    unsafe fn sigmoid_impl(values: &mut [f32]) -> () {
+        for x in values.iter_mut() {
+            *x = 1.0 / (1.0 + exp(-*x));
+        }
+    }
+
+    unsafe fn sigmoid_grad_impl(grad: &mut [f32], y: &[f32]) -> () {
+        for (g, &y) in grad.iter_mut().zip(y) {
+            *g *= y * (1.0 - y);
+        }
+    }
+
+    unsafe fn silu_impl(values: &mut [f32]) -> () {
+        for x in values.iter_mut() {
+            *x /= 1.0 + exp(-*x);
+        }
+    }
+
+    unsafe fn silu_grad_impl(grad: &mut [f32], x: &[f32]) -> () {
+        for (g, &x) in grad.iter_mut().zip(x) {
+            let s = 1.0 / (1.0 + exp(-x));
+            *g *= s * (1.0 + x * (1.0 - s));
+        }
+    }
+
     unsafe fn elu_plus_one_impl(values: &mut [f32]) -> () {
         for x in values.iter_mut() {
             *x = if *x > 0.0 { *x + 1.0 } else { exp(*x) };
@@ -235,6 +260,10 @@ dispatch!(dot => dot_impl(a: &[f32], b: &[f32]) -> f32);
 dispatch!(gelu => gelu_impl(values: &mut [f32]) -> ());
 dispatch!(gelu_grad => gelu_grad_impl(grad: &mut [f32], x: &[f32]) -> ());
 dispatch!(elu_plus_one => elu_plus_one_impl(values: &mut [f32]) -> ());
+dispatch!(sigmoid => sigmoid_impl(values: &mut [f32]) -> ());
+dispatch!(sigmoid_grad => sigmoid_grad_impl(grad: &mut [f32], y: &[f32]) -> ());
+dispatch!(silu => silu_impl(values: &mut [f32]) -> ());
+dispatch!(silu_grad => silu_grad_impl(grad: &mut [f32], x: &[f32]) -> ());
 dispatch!(elu_plus_one_grad => elu_plus_one_grad_impl(grad: &mut [f32], y: &[f32]) -> ());
 dispatch!(dropout_row => dropout_row_impl(values: &mut [f32], key: [u32; 2], col0: u32, threshold: u32, scale: f32) -> ());
 
