@@ -104,12 +104,7 @@ pub fn decayed_causal(
     log_decay: Tensor<4>,
     chunk: usize,
 ) -> (Tensor<4>, Tensor<4>) {
-    assert!(chunk > 0, "the chunk length must be at least 1");
-    let (d_k, width) = (q.dims()[3], log_decay.dims()[3]);
-    assert!(
-        width == 1 || width == d_k,
-        "one log-decay per position or per key channel ({d_k}), got {width}"
-    );
+    check_chunk_and_width(chunk, &q, &log_decay);
     match flash::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::CAUSAL) {
         Some((out, Some(state))) => (out, state),
         _ => decayed_chunked(q, k, v, log_decay, chunk),
@@ -124,14 +119,10 @@ pub(crate) fn decayed_chunked(
     log_decay: Tensor<4>,
     chunk: usize,
 ) -> (Tensor<4>, Tensor<4>) {
-    assert!(chunk > 0, "the chunk length must be at least 1");
+    check_chunk_and_width(chunk, &q, &log_decay);
     let [batch, heads, n, d_k] = q.dims();
     let d_v = v.dims()[3];
     let width = log_decay.dims()[3];
-    assert!(
-        width == 1 || width == d_k,
-        "one log-decay per position or per key channel ({d_k}), got {width}"
-    );
     let device = q.device();
     let c = chunk.min(n);
     let chunks = n.div_ceil(c);
@@ -181,6 +172,17 @@ pub(crate) fn decayed_chunked(
         out.slice(s![.., .., 0..n])
     };
     (out, state)
+}
+
+/// Panics unless `chunk` is at least 1 and `log_decay` has one entry a position or one a key
+/// channel of `q`.
+fn check_chunk_and_width(chunk: usize, q: &Tensor<4>, log_decay: &Tensor<4>) {
+    assert!(chunk > 0, "the chunk length must be at least 1");
+    let (d_k, width) = (q.dims()[3], log_decay.dims()[3]);
+    assert!(
+        width == 1 || width == d_k,
+        "one log-decay per position or per key channel ({d_k}), got {width}"
+    );
 }
 
 /// `x: [batch, heads, n, w]` as `[batch, heads, chunks, c, w]`, zeros appended to fill the last

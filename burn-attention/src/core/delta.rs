@@ -227,7 +227,7 @@ pub fn delta_bidirectional(
     (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
     chunk: usize,
 ) -> Tensor<4> {
-    let [batch, heads, n, d_k] = q.dims();
+    let [batch, heads, n, _] = q.dims();
     let device = q.device();
     let g = match &log_decay {
         Some(g) => g.clone(),
@@ -244,25 +244,11 @@ pub fn delta_bidirectional(
     // On `flex`, the recurrence run from the end in place: position `i` reads the state after
     // `i + 1`, the output at `i + 1` of the query of `i` (queries one step later, outputs one
     // step earlier; the first query unused, the last position reading nothing).
-    let q_late = Tensor::cat(
-        vec![
-            Tensor::zeros([batch, heads, 1, d_k], &device),
-            (q * g.clone().exp()).slice(s![.., .., 0..n - 1]),
-        ],
-        2,
-    );
+    let q_late = shifted(q * g.clone().exp(), Shift::Later);
     let (backward, _) =
         flash::try_delta_recurrence(&q_late, &k, &v, &beta, &g, RecurrenceForm::BACKWARD)
             .expect("the kernel that ran forwards runs backwards");
-    let d_v = backward.dims()[3];
-    let backward = Tensor::cat(
-        vec![
-            backward.slice(s![.., .., 1..n]),
-            Tensor::zeros([batch, heads, 1, d_v], &device),
-        ],
-        2,
-    );
-    forward + backward
+    forward + shifted(backward, Shift::Earlier)
 }
 
 /// [`delta_bidirectional`] composed from Burn's operations: the chunked form over the sequence
@@ -274,8 +260,7 @@ pub(crate) fn delta_bidirectional_chunked(
     (beta, log_decay): (Tensor<4>, Option<Tensor<4>>),
     chunk: usize,
 ) -> Tensor<4> {
-    let [batch, heads, n, d_k] = q.dims();
-    let device = q.device();
+    let n = q.dims()[2];
     let (forward, _) = delta_chunked(
         q.clone(),
         k.clone(),
@@ -294,14 +279,7 @@ pub(crate) fn delta_bidirectional_chunked(
     // Reversed, position r reads the state after r − 1, i.e. the output at r − 1 of the query
     // of r: queries moved one step earlier (the last one unused), outputs one step later.
     let flip = |x: Tensor<4>| x.flip([2]);
-    let q_reversed = flip(q_own);
-    let q_early = Tensor::cat(
-        vec![
-            q_reversed.slice(s![.., .., 1..n]),
-            Tensor::zeros([batch, heads, 1, d_k], &device),
-        ],
-        2,
-    );
+    let q_early = shifted(flip(q_own), Shift::Earlier);
     let (backward, _) = delta_chunked(
         q_early,
         flip(k),
@@ -310,17 +288,29 @@ pub(crate) fn delta_bidirectional_chunked(
         None,
         chunk,
     );
-    let d_v = backward.dims()[3];
     // Reversed position r's output sits at r − 1; the first reversed position (the sequence's
     // last) reads nothing from after it.
-    let backward = Tensor::cat(
-        vec![
-            Tensor::zeros([batch, heads, 1, d_v], &device),
-            backward.slice(s![.., .., 0..n - 1]),
-        ],
-        2,
-    );
-    forward + flip(backward)
+    forward + flip(shifted(backward, Shift::Later))
+}
+
+/// Which way [`shifted`] moves the positions.
+#[derive(Debug, Clone, Copy)]
+enum Shift {
+    /// Position `t` to `t + 1`.
+    Later,
+    /// Position `t` to `t − 1`.
+    Earlier,
+}
+
+/// `x: [batch, heads, n, w]` (`n ≥ 2`) moved one position along the positions, a zero row
+/// where the move leaves one empty, the row it pushes out dropped.
+fn shifted(x: Tensor<4>, shift: Shift) -> Tensor<4> {
+    let [batch, heads, n, w] = x.dims();
+    let zeros = Tensor::zeros([batch, heads, 1, w], &x.device());
+    match shift {
+        Shift::Later => Tensor::cat(vec![zeros, x.slice(s![.., .., 0..n - 1])], 2),
+        Shift::Earlier => Tensor::cat(vec![x.slice(s![.., .., 1..n]), zeros], 2),
+    }
 }
 
 /// One step of the recurrence (`state` `None`: no token yet): `S' = α S`, `u = β (v − S'ᵀ k)`,

@@ -382,66 +382,85 @@ impl LinearRecurrence for Flex {
     }
 }
 
-/// The sizes of a shared-pattern gather of `x` into rows of `cols`, and `x`'s shape.
-pub(super) fn gather_dims(x: &FloatTensor<Flex>, cols: usize) -> (GatherDims, Vec<usize>) {
-    let shape = x.layout().shape().to_vec();
-    let d = shape.len();
-    let dims = GatherDims {
-        outer: shape[..d - 2].iter().product(),
-        rows: shape[d - 2],
-        len: shape[d - 1],
-        cols,
-    };
-    (dims, shape)
+/// `f` of `x`'s values, read in place where `x` is contiguous (else from a contiguous copy).
+pub(super) fn with_values<T>(x: &FloatTensor<Flex>, f: impl FnOnce(&[f32]) -> T) -> T {
+    match x.as_slice::<f32>() {
+        Some(values) => f(values),
+        None => f(&host(x.clone()).0),
+    }
 }
 
-/// A shared-pattern gather's output as a tensor of `x`'s shape with `cols` last.
-pub(super) fn gathered_rows(
-    x: &FloatTensor<Flex>,
-    pattern: &[u32],
-    cols: usize,
-) -> FloatTensor<Flex> {
-    let (dims, mut shape) = gather_dims(x, cols);
-    let out = match x.as_slice::<f32>() {
-        Some(values) => shared_gather::forward(values, pattern, dims),
-        None => shared_gather::forward(&host(x.clone()).0, pattern, dims),
-    };
-    *shape.last_mut().expect("at least two axes") = cols;
-    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
+/// A gather with one index for every leading position (see `shared_gather`), with the sizes
+/// it reads: rows of a pattern along the last axis, or slices along an axis.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum IndexedGather {
+    /// `out[…, r, c] = x[…, r, pattern[r · cols + c]]`.
+    Rows(GatherDims),
+    /// `out[o, r, …] = x[o, rows[r], …]` along axis `dim`.
+    Slices {
+        /// The sizes around the axis.
+        dims: SelectDims,
+        /// The axis.
+        dim: usize,
+    },
 }
 
-/// The sizes of a selection of `count` slices along `dim` of `x`, and the output's shape.
-pub(super) fn select_dims(
-    x: &FloatTensor<Flex>,
-    dim: usize,
-    count: usize,
-) -> (SelectDims, Vec<usize>) {
-    let mut shape = x.layout().shape().to_vec();
-    let dims = SelectDims {
-        outer: shape[..dim].iter().product(),
-        len: shape[dim],
-        inner: shape[dim + 1..].iter().product(),
-    };
-    shape[dim] = count;
-    (dims, shape)
-}
+impl IndexedGather {
+    /// Rows of `cols` along the last axis of `x`.
+    pub(super) fn rows(x: &FloatTensor<Flex>, cols: usize) -> Self {
+        let shape = x.layout().shape();
+        let d = shape.len();
+        Self::Rows(GatherDims {
+            outer: shape[..d - 2].iter().product(),
+            rows: shape[d - 2],
+            len: shape[d - 1],
+            cols,
+        })
+    }
 
-/// The slices `rows` of `x` along `dim`.
-pub(super) fn selected_rows(x: &FloatTensor<Flex>, dim: usize, rows: &[u32]) -> FloatTensor<Flex> {
-    let (dims, shape) = select_dims(x, dim, rows.len());
-    let out = match x.as_slice::<f32>() {
-        Some(values) => shared_gather::select_forward(values, rows, dims),
-        None => shared_gather::select_forward(&host(x.clone()).0, rows, dims),
-    };
-    burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
+    /// Slices along axis `dim` of `x`.
+    pub(super) fn slices(x: &FloatTensor<Flex>, dim: usize) -> Self {
+        let shape = x.layout().shape();
+        Self::Slices {
+            dims: SelectDims {
+                outer: shape[..dim].iter().product(),
+                len: shape[dim],
+                inner: shape[dim + 1..].iter().product(),
+            },
+            dim,
+        }
+    }
+
+    /// `x` gathered at `index`.
+    pub(super) fn forward(&self, x: &FloatTensor<Flex>, index: &[u32]) -> FloatTensor<Flex> {
+        let mut shape = x.layout().shape().to_vec();
+        let out = with_values(x, |values| match *self {
+            Self::Rows(dims) => shared_gather::forward(values, index, dims),
+            Self::Slices { dims, .. } => shared_gather::select_forward(values, index, dims),
+        });
+        match *self {
+            Self::Rows(dims) => *shape.last_mut().expect("at least two axes") = dims.cols,
+            Self::Slices { dim, .. } => shape[dim] = index.len(),
+        }
+        burn::backend::flex::FlexTensor::from_data(TensorData::new(out, shape))
+    }
+
+    /// The input's gradient (its values, contiguous) from the output's, `d_out`.
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
+    pub(super) fn backward(&self, d_out: &[f32], index: &[u32]) -> Vec<f32> {
+        match *self {
+            Self::Rows(dims) => shared_gather::backward(d_out, index, dims),
+            Self::Slices { dims, .. } => shared_gather::select_backward(d_out, index, dims),
+        }
+    }
 }
 
 impl RowGather for Flex {
     fn gather_shared(x: FloatTensor<Self>, pattern: Arc<[u32]>, cols: usize) -> FloatTensor<Self> {
-        gathered_rows(&x, &pattern, cols)
+        IndexedGather::rows(&x, cols).forward(&x, &pattern)
     }
 
     fn select_rows(x: FloatTensor<Self>, dim: usize, rows: Arc<[u32]>) -> FloatTensor<Self> {
-        selected_rows(&x, dim, &rows)
+        IndexedGather::slices(&x, dim).forward(&x, &rows)
     }
 }

@@ -5,7 +5,7 @@ use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Flex};
@@ -14,13 +14,12 @@ use std::sync::Arc;
 
 use super::DropMask;
 use super::flex::{
-    HeldInputs, Host, RecurrenceHost, device_tensor, gather_dims, gathered_rows, host,
-    joint_tensor, select_dims, selected_rows,
+    HeldInputs, Host, IndexedGather, RecurrenceHost, device_tensor, host, joint_tensor, with_values,
 };
 use super::kernel::{self, Dims, Scoring};
 use super::{
     FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
-    gathered, recurrence, shared_gather,
+    gathered, recurrence,
 };
 use crate::core::key_slots::KeySlots;
 
@@ -309,14 +308,6 @@ struct NormSaved {
     rstd: Arc<Vec<f32>>,
 }
 
-/// `f` of `x`'s values, read in place where `x` is contiguous (else from a contiguous copy).
-fn with_values<T>(x: &FloatTensor<Flex>, f: impl FnOnce(&[f32]) -> T) -> T {
-    match x.as_slice::<f32>() {
-        Some(values) => f(values),
-        None => f(&host(x.clone()).0),
-    }
-}
-
 #[derive(Debug)]
 struct LayerNormBackward;
 
@@ -498,30 +489,13 @@ impl<C: CheckpointStrategy> LinearRecurrence for Autodiff<Flex, C> {
         log_decay: FloatTensor<Self>,
         form: RecurrenceForm,
     ) -> FloatTensor<Self> {
-        let nodes = [q.node(), k.node(), v.node(), log_decay.node()];
-        let host = || {
+        tracked_recurrence::<C, 4>([q.node(), k.node(), v.node(), log_decay.node()], || {
             RecurrenceHost::new(
                 [&q, &k, &v, &log_decay].map(|t| t.primitive().clone()),
                 None,
                 form,
             )
-        };
-        match RecurrenceBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let inputs = host();
-                let (joint, checkpoints) = inputs.forward(true);
-                let saved = RecurrenceSaved {
-                    inputs,
-                    checkpoints: Arc::new(checkpoints),
-                };
-                prep.finish(saved, joint)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
-        }
+        })
     }
 
     fn delta_recurrence(
@@ -533,122 +507,105 @@ impl<C: CheckpointStrategy> LinearRecurrence for Autodiff<Flex, C> {
         form: RecurrenceForm,
     ) -> FloatTensor<Self> {
         let nodes = [q.node(), k.node(), v.node(), beta.node(), log_decay.node()];
-        let host = || {
+        tracked_recurrence::<C, 5>(nodes, || {
             RecurrenceHost::new(
                 [&q, &k, &v, &log_decay].map(|t| t.primitive().clone()),
                 Some(beta.primitive().clone()),
                 form,
             )
-        };
-        match RecurrenceBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let inputs = host();
-                let (joint, checkpoints) = inputs.forward(true);
-                let saved = RecurrenceSaved {
-                    inputs,
-                    checkpoints: Arc::new(checkpoints),
-                };
-                prep.finish(saved, joint)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
-        }
+        })
     }
 }
 
-/// What a shared-pattern gather's backward keeps: the pattern and the input's sizes.
+/// A recurrence under autodiff over the inputs behind `nodes`: `host` gathers them, the
+/// forward keeps its checkpoints when the result is tracked.
+fn tracked_recurrence<C: CheckpointStrategy, const N: usize>(
+    nodes: [NodeGuard; N],
+    host: impl FnOnce() -> RecurrenceHost,
+) -> FloatTensor<Autodiff<Flex, C>>
+where
+    RecurrenceBackward: Backward<Flex, N, State = RecurrenceSaved>,
+{
+    match RecurrenceBackward
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let inputs = host();
+            let (joint, checkpoints) = inputs.forward(true);
+            let saved = RecurrenceSaved {
+                inputs,
+                checkpoints: Arc::new(checkpoints),
+            };
+            prep.finish(saved, joint)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(host().forward(false).0),
+    }
+}
+
+/// What an indexed gather's backward keeps: the gather, its index and the input's shape.
 #[derive(Debug, Clone)]
-struct GatherSaved {
-    pattern: Arc<[u32]>,
-    dims: shared_gather::GatherDims,
+struct IndexedSaved {
+    gather: IndexedGather,
+    index: Arc<[u32]>,
     shape: Vec<usize>,
 }
 
 #[derive(Debug)]
-struct RowGatherBackward;
+struct IndexedBackward;
 
-impl Backward<Flex, 1> for RowGatherBackward {
-    type State = GatherSaved;
+impl Backward<Flex, 1> for IndexedBackward {
+    type State = IndexedSaved;
 
-    fn backward(self, ops: Ops<GatherSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<IndexedSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node] = ops.parents;
         let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
         if let Some(node) = node {
             let saved = ops.state;
-            let dx = shared_gather::backward(&d_out, &saved.pattern, saved.dims);
+            let dx = saved.gather.backward(&d_out, &saved.index);
             let dx = burn::backend::flex::FlexTensor::from_data(TensorData::new(dx, saved.shape));
             grads.register::<Flex>(node.id, dx);
         }
+    }
+}
+
+/// An indexed gather of `x` at `index` under autodiff.
+fn tracked_gather<C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<Flex, C>>,
+    gather: IndexedGather,
+    index: Arc<[u32]>,
+) -> FloatTensor<Autodiff<Flex, C>> {
+    match IndexedBackward
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let input = x.primitive();
+            let out = gather.forward(input, &index);
+            let shape = input.layout().shape().to_vec();
+            prep.finish(
+                IndexedSaved {
+                    gather,
+                    index,
+                    shape,
+                },
+                out,
+            )
+        }
+        OpsKind::UnTracked(prep) => prep.finish(gather.forward(x.primitive(), &index)),
     }
 }
 
 impl<C: CheckpointStrategy> RowGather for Autodiff<Flex, C> {
     fn gather_shared(x: FloatTensor<Self>, pattern: Arc<[u32]>, cols: usize) -> FloatTensor<Self> {
-        match RowGatherBackward
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let input = x.primitive();
-                let (dims, shape) = gather_dims(input, cols);
-                let out = gathered_rows(input, &pattern, cols);
-                prep.finish(
-                    GatherSaved {
-                        pattern,
-                        dims,
-                        shape,
-                    },
-                    out,
-                )
-            }
-            OpsKind::UnTracked(prep) => prep.finish(gathered_rows(x.primitive(), &pattern, cols)),
-        }
+        let gather = IndexedGather::rows(x.primitive(), cols);
+        tracked_gather::<C>(x, gather, pattern)
     }
 
     fn select_rows(x: FloatTensor<Self>, dim: usize, rows: Arc<[u32]>) -> FloatTensor<Self> {
-        match SelectBackward
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let input = x.primitive();
-                let (dims, _) = select_dims(input, dim, rows.len());
-                let shape = input.layout().shape().to_vec();
-                let out = selected_rows(input, dim, &rows);
-                prep.finish(SelectSaved { rows, dims, shape }, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(selected_rows(x.primitive(), dim, &rows)),
-        }
-    }
-}
-
-/// What a selection's backward keeps: the rows and the input's sizes.
-#[derive(Debug, Clone)]
-struct SelectSaved {
-    rows: Arc<[u32]>,
-    dims: shared_gather::SelectDims,
-    shape: Vec<usize>,
-}
-
-#[derive(Debug)]
-struct SelectBackward;
-
-impl Backward<Flex, 1> for SelectBackward {
-    type State = SelectSaved;
-
-    fn backward(self, ops: Ops<SelectSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node] = ops.parents;
-        let (d_out, _) = host(grads.consume::<Flex>(&ops.node));
-        if let Some(node) = node {
-            let saved = ops.state;
-            let dx = shared_gather::select_backward(&d_out, &saved.rows, saved.dims);
-            let dx = burn::backend::flex::FlexTensor::from_data(TensorData::new(dx, saved.shape));
-            grads.register::<Flex>(node.id, dx);
-        }
+        let gather = IndexedGather::slices(x.primitive(), dim);
+        tracked_gather::<C>(x, gather, rows)
     }
 }

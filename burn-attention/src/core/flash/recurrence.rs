@@ -454,12 +454,13 @@ impl RowKernels for PortableRows {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! The row kernels on AVX2 and FMA, eight lanes at a time, the rest of a row one value at a
-    //! time. Called only from code compiled with those features, on a CPU that has them.
+    //! The row kernels on AVX2 and FMA, eight lanes at a time, the rest of a row through the
+    //! portable kernels. Called only from code compiled with those features, on a CPU that has
+    //! them.
 
     use std::arch::x86_64::*;
 
-    use super::RowKernels;
+    use super::{PortableRows, RowKernels};
 
     /// The row kernels with AVX2 intrinsics.
     pub(super) struct Rows;
@@ -527,16 +528,17 @@ mod avx2 {
             }
             at += 8;
         }
-        let mut sums = [sum(acc_q), sum(acc_k), sum(acc_a)];
-        for b in full..d {
-            sums[0] += now[b] * d_o[b];
-            let x = ds[b] + qa * d_o[b];
-            sums[1] += x * v[b];
-            dv[b] += ka * x;
-            sums[2] += x * prev[b];
-            ds[b] = alpha * x;
-        }
-        sums
+        let tail = PortableRows::decaying_row(
+            &mut ds[full..],
+            (&now[full..], &prev[full..]),
+            (&d_o[full..], &v[full..], &mut dv[full..]),
+            (qa, ka, alpha),
+        );
+        [
+            sum(acc_q) + tail[0],
+            sum(acc_k) + tail[1],
+            sum(acc_a) + tail[2],
+        ]
     }
 
     #[inline]
@@ -565,15 +567,13 @@ mod avx2 {
             }
             at += 8;
         }
-        let mut sums = [sum(acc_q), sum(acc_r)];
-        for b in full..d {
-            sums[0] += now[b] * d_o[b];
-            let x = ds[b] + qa * d_o[b];
-            sums[1] += x * r[b];
-            du[b] += ka * x;
-            ds[b] = x;
-        }
-        sums
+        let tail = PortableRows::delta_row_first(
+            &mut ds[full..],
+            &now[full..],
+            (&d_o[full..], &r[full..], &mut du[full..]),
+            (qa, ka),
+        );
+        [sum(acc_q) + tail[0], sum(acc_r) + tail[1]]
     }
 
     #[inline]
@@ -601,14 +601,13 @@ mod avx2 {
             }
             at += 8;
         }
-        let mut sums = [sum(acc_r), sum(acc_a)];
-        for b in full..d {
-            sums[0] += prev[b] * dr[b];
-            let x = ds[b] - ka * dr[b];
-            sums[1] += x * prev[b];
-            ds[b] = alpha * x;
-        }
-        sums
+        let tail = PortableRows::delta_row_second(
+            &mut ds[full..],
+            &prev[full..],
+            &dr[full..],
+            (ka, alpha),
+        );
+        [sum(acc_r) + tail[0], sum(acc_a) + tail[1]]
     }
 
     impl RowKernels for Rows {
