@@ -14,7 +14,6 @@ use burn::module::Param;
 use burn::nn::{Dropout, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::softmax;
 
 use super::dropout::dropout;
 use super::flash;
@@ -260,10 +259,13 @@ pub fn segment_attention(
     parts.extend((0..mb).map(|o| missing.clone().slice(s![.., o..o + nb])));
     parts.push(missing.slice(s![.., mb..mb + nb]));
     let missing = Tensor::cat(parts, 2).reshape([batch, 1, nb, 1, width]);
-    let scores = (content + position)
-        .mask_fill(hidden, MASK_FILL)
-        .mask_fill(missing, MASK_FILL);
-    let weights = dropout(weight_dropout, softmax(scores, 4));
+    // One mask over the scores (`[batch, 1, nb, s, width]`, shared by the heads), so that the
+    // scores are filled once; the softmax in one pass a row (its backward keeps only its output).
+    let masked = missing
+        .expand([batch, 1, nb, s, width])
+        .bool_or(hidden.expand([batch, 1, nb, s, width]));
+    let scores = (content + position).mask_fill(masked, MASK_FILL);
+    let weights = dropout(weight_dropout, flash::softmax(scores));
     weights
         .matmul(values)
         .reshape([batch, heads, np, d])

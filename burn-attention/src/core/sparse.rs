@@ -330,7 +330,7 @@ pub fn pattern_weights(
     let dropped =
         Tensor::<4, Bool>::from_data(TensorData::new(kept, shape), &q.device()).bool_not();
     let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-    burn::tensor::activation::softmax(scores.mask_fill(dropped, MASK_FILL), 3)
+    super::flash::softmax(scores.mask_fill(dropped, MASK_FILL))
 }
 
 /// Per batch element, one past the last real (unpadded) position of its padding flags (see

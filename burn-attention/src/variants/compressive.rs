@@ -40,7 +40,6 @@
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, CompressiveMemory, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
@@ -478,7 +477,7 @@ impl CompressiveAttention {
                 .clone()
                 .matmul(keys.swap_dims(3, 4))
                 .mask_fill(missing.reshape([batch, 1, nb, 1, keys_per]), MASK_FILL);
-            softmax(scores, 4).matmul(values)
+            flash::softmax(scores).matmul(values)
         };
         let uncompressed = attend(
             raw(&self.proj.key),
@@ -661,7 +660,7 @@ impl CompressiveAttention {
             &distances,
             p + len,
         );
-        let o = softmax(content + position, 3).matmul(v);
+        let o = flash::softmax(content + position).matmul(v);
         self.proj.out(o).reshape([1, d_model])
     }
 

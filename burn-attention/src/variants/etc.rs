@@ -32,7 +32,6 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities};
@@ -336,7 +335,7 @@ impl EtcAttention {
             1,
         );
         scores = scores.mask_fill(pad.reshape([batch, 1, 1, g + n]), MASK_FILL);
-        let weights = dropout(&self.dropout, softmax(scores, 3));
+        let weights = dropout(&self.dropout, flash::softmax(scores));
         self.proj.output.forward(merge_heads(weights.matmul(v)))
     }
 
@@ -437,7 +436,7 @@ impl EtcAttention {
             .mask_fill(far, MASK_FILL)
             .mask_fill(missing, MASK_FILL);
         let scores = Tensor::cat(vec![to_global.reshape([batch, heads, nb, b, g]), local], 4);
-        let weights = dropout(&self.dropout, softmax(scores, 4));
+        let weights = dropout(&self.dropout, flash::softmax(scores));
         let from_global = weights
             .clone()
             .slice(s![.., .., .., .., 0..g])

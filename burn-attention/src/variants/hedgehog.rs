@@ -20,10 +20,10 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, causal_mask, zero_padded};
 use crate::core::kernelized::{
@@ -134,7 +134,7 @@ projection_shape!(HedgehogAttention);
 pub fn hedgehog_features(x: Tensor<4>, w: Tensor<3>) -> Tensor<4> {
     let [heads, d, _] = w.dims();
     let z = x.matmul(w.reshape([1, heads, d, d]));
-    Tensor::cat(vec![softmax(z.clone(), 3), softmax(z.neg(), 3)], 3)
+    Tensor::cat(vec![flash::softmax(z.clone()), flash::softmax(z.neg())], 3)
 }
 
 impl HedgehogAttention {

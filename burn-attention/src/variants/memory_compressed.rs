@@ -27,11 +27,11 @@
 
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, CachedKeys, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
 use crate::core::input::{
     AttentionInput, MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after,
@@ -261,7 +261,7 @@ impl MemoryCompressedAttention {
         }
         let weights = dropout(
             &self.dropout,
-            softmax(Tensor::cat(vec![over_blocks, within], 3), 3),
+            flash::softmax(Tensor::cat(vec![over_blocks, within], 3)),
         );
         let from_blocks = weights.clone().slice(s![.., .., .., 0..m]).matmul(vc);
         let from_own = weights

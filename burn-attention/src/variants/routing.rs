@@ -30,12 +30,12 @@
 use burn::module::RunningState;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use burn::tensor::{Distribution, IndexingUpdateOp};
 
 use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::key_slots::KeySlots;
@@ -306,7 +306,7 @@ impl RoutingAttention {
             .matmul(k_sel.swap_dims(3, 4))
             .mul_scalar(1.0 / (d as f32).sqrt())
             .mask_fill(hidden, MASK_FILL);
-        let weights = dropout(&self.dropout, softmax(scores, 4));
+        let weights = dropout(&self.dropout, flash::softmax(scores));
         let keep = valid.float().reshape([batch, 1, 1, w, 1]);
         let out = (weights.matmul(v_sel) * keep.clone()).reshape([batch, heads, clusters * w, d]);
         let index = q_index.unsqueeze_dim::<4>(3);

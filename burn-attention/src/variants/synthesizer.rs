@@ -31,12 +31,13 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::{relu, softmax};
+use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{merge_heads, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::params::lazy_param;
@@ -365,7 +366,7 @@ impl SynthesizerAttention {
             let scores = self
                 .scores(hidden, seen - 1..seen, seen)
                 .expand([1, heads, 1, seen]);
-            outputs.push(softmax(scores, 3).matmul(own));
+            outputs.push(flash::softmax(scores).matmul(own));
         }
         let o: Tensor<4> = Tensor::cat(outputs, 0);
         debug_assert_eq!(o.dims(), [batch, heads, 1, d_head]);
@@ -522,7 +523,7 @@ impl AttentionModule for SynthesizerAttention {
         let scores = self
             .scores(hidden, t..t + 1, seen)
             .expand([batch, self.n_heads, 1, seen]);
-        let weights = softmax(scores, 3);
+        let weights = flash::softmax(scores);
         let o = weights.matmul(values.clone());
         let out = self.output.forward(merge_heads(o));
         Ok((

@@ -34,10 +34,10 @@
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::core::error::{AttentionError, check_heads};
+use crate::core::flash;
 use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
 use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
 use crate::core::segments::{
@@ -333,7 +333,7 @@ impl TransformerXlAttention {
         );
         let scores =
             (content + position).mask_fill(hidden.reshape([batch, 1, 1, columns]), MASK_FILL);
-        softmax(scores, 3).matmul(values)
+        flash::softmax(scores).matmul(values)
     }
 }
 
