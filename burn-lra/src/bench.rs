@@ -507,15 +507,23 @@ fn measure_training(
             Distribution::Uniform(1.0, vocab as f64),
             &device,
         );
+        // A token-level model predicts at every position (the most a task can ask).
+        let predictions = if spec.per_position {
+            args.batch * args.n
+        } else {
+            args.batch
+        };
+        let positions =
+            (spec.per_position).then(|| Tensor::<1, Int>::arange(0..predictions as i64, &device));
         let labels = Tensor::<1, Int>::random(
-            [args.batch],
+            [predictions],
             Distribution::Uniform(0.0, classes as f64),
             &device,
         );
         let mask_pad = ids.clone().equal_elem(0);
         sync(&device)?;
         let started = Instant::now();
-        let outputs = model.forward_with_loss(Tokens { ids, mask_pad }, None);
+        let outputs = model.forward_with_loss(Tokens { ids, mask_pad }, None, positions);
         let (loss, _) = objective(&model, outputs, labels, &loss_fn);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-4, model, grads);

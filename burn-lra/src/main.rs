@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use burn_lra::backend::{BackendDevice, BackendKind};
 use burn_lra::budget::{ParamBudget, ParamCount, check_memory};
-use burn_lra::config::Task;
+use burn_lra::config::{Setting, Task};
 use burn_lra::data::pathfinder::Difficulty;
 use burn_lra::model::ClassifierSpec;
 use burn_lra::plan::{ResumeMode, RunPlan, TrainOptions, cache_dir, load_config};
@@ -144,6 +144,12 @@ struct TrainArgs {
     /// A configuration file of your own (TOML, or JSON by extension).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Replace one value of the configuration, by dotted key (repeatable):
+    /// `--set training.schedule.peak=3e-4 --set data.max_len=128`. The run is filed under the
+    /// preset's name followed by its settings (`tiny,training.schedule.peak=3e-4`), and its
+    /// config.json holds the configuration they make.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<Setting>,
     /// Training seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -473,6 +479,12 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         .map(lra_runs::absolute)
         .transpose()?;
     let (config, preset) = load_config(&args.task, &args.preset, args.config.as_deref())?;
+    let config = config.with_settings(&args.set)?;
+    let settings: Vec<&str> = args.set.iter().map(|s| s.text.as_str()).collect();
+    let preset = match settings.as_slice() {
+        [] => preset,
+        given => lra_runs::point_name(&preset, given),
+    };
     let run_dir = args.run_dir.clone().unwrap_or_else(|| {
         lra_runs::run_dir(
             &lra_runs::sweep_dir(&args.out, &args.task, &preset),

@@ -16,7 +16,7 @@ use burn_attention_zoo::{AttentionConfig, AttentionInput, Encoder, EncoderConfig
 
 use crate::config::{ModelConfig, PairFeatures, Pooling, Positions, RunConfig};
 use crate::data::Tokens;
-use crate::tasks::LraTask;
+use crate::tasks::{LraTask, Prediction};
 
 /// The classifier. Build with [`LraClassifier::new`].
 #[derive(Module, Debug)]
@@ -43,6 +43,13 @@ pub struct LraClassifier {
     /// Pooling.
     #[module(skip)]
     pub pooling: Pooling,
+    /// Whether the head predicts at positions (token-level tasks) instead of from the pooled
+    /// sequence.
+    #[module(skip)]
+    pub per_position: bool,
+    /// Whether the encoder masks the future (see [`ClassifierSpec::causal`]).
+    #[module(skip)]
+    pub causal: bool,
     /// Model width.
     pub d_model: usize,
 }
@@ -60,26 +67,38 @@ pub struct ClassifierSpec {
     pub encoder_len: usize,
     /// Token ids are below this.
     pub vocab_size: usize,
-    /// Number of classes.
+    /// Outputs of the head: the classes, or for a token-level task the vocabulary.
     pub n_classes: usize,
     /// How the two documents of a pair meet in the head; `None` for single-document tasks.
     pub pair_features: Option<PairFeatures>,
+    /// Whether the head predicts at positions (a token-level task) instead of from the pooled
+    /// sequence.
+    pub per_position: bool,
+    /// Whether the encoder masks the future: token-level tasks where every layer's attention
+    /// has a causal form; never for per-example tasks.
+    pub causal: bool,
 }
 
 impl ClassifierSpec {
     /// The classifier of `task` for `config` with the attention called `attention`; the error
     /// names the attention's field that does not fit.
     pub fn resolve(config: &RunConfig, task: &dyn LraTask, attention: &str) -> Result<Self> {
-        Ok(Self {
+        let per_position = task.prediction() == Prediction::Token;
+        let mut spec = Self {
             model: config.model.clone(),
             encoder: config
                 .encoder_config(attention)
                 .with_context(|| format!("attention `{attention}`"))?,
             encoder_len: config.encoder_len(),
-            vocab_size: crate::tasks::vocab_size(task, config),
-            n_classes: task.n_classes(),
+            vocab_size: crate::tasks::vocab_size(task, config)?,
+            n_classes: crate::tasks::n_outputs(task, config)?,
             pair_features: task.pairs().then_some(config.model.pair_features),
-        })
+            per_position,
+            causal: false,
+        };
+        spec.causal = per_position
+            && (spec.attentions().iter()).all(|attention| attention.info().capabilities.causal);
+        Ok(spec)
     }
 
     /// The attention's configuration: every layer's, or, in a hybrid stack, each layer's in
@@ -142,6 +161,8 @@ impl LraClassifier {
             ),
             pair_features,
             pooling: m.pooling,
+            per_position: spec.per_position,
+            causal: spec.causal,
             d_model: m.d_model,
         }
     }
@@ -166,6 +187,31 @@ impl LraClassifier {
         mask_pad: Tensor<2, Bool>,
         with_loss: bool,
     ) -> (Tensor<2>, Option<Tensor<1>>) {
+        let [batch, _] = tokens.dims();
+        let (h, mask, loss) = self.encode_positions(tokens, mask_pad, with_loss);
+        let pooled = match self.pooling {
+            Pooling::Cls => h.slice([0..batch, 0..1]).reshape([batch, self.d_model]),
+            Pooling::Mean => {
+                let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
+                let count = keep.clone().sum_dim(1).clamp_min(1.0);
+                (h * keep)
+                    .sum_dim(1)
+                    .div(count)
+                    .reshape([batch, self.d_model])
+            }
+        };
+        (pooled, loss)
+    }
+
+    /// The encoder's output at every position, `[batch, n, d_model]` (the CLS vector first
+    /// where there is one), the padding mask it ran with, and with `with_loss` the attentions'
+    /// auxiliary losses.
+    fn encode_positions(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask_pad: Tensor<2, Bool>,
+        with_loss: bool,
+    ) -> (Tensor<3>, Tensor<2, Bool>, Option<Tensor<1>>) {
         let [batch, _] = tokens.dims();
         let device = tokens.device();
         let mut x = self.embedding.forward(tokens);
@@ -192,7 +238,9 @@ impl LraClassifier {
             None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
         };
         let x = dropout(&self.dropout, x);
-        let input = AttentionInput::new(x).mask_pad(mask.clone());
+        let input = AttentionInput::new(x)
+            .mask_pad(mask.clone())
+            .causal(self.causal);
         let (h, loss) = if with_loss {
             self.encoder
                 .try_forward_with_loss(input)
@@ -200,27 +248,24 @@ impl LraClassifier {
         } else {
             (self.encoder.forward(input), None)
         };
-        let pooled = match self.pooling {
-            Pooling::Cls => h.slice([0..batch, 0..1]).reshape([batch, self.d_model]),
-            Pooling::Mean => {
-                let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
-                let count = keep.clone().sum_dim(1).clamp_min(1.0);
-                (h * keep)
-                    .sum_dim(1)
-                    .div(count)
-                    .reshape([batch, self.d_model])
-            }
-        };
-        (pooled, loss)
+        (h, mask, loss)
     }
 
-    /// Class logits `[batch, classes]` of the documents `tokens` (and, for matching, their
-    /// partners `pair`, encoded by the same encoder).
+    /// Logits `[predictions, classes]` of the documents `tokens` (and, for matching, their
+    /// partners `pair`, encoded by the same encoder): one row per example, or for a token-level
+    /// model one per entry of `positions` (flat indices `row · n + position` into `tokens`,
+    /// [`Batch::positions`](crate::data::Batch::positions)), over the vocabulary.
     ///
     /// # Panics
-    /// If a matching model gets no `pair`, or a single-sequence model gets one.
-    pub fn forward(&self, tokens: Tokens, pair: Option<Tokens>) -> Tensor<2> {
-        self.forward_as(tokens, pair, false).0
+    /// If a matching model gets no `pair`, or a single-sequence model gets one; if a
+    /// token-level model gets no `positions`, or a per-example model gets some.
+    pub fn forward(
+        &self,
+        tokens: Tokens,
+        pair: Option<Tokens>,
+        positions: Option<Tensor<1, Int>>,
+    ) -> Tensor<2> {
+        self.forward_as(tokens, pair, positions, false).0
     }
 
     /// [`forward`](Self::forward) for training: the logits and the sum of the attentions'
@@ -230,19 +275,46 @@ impl LraClassifier {
         &self,
         tokens: Tokens,
         pair: Option<Tokens>,
+        positions: Option<Tensor<1, Int>>,
     ) -> (Tensor<2>, Option<Tensor<1>>) {
-        self.forward_as(tokens, pair, true)
+        self.forward_as(tokens, pair, positions, true)
     }
 
     fn forward_as(
         &self,
         tokens: Tokens,
         pair: Option<Tokens>,
+        positions: Option<Tensor<1, Int>>,
         with_loss: bool,
     ) -> (Tensor<2>, Option<Tensor<1>>) {
         use burn::tensor::activation::relu;
+        let (features, loss) = match (self.per_position, positions) {
+            (true, Some(positions)) => {
+                let (h, _, loss) = self.encode_positions(tokens.ids, tokens.mask_pad, with_loss);
+                let [batch, n, d] = h.dims();
+                (h.reshape([batch * n, d]).select(0, positions), loss)
+            }
+            (false, None) => self.features(tokens, pair, with_loss),
+            (true, None) => panic!("a token-level model got no positions to predict at"),
+            (false, Some(_)) => panic!("a per-example model got positions to predict at"),
+        };
+        let mut hidden = relu(self.head_hidden.forward(features));
+        if let Some(mid) = &self.head_mid {
+            hidden = relu(mid.forward(hidden));
+        }
+        (self.head_out.forward(hidden), loss)
+    }
+
+    /// What the head of a per-example model reads, `[batch, features]`: the pooled document,
+    /// or a pair's pooled documents combined; and the attentions' auxiliary losses.
+    fn features(
+        &self,
+        tokens: Tokens,
+        pair: Option<Tokens>,
+        with_loss: bool,
+    ) -> (Tensor<2>, Option<Tensor<1>>) {
         let (x1, loss) = self.encode_as(tokens.ids, tokens.mask_pad, with_loss);
-        let (features, loss) = match (self.pair_features, pair) {
+        match (self.pair_features, pair) {
             (None, None) => (x1, loss),
             (Some(kind), Some(pair)) => {
                 let (x2, pair_loss) = self.encode_as(pair.ids, pair.mask_pad, with_loss);
@@ -261,12 +333,7 @@ impl LraClassifier {
             }
             (None, Some(_)) => panic!("a single-sequence model got document pairs"),
             (Some(_), None) => panic!("a matching model got single documents"),
-        };
-        let mut hidden = relu(self.head_hidden.forward(features));
-        if let Some(mid) = &self.head_mid {
-            hidden = relu(mid.forward(hidden));
         }
-        (self.head_out.forward(hidden), loss)
     }
 }
 
@@ -313,9 +380,8 @@ mod tests {
         let config = RunConfig::preset("matching", "tiny").unwrap();
         let model = classifier(&config, "softmax", &device);
         let pair = |a: Vec<u16>, b: Vec<u16>| Example {
-            tokens: a,
             pair: Some(b),
-            label: 0,
+            ..Example::new(a, 0)
         };
         let x = pair(vec![5, 6, 7], vec![8, 9, 10, 11]);
         let y = pair(vec![50; 4], vec![60; 2]);
@@ -323,7 +389,7 @@ mod tests {
         let logits = |examples: &[&Example]| {
             let batch = Batch::new(examples, &device);
             model
-                .forward(batch.tokens, batch.pair)
+                .forward(batch.tokens, batch.pair, batch.positions)
                 .slice(s![0..2])
                 .into_data()
         };
@@ -372,7 +438,7 @@ mod tests {
                 let logits = |examples: &[&Example]| {
                     let batch = Batch::new(examples, &device);
                     model
-                        .forward(batch.tokens, batch.pair)
+                        .forward(batch.tokens, batch.pair, batch.positions)
                         .slice(s![0..2])
                         .into_data()
                 };
@@ -381,6 +447,56 @@ mod tests {
                     Tolerance::absolute(1e-5).set_relative(1e-4),
                 );
             }
+        }
+    }
+
+    /// A token-level model predicts at the positions a batch lists, one row each, from the
+    /// positions before them when its attention is causal: a later token leaves the logits as
+    /// they were and an earlier one changes them; a bidirectional attention reads both.
+    #[test]
+    fn token_level_model_reads_the_past_when_causal() {
+        let device = Device::flex();
+        let config = RunConfig::preset("mqar", "tiny").unwrap();
+        let tokens: Vec<u16> = (1..=64).collect();
+        let mut targets = vec![0u16; 64];
+        (targets[40], targets[44]) = (300, 301);
+        for (attention, causal) in [("softmax", true), ("linformer", false)] {
+            let model = classifier(&config, attention, &device);
+            assert_eq!(
+                (model.per_position, model.causal),
+                (true, causal),
+                "{attention}"
+            );
+            let logits = |tokens: Vec<u16>| {
+                let example = Example::with_targets(tokens, targets.clone());
+                let batch = Batch::new(&[&example], &device);
+                let logits = model.forward(batch.tokens, batch.pair, batch.positions);
+                assert_eq!(logits.dims(), [2, 512]);
+                logits
+                    .into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+            };
+            let moved = |at: usize| {
+                let mut changed = tokens.clone();
+                changed[at] = 7;
+                let (a, b) = (logits(tokens.clone()), logits(changed));
+                a.iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max)
+            };
+            assert!(
+                moved(10) > 1e-4,
+                "{attention}: an earlier token changes nothing"
+            );
+            let later = moved(50);
+            assert_eq!(
+                later < 1e-6,
+                causal,
+                "{attention}: a later token moved logits by {later}"
+            );
         }
     }
 }

@@ -99,6 +99,18 @@ pub fn preset_name(preset: &str, config: Option<&Path>) -> String {
     }
 }
 
+/// The name runs trained with `--set` settings are filed under: `preset` (a preset's name or a
+/// configuration file's stem), then each setting as given, joined by `,`
+/// (`tiny,training.schedule.peak=3e-4`): each point of a grid is a sweep of its own. A name
+/// longer than [`crate::names::MAX_DIR_NAME`] keeps its start and a hash of the whole.
+pub fn point_name(preset: &str, settings: &[&str]) -> String {
+    let name = std::iter::once(preset)
+        .chain(settings.iter().copied())
+        .collect::<Vec<_>>()
+        .join(",");
+    crate::names::shortened_dir_name(&name, ',')
+}
+
 /// A sweep's folder: `<out>/<task>/<preset>`.
 pub fn sweep_dir(out: &Path, task: &Task, preset: &str) -> PathBuf {
     out.join(task.name()).join(preset)

@@ -31,7 +31,7 @@ pub use files::{
     RunDirInUse, RunDirLock, absolute, create_dir_whole, publish_dir, read_json, refuse_existing,
     remove_owned_dir, staging_dir, write_atomic, write_new,
 };
-pub use layout::{preset_name, run_dir, sweep_dir};
+pub use layout::{point_name, preset_name, run_dir, sweep_dir};
 pub use metrics::MetricsLine;
 pub use names::{AttentionName, BackendKind, HYBRID_SEPARATOR, Task};
 pub use record::RunRecord;

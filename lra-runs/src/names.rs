@@ -154,17 +154,23 @@ impl AttentionName {
 /// The folder the runs of the attention called `name` are filed under (see
 /// [`AttentionName::dir_name`]).
 pub fn attention_dir_name(name: &str) -> String {
+    shortened_dir_name(name, HYBRID_SEPARATOR)
+}
+
+/// `name` as a folder's name: itself up to [`MAX_DIR_NAME`] bytes; a longer one its whole parts
+/// (split at `separator`) up to 64 bytes, then `~` and a hash of the whole.
+pub(crate) fn shortened_dir_name(name: &str, separator: char) -> String {
     if name.len() <= MAX_DIR_NAME {
         return name.to_string();
     }
     let mut head = String::new();
-    for part in name.split(HYBRID_SEPARATOR) {
+    for part in name.split(separator) {
         let next = usize::from(!head.is_empty()) + part.len();
         if head.len() + next > 64 {
             break;
         }
         if !head.is_empty() {
-            head.push(HYBRID_SEPARATOR);
+            head.push(separator);
         }
         head.push_str(part);
     }

@@ -56,6 +56,10 @@ pub struct RunResult {
     pub backend: BackendKind,
     /// Device, as Burn names it.
     pub device: String,
+    /// Token-level tasks: whether the encoder masked the future (every layer's attention has a
+    /// causal form) or read the whole sequence; absent for per-example tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causal: Option<bool>,
     /// Steps trained.
     pub steps: usize,
     /// Trainable parameters of the model (frozen random features not counted).
@@ -268,6 +272,7 @@ mod tests {
             seed: 1,
             backend: BackendKind::Flex,
             device: "Cpu".into(),
+            causal: None,
             steps: 100,
             n_params: 10,
             n_params_softmax: 10,

@@ -59,7 +59,7 @@ fn trajectory(
     for chunk in examples.chunks(8) {
         let refs: Vec<&Example> = chunk.iter().collect();
         let batch = Batch::new(&refs, &device);
-        let logits = model.forward(batch.tokens, batch.pair);
+        let logits = model.forward(batch.tokens, batch.pair, batch.positions);
         let loss = loss_fn.forward(logits.clone(), batch.labels);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         // Read the logits after the backward pass, holding them until then, as the training
@@ -75,7 +75,7 @@ fn trajectory(
     out.push(
         model
             .valid()
-            .forward(batch.tokens, batch.pair)
+            .forward(batch.tokens, batch.pair, batch.positions)
             .into_data()
             .convert::<f32>(),
     );

@@ -263,7 +263,7 @@ fn small_listops_classifier_equals_pytorch_reference() {
             mask_pad: b_ids.clone().equal_elem(0),
             ids: b_ids.clone(),
         };
-        let (logits, aux_loss) = model.forward_with_loss(tokens, None);
+        let (logits, aux_loss) = model.forward_with_loss(tokens, None, None);
         let (loss, _) = objective(
             model,
             (logits.clone(), aux_loss),

@@ -268,6 +268,104 @@ impl RunConfig {
     }
 }
 
+/// `--set KEY=VALUE`: one value of a configuration replaced, by its dotted key
+/// (`training.schedule.peak=3e-4`, `data.max_len=128`, `attention.linformer.k=64`). The value
+/// is read as TOML (`3e-4`, `128`, `true`, `"mean"`), a bare word as a string (`mean`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    /// The dotted key.
+    pub key: String,
+    /// The value, as TOML reads it.
+    pub value: toml::Value,
+    /// `KEY=VALUE` as given.
+    pub text: String,
+}
+
+impl std::str::FromStr for Setting {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let Some((key, value)) = text.split_once('=') else {
+            return Err(format!("`{text}` is not KEY=VALUE"));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let well_formed = |part: &str| {
+            !part.is_empty()
+                && (part.bytes())
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b))
+        };
+        if !key.split('.').all(well_formed) {
+            return Err(format!(
+                "`{key}` is not a configuration key (dotted names of lowercase letters, digits,                  `_` and `-`)"
+            ));
+        }
+        if value.is_empty() {
+            return Err(format!("`{text}` gives no value"));
+        }
+        // Runs with settings are filed under a folder named after them.
+        if value.contains('/') || value.contains(',') || value.chars().any(char::is_control) {
+            return Err(format!(
+                "`{text}`: a value may not hold `/`, `,` or control characters (settings name \
+                 the folder their runs are filed under)"
+            ));
+        }
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut table| table.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        Ok(Self {
+            key: key.to_string(),
+            value,
+            text: text.to_string(),
+        })
+    }
+}
+
+impl RunConfig {
+    /// This configuration with `settings` applied in order, then checked as a whole; the error
+    /// names the setting (an unknown key, a value of the wrong type, a value out of range).
+    pub fn with_settings(self, settings: &[Setting]) -> Result<Self> {
+        if settings.is_empty() {
+            return Ok(self);
+        }
+        let mut tree = serde_json::to_value(&self).context("the configuration as JSON")?;
+        for setting in settings {
+            let at = || format!("`--set {}`", setting.text);
+            let value = serde_json::to_value(&setting.value).with_context(at)?;
+            let (parents, last) = match setting.key.rsplit_once('.') {
+                Some((parents, last)) => (parents.split('.').collect::<Vec<_>>(), last),
+                None => (Vec::new(), setting.key.as_str()),
+            };
+            let mut table = &mut tree;
+            for part in parents {
+                let Value::Object(map) = table else {
+                    bail!("{}: `{part}` is inside a value, not a table", at());
+                };
+                // A table a configuration may leave out (`[attention.<name>]`) is made.
+                table = map
+                    .entry(part.to_string())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if table.is_null() {
+                    *table = Value::Object(Map::new());
+                }
+            }
+            let Value::Object(map) = table else {
+                bail!("{}: its table is a value", at());
+            };
+            map.insert(last.to_string(), value);
+            // Each setting is read on its own, so that the error names the one at fault.
+            serde_json::from_value::<RunConfig>(tree.clone())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        }
+        let config: RunConfig = serde_json::from_value(tree)?;
+        let given: Vec<&str> = settings.iter().map(|s| s.text.as_str()).collect();
+        config
+            .validate()
+            .with_context(|| format!("with --set {}", given.join(" --set ")))?;
+        Ok(config)
+    }
+}
+
 /// Deserialising the attention tables with every key given once.
 mod unique_keys {
     use std::collections::BTreeMap;
@@ -567,5 +665,69 @@ mod tests {
         assert!((cycle.lr(50, 1100) - 5e-4).abs() < 1e-12);
         assert!((cycle.lr(600, 1100) - 5e-4).abs() < 1e-12);
         assert_eq!(cycle.lr(1100, 1100), 0.0);
+    }
+
+    /// `--set` replaces values by dotted key (a table the configuration left out is made),
+    /// checks the result, and names the setting at fault.
+    #[test]
+    fn settings_replace_values_by_key() {
+        let set = |texts: &[&str]| {
+            let settings: Vec<Setting> = texts.iter().map(|t| t.parse().unwrap()).collect();
+            RunConfig::preset("listops", "tiny")
+                .unwrap()
+                .with_settings(&settings)
+        };
+        let config = set(&[
+            "training.schedule.peak=3e-4",
+            "data.max_len=48",
+            "model.pooling=cls",
+            "attention.efficient.n_heads_unused=1",
+        ]);
+        let err = format!("{:#}", config.unwrap_err());
+        assert!(
+            err.contains("--set attention.efficient.n_heads_unused=1"),
+            "{err}"
+        );
+        let config = set(&[
+            "training.schedule.peak=3e-4",
+            "data.max_len=48",
+            "model.pooling=cls",
+            "attention.linformer.k=16",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.training.schedule,
+            Schedule::OneCycle {
+                peak: 3e-4,
+                warmup: 150
+            }
+        );
+        assert_eq!(config.data.max_len, 48);
+        assert_eq!(config.model.pooling, Pooling::Cls);
+        assert_eq!(config.attention["linformer"]["k"], 16);
+        let err = |texts: &[&str]| format!("{:#}", set(texts).unwrap_err());
+        let unknown = err(&["training.lr=1e-3"]);
+        assert!(
+            unknown.starts_with("`--set training.lr=1e-3`: unknown field `lr`"),
+            "{unknown}"
+        );
+        let wrong = err(&["training.steps=many"]);
+        assert!(
+            wrong.starts_with("`--set training.steps=many`: invalid type"),
+            "{wrong}"
+        );
+        let range = err(&["model.dropout=1.5"]);
+        assert!(
+            range.contains("--set model.dropout=1.5") && range.contains("`model.dropout`"),
+            "{range}"
+        );
+        for bad in [
+            "peak",
+            "Training.steps=1",
+            "training..steps=1",
+            "data.max_len=",
+        ] {
+            assert!(bad.parse::<Setting>().is_err(), "{bad}");
+        }
     }
 }

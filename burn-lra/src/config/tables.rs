@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::data::listops::GeneratorConfig;
+use crate::data::mqar::MqarConfig;
 use crate::data::pathfinder::PathfinderConfig;
 
 use lra_runs::Selection;
@@ -21,6 +22,9 @@ pub struct DataConfig {
     /// `--data-dir` is given.
     #[serde(default)]
     pub pathfinder: Option<PathfinderConfig>,
+    /// Associative recall (MQAR): the generator's settings (the sequence length is `max_len`).
+    #[serde(default)]
+    pub mqar: Option<MqarConfig>,
     /// Where validation examples come from.
     #[serde(default)]
     pub validation: Validation,

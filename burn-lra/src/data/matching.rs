@@ -46,9 +46,8 @@ pub fn read_tsv(path: &Path, max_len: usize, doc_max_bytes: usize) -> Result<Dat
             }
         }
         examples.push(Example {
-            tokens: byte_tokens(text1, keep),
             pair: Some(byte_tokens(text2, keep)),
-            label,
+            ..Example::new(byte_tokens(text1, keep), label)
         });
         Ok(())
     })?;

@@ -6,6 +6,7 @@ pub mod image;
 pub mod listops;
 pub mod loader;
 pub mod matching;
+pub mod mqar;
 pub mod pathfinder;
 
 use std::path::Path;
@@ -66,7 +67,12 @@ impl Splits {
             for example in &split.examples {
                 bytes.clear();
                 bytes.extend((example.label as u64).to_le_bytes());
-                for document in std::iter::once(&example.tokens).chain(example.pair.as_ref()) {
+                // Targets enter only where there are some, so that the fingerprints of the
+                // per-example tasks' data stay what they were before token-level tasks.
+                let documents = std::iter::once(&example.tokens)
+                    .chain(example.pair.as_ref())
+                    .chain(example.targets.as_ref());
+                for document in documents {
                     bytes.extend((document.len() as u64).to_le_bytes());
                     bytes.extend(document.iter().flat_map(|t| t.to_le_bytes()));
                 }
@@ -84,8 +90,11 @@ pub struct Example {
     pub tokens: Vec<u16>,
     /// The second document of a matching pair.
     pub pair: Option<Vec<u16>>,
-    /// Class index.
+    /// Class index (tasks that predict per example; 0 where `targets` are given).
     pub label: usize,
+    /// Token-level tasks: the token to predict at each position of `tokens`, 0 where a position
+    /// has none.
+    pub targets: Option<Vec<u16>>,
 }
 
 impl Example {
@@ -95,7 +104,26 @@ impl Example {
             tokens,
             pair: None,
             label,
+            targets: None,
         }
+    }
+
+    /// An example of a token-level task: `targets[i]` is the token to predict at position `i`,
+    /// 0 for none (as long as `tokens`).
+    pub fn with_targets(tokens: Vec<u16>, targets: Vec<u16>) -> Self {
+        Self {
+            tokens,
+            pair: None,
+            label: 0,
+            targets: Some(targets),
+        }
+    }
+
+    /// The `(position, token)` of every target (none for a per-example task).
+    pub fn scored(&self) -> impl Iterator<Item = (usize, u16)> + '_ {
+        (self.targets.iter().flatten().enumerate())
+            .filter(|(_, t)| **t != 0)
+            .map(|(i, t)| (i, *t))
     }
 }
 
@@ -137,19 +165,35 @@ impl Dataset {
         self.examples.is_empty()
     }
 
-    /// Examples per class.
+    /// Predictions per class: examples per label, or for a token-level task targets per token.
     pub fn label_counts(&self) -> Vec<usize> {
         let mut counts = vec![0; self.n_classes];
         for e in &self.examples {
-            counts[e.label] += 1;
+            match e.targets {
+                None => counts[e.label] += 1,
+                Some(_) => e.scored().for_each(|(_, t)| counts[t as usize] += 1),
+            }
         }
         counts
     }
 
-    /// Share of the most frequent class: the accuracy of always guessing it.
+    /// Share of the most frequent class among the predictions: the accuracy of always guessing
+    /// it.
     pub fn majority_rate(&self) -> f64 {
-        let max = self.label_counts().into_iter().max().unwrap_or(0);
-        max as f64 / self.len() as f64
+        let counts = self.label_counts();
+        let max = counts.iter().max().copied().unwrap_or(0);
+        max as f64 / counts.iter().sum::<usize>().max(1) as f64
+    }
+
+    /// Predictions the split asks for: one per example, or one per target of a token-level
+    /// task.
+    pub fn predictions(&self) -> usize {
+        (self.examples.iter())
+            .map(|e| match e.targets {
+                None => 1,
+                Some(_) => e.scored().count(),
+            })
+            .sum()
     }
 
     /// Moves `n` examples, drawn by a fixed shuffle (seed 0), out of this split into a new one
@@ -204,7 +248,11 @@ pub struct Batch {
     pub tokens: Tokens,
     /// The second documents of matching pairs.
     pub pair: Option<Tokens>,
-    /// Labels `[batch]`.
+    /// Token-level tasks: where the model predicts, as flat indices `row · n + position` into
+    /// the padded `[batch, n]` tokens, in order; `None` for per-example tasks.
+    pub positions: Option<Tensor<1, Int>>,
+    /// What the model should predict, one label per prediction: `[batch]` per example, or one
+    /// per entry of `positions`.
     pub labels: Tensor<1, Int>,
 }
 
@@ -213,6 +261,7 @@ pub struct Batch {
 pub struct HostBatch {
     tokens: TensorData,
     pair: Option<TensorData>,
+    positions: Option<TensorData>,
     labels: TensorData,
 }
 
@@ -228,7 +277,9 @@ fn pad(rows: &[&[u16]]) -> TensorData {
 }
 
 impl HostBatch {
-    /// Pads `examples` (each document to the longest of its kind in the batch).
+    /// Pads `examples` (each document to the longest of its kind in the batch) and lists what
+    /// the model predicts: each example's label, or, for a token-level task (examples with
+    /// targets), the target at each scored position.
     pub fn new(examples: &[&Example]) -> Self {
         let firsts: Vec<&[u16]> = examples.iter().map(|e| e.tokens.as_slice()).collect();
         let pair = examples
@@ -236,11 +287,30 @@ impl HostBatch {
             .map(|e| e.pair.as_deref())
             .collect::<Option<Vec<&[u16]>>>()
             .map(|seconds| pad(&seconds));
-        let labels: Vec<i64> = examples.iter().map(|e| e.label as i64).collect();
+        let tokens = pad(&firsts);
+        let (positions, labels) = match examples.first().and_then(|e| e.targets.as_ref()) {
+            None => {
+                let labels: Vec<i64> = examples.iter().map(|e| e.label as i64).collect();
+                (None, labels)
+            }
+            Some(_) => {
+                let n = tokens.shape()[1];
+                let (positions, labels): (Vec<i64>, Vec<i64>) = (examples.iter().enumerate())
+                    .flat_map(|(row, e)| {
+                        e.scored()
+                            .map(move |(i, t)| ((row * n + i) as i64, t as i64))
+                    })
+                    .unzip();
+                let count = positions.len();
+                (Some(TensorData::new(positions, [count])), labels)
+            }
+        };
+        let count = labels.len();
         Self {
-            tokens: pad(&firsts),
+            tokens,
             pair,
-            labels: TensorData::new(labels, [examples.len()]),
+            positions,
+            labels: TensorData::new(labels, [count]),
         }
     }
 
@@ -256,6 +326,7 @@ impl HostBatch {
         Batch {
             tokens: tokens(self.tokens),
             pair: self.pair.map(tokens),
+            positions: (self.positions).map(|p| Tensor::<1, Int>::from_data(p, device)),
             labels: Tensor::<1, Int>::from_data(self.labels, device),
         }
     }

@@ -3,7 +3,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{DataSource, LraTask};
+use super::{DataSource, LraTask, Prediction};
 use crate::config::RunConfig;
 use crate::data::{Splits, image};
 
@@ -19,12 +19,12 @@ impl LraTask for Image {
         "classify an image from its sequence of grey pixels (CIFAR-10, or IDX image sets)"
     }
 
-    fn vocab_size(&self) -> usize {
-        image::VOCAB_SIZE
+    fn vocab_size(&self, _config: &RunConfig) -> Result<usize> {
+        Ok(image::VOCAB_SIZE)
     }
 
-    fn n_classes(&self) -> usize {
-        image::N_CLASSES
+    fn prediction(&self) -> Prediction {
+        Prediction::Class(image::N_CLASSES)
     }
 
     fn has_validation_split(&self) -> bool {

@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{DataSource, LraTask, TaskSetting, generated_cache};
+use super::{DataSource, LraTask, Prediction, TaskSetting, generated_cache};
 use crate::config::RunConfig;
 use crate::data::{Splits, listops};
 
@@ -20,12 +20,12 @@ impl LraTask for ListOps {
         "evaluate a nested list expression (10 classes); generated, or LRA's basic_*.tsv"
     }
 
-    fn vocab_size(&self) -> usize {
-        listops::VOCAB_SIZE
+    fn vocab_size(&self, _config: &RunConfig) -> Result<usize> {
+        Ok(listops::VOCAB_SIZE)
     }
 
-    fn n_classes(&self) -> usize {
-        listops::N_CLASSES
+    fn prediction(&self) -> Prediction {
+        Prediction::Class(listops::N_CLASSES)
     }
 
     fn settings(&self) -> &'static [TaskSetting] {

@@ -3,7 +3,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{DataSource, LraTask, TaskSetting};
+use super::{DataSource, LraTask, Prediction, TaskSetting};
 use crate::config::RunConfig;
 use crate::data::{Splits, bytes, matching};
 
@@ -19,12 +19,12 @@ impl LraTask for Matching {
         "are two documents related, from their bytes (AAN citation pairs)"
     }
 
-    fn vocab_size(&self) -> usize {
-        bytes::VOCAB_SIZE
+    fn vocab_size(&self, _config: &RunConfig) -> Result<usize> {
+        Ok(bytes::VOCAB_SIZE)
     }
 
-    fn n_classes(&self) -> usize {
-        2
+    fn prediction(&self) -> Prediction {
+        Prediction::Class(2)
     }
 
     fn pairs(&self) -> bool {

@@ -8,6 +8,7 @@
 pub mod image;
 pub mod listops;
 pub mod matching;
+pub mod mqar;
 pub mod pathfinder;
 pub mod text;
 
@@ -27,11 +28,19 @@ pub trait LraTask: Sync {
     /// One line saying what the task is, for `burn-lra tasks` and the docs.
     fn summary(&self) -> &'static str;
 
-    /// Size of the token vocabulary, padding included (a BPE run's is its tokenizer's instead).
-    fn vocab_size(&self) -> usize;
+    /// Size of the token vocabulary of the task's data with `config`, padding included (a BPE
+    /// run's is its tokenizer's instead, [`vocab_size`]); an error where `config` lacks what
+    /// fixes it.
+    fn vocab_size(&self, config: &RunConfig) -> Result<usize>;
 
-    /// Number of classes.
-    fn n_classes(&self) -> usize;
+    /// What the model predicts.
+    fn prediction(&self) -> Prediction;
+
+    /// Whether the task is one of Long Range Arena's six, which have LRA's own recipe (the `lra`
+    /// preset).
+    fn in_lra(&self) -> bool {
+        true
+    }
 
     /// Whether an example is two documents (matching), read by two towers of one encoder.
     fn pairs(&self) -> bool {
@@ -61,7 +70,7 @@ pub trait LraTask: Sync {
     fn read(&self, config: &RunConfig, source: &DataSource) -> Result<Splits>;
 }
 
-/// Every task, in the order listings show them.
+/// Every task, in the order listings show them: LRA's six, then associative recall.
 pub static TASKS: &[&dyn LraTask] = &[
     &listops::ListOps,
     &text::Text,
@@ -69,7 +78,19 @@ pub static TASKS: &[&dyn LraTask] = &[
     &image::Image,
     &pathfinder::PATHFINDER,
     &pathfinder::PATHX,
+    &mqar::Mqar,
 ];
+
+/// What a task's model predicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prediction {
+    /// One of this many classes per example, from the pooled sequence (LRA's tasks).
+    Class(usize),
+    /// A token of the vocabulary at every position that has a target, from that position's
+    /// output (token-level tasks): causal where every layer's attention has a causal form,
+    /// bidirectional otherwise.
+    Token,
+}
 
 /// The registered task called `name`; an error listing the known names otherwise.
 pub fn find(name: &str) -> Result<&'static dyn LraTask> {
@@ -84,10 +105,19 @@ pub fn find(name: &str) -> Result<&'static dyn LraTask> {
 
 /// Size of the vocabulary a model of `task` reads with `config`, padding included: the task's,
 /// or a BPE tokenizer's (`data.bpe_vocab_size` plus padding).
-pub fn vocab_size(task: &dyn LraTask, config: &RunConfig) -> usize {
+pub fn vocab_size(task: &dyn LraTask, config: &RunConfig) -> Result<usize> {
     match (config.data.tokenizer, config.data.bpe_vocab_size) {
-        (TokenizerKind::Bpe, Some(vocab)) => vocab + 1,
-        _ => task.vocab_size(),
+        (TokenizerKind::Bpe, Some(vocab)) => Ok(vocab + 1),
+        _ => task.vocab_size(config),
+    }
+}
+
+/// How many outputs the model's head has: the classes, or for a token-level task the
+/// vocabulary.
+pub fn n_outputs(task: &dyn LraTask, config: &RunConfig) -> Result<usize> {
+    match task.prediction() {
+        Prediction::Class(n) => Ok(n),
+        Prediction::Token => vocab_size(task, config),
     }
 }
 
@@ -117,16 +147,19 @@ pub enum TaskSetting {
     DocMaxBytes,
     /// `model.pair_features`.
     PairFeatures,
+    /// `[data.mqar]`: the associative-recall generator's settings.
+    Mqar,
 }
 
 impl TaskSetting {
     /// Every such setting.
-    pub const ALL: [TaskSetting; 5] = [
+    pub const ALL: [TaskSetting; 6] = [
         TaskSetting::Generate,
         TaskSetting::Pathfinder,
         TaskSetting::Bpe,
         TaskSetting::DocMaxBytes,
         TaskSetting::PairFeatures,
+        TaskSetting::Mqar,
     ];
 
     /// The key as a configuration file spells it.
@@ -137,6 +170,7 @@ impl TaskSetting {
             TaskSetting::Bpe => "data.tokenizer = \"bpe\"",
             TaskSetting::DocMaxBytes => "data.doc_max_bytes",
             TaskSetting::PairFeatures => "model.pair_features",
+            TaskSetting::Mqar => "data.mqar",
         }
     }
 
@@ -149,6 +183,7 @@ impl TaskSetting {
             TaskSetting::Bpe => config.data.tokenizer == TokenizerKind::Bpe,
             TaskSetting::DocMaxBytes => config.data.doc_max_bytes != default_doc_bytes(),
             TaskSetting::PairFeatures => config.model.pair_features != PairFeatures::default(),
+            TaskSetting::Mqar => config.data.mqar.is_some(),
         }
     }
 }
@@ -300,7 +335,9 @@ mod tests {
     #[test]
     fn every_task_has_presets() {
         for task in TASKS {
-            for preset in ["tiny", "small", "lra"] {
+            // `lra` is LRA's own recipe, which its six tasks have.
+            let presets = ["tiny", "small", "lra"].into_iter();
+            for preset in presets.filter(|p| task.in_lra() || *p != "lra") {
                 RunConfig::preset(task.name(), preset)
                     .unwrap_or_else(|e| panic!("{} {preset}: {e:#}", task.name()));
             }

@@ -4,7 +4,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{DataSource, LraTask, TaskSetting, generated_cache};
+use super::{DataSource, LraTask, Prediction, TaskSetting, generated_cache};
 use crate::config::RunConfig;
 use crate::data::{Splits, image, pathfinder};
 
@@ -42,12 +42,12 @@ impl LraTask for Pathfinder {
         self.summary
     }
 
-    fn vocab_size(&self) -> usize {
-        image::VOCAB_SIZE
+    fn vocab_size(&self, _config: &RunConfig) -> Result<usize> {
+        Ok(image::VOCAB_SIZE)
     }
 
-    fn n_classes(&self) -> usize {
-        pathfinder::N_CLASSES
+    fn prediction(&self) -> Prediction {
+        Prediction::Class(pathfinder::N_CLASSES)
     }
 
     fn settings(&self) -> &'static [TaskSetting] {

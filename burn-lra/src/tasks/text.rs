@@ -4,12 +4,15 @@
 
 use anyhow::{Result, bail};
 
-use super::{DataSource, LraTask, TaskSetting};
+use super::{DataSource, LraTask, Prediction, TaskSetting};
 use crate::config::RunConfig;
 use crate::data::{Splits, bytes};
 
 /// The text classification task.
 pub struct Text;
+
+/// Negative and positive.
+const N_CLASSES: usize = 2;
 
 impl LraTask for Text {
     fn name(&self) -> &'static str {
@@ -20,12 +23,12 @@ impl LraTask for Text {
         "classify a document from its bytes (IMDB reviews, or any label<TAB>text corpus)"
     }
 
-    fn vocab_size(&self) -> usize {
-        bytes::VOCAB_SIZE
+    fn vocab_size(&self, _config: &RunConfig) -> Result<usize> {
+        Ok(bytes::VOCAB_SIZE)
     }
 
-    fn n_classes(&self) -> usize {
-        2
+    fn prediction(&self) -> Prediction {
+        Prediction::Class(N_CLASSES)
     }
 
     fn has_validation_split(&self) -> bool {
@@ -43,11 +46,6 @@ impl LraTask for Text {
                  their .tar.gz) or a folder holding train.tsv and test.tsv (label<TAB>text)"
             );
         };
-        bytes::read_corpus(
-            dir,
-            source.max_len,
-            self.n_classes(),
-            source.max_archive_bytes,
-        )
+        bytes::read_corpus(dir, source.max_len, N_CLASSES, source.max_archive_bytes)
     }
 }

@@ -17,7 +17,8 @@ use lra_runs::layout::METRICS;
 
 use super::Session;
 
-/// Accuracy and mean loss of `model` on `data`, in batches of `batch_size`, without autodiff.
+/// Accuracy and mean loss of `model` on `data` over its predictions (one per example, or one
+/// per target of a token-level task), in batches of `batch_size` examples, without autodiff.
 /// Batches are padded on a worker thread.
 pub fn evaluate(
     model: &LraClassifier,
@@ -26,22 +27,21 @@ pub fn evaluate(
     device: &Device,
 ) -> (f64, f64) {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let (mut correct, mut loss_sum) = (0i64, 0f64);
+    let (mut correct, mut loss_sum, mut count) = (0i64, 0f64, 0usize);
     std::thread::scope(|scope| {
         for batch in evaluation_batches(scope, data, batch_size) {
             let batch = batch.to_device(device);
             let n = batch.labels.dims()[0];
-            let logits = model.forward(batch.tokens, batch.pair);
+            let logits = model.forward(batch.tokens, batch.pair, batch.positions);
             let loss = loss_fn.forward(logits.clone(), batch.labels.clone());
             let (loss, right) = batch_stats(loss, logits, batch.labels);
             loss_sum += loss * n as f64;
             correct += right;
+            count += n;
         }
     });
-    (
-        correct as f64 / data.len() as f64,
-        loss_sum / data.len() as f64,
-    )
+    let count = count.max(1) as f64;
+    (correct as f64 / count, loss_sum / count)
 }
 
 /// A batch's mean loss and its number of correct predictions, read from the device in one

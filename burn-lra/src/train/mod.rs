@@ -313,6 +313,7 @@ impl Session<'_> {
             seed: opts.seed,
             backend: opts.backend,
             device: format!("{:?}", self.eval_device),
+            causal: (last.per_position).then_some(last.causal),
             steps: cfg.steps,
             n_params: budget.n_params,
             n_params_softmax: budget.softmax_params,

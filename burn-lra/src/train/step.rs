@@ -66,7 +66,8 @@ impl Session<'_> {
                         .to_device(&self.device);
                     micro_batches += 1;
                     let take = batch.labels.dims()[0];
-                    let (logits, aux_loss) = model.forward_with_loss(batch.tokens, batch.pair);
+                    let (logits, aux_loss) =
+                        model.forward_with_loss(batch.tokens, batch.pair, batch.positions);
                     // The reported loss stays the cross-entropy, comparable across variants.
                     let (objective, loss) = objective(
                         &model,

@@ -1,6 +1,8 @@
 //! `cargo xtask lra`: a seed sweep. It plans which (attention, seed) runs are unfinished
 //! ([`plan`]), has an executor train them ([`local`]: on this host, one or several at once;
 //! [`slurm`]: as one job array), then summarises every finished run of the sweep ([`summary`]).
+//! With `--set`, a grid: every point is such a sweep, and [`grid`] gives each attention at its
+//! best point by validation.
 //!
 //! Whatever the executor, a run is `burn-lra train --continue` on its run directory: it starts,
 //! resumes from its checkpoint, or does nothing when finished, and it holds the directory's lock
@@ -12,6 +14,7 @@ use anyhow::{Result, bail};
 
 use crate::harness::{check_task, harness, resolve_attentions};
 
+mod grid;
 mod local;
 mod plan;
 mod slurm;
@@ -23,9 +26,18 @@ use plan::{Executor, unfinished_runs};
 /// Entry point of `cargo xtask lra`.
 pub fn lra(args: LraArgs) -> Result<()> {
     args.check_executor_flags()?;
-    let sweep_dir = args.sweep_dir();
+    let points = args.points()?;
+    let grid = !args.set.is_empty();
     if args.summarize {
-        return summary::write(&args, &sweep_dir);
+        for point in &points {
+            let at = args.at(point.clone());
+            summary::write(&at, &at.sweep_dir())?;
+        }
+        return if grid {
+            grid::write(&args, &points)
+        } else {
+            Ok(())
+        };
     }
     let harness = harness(args.harness.as_deref(), args.backend)?;
     if args.list {
@@ -36,15 +48,33 @@ pub fn lra(args: LraArgs) -> Result<()> {
     }
     check_task(&args.task, &harness)?;
     let attentions = resolve_attentions(&args.attention, &harness, false)?;
-    let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
-    let failures = match args.executor {
-        Executor::Local => local::run(&args, &harness, unfinished)?,
-        Executor::Slurm => match slurm::run(&args, &harness, &sweep_dir, unfinished)? {
-            Some(failures) => failures,
-            None => return Ok(()), // --no-wait
-        },
-    };
-    summary::write(&args, &sweep_dir)?;
+    // Each point of a grid is a sweep of its own, trained after the one before.
+    let mut failures = Vec::new();
+    for point in &points {
+        let at = args.at(point.clone());
+        let sweep_dir = at.sweep_dir();
+        if grid {
+            eprintln!("grid point {}", point.join(", "));
+        }
+        let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
+        failures.extend(match args.executor {
+            Executor::Local => local::run(&at, &harness, unfinished)?,
+            Executor::Slurm => match slurm::run(&at, &harness, &sweep_dir, unfinished)? {
+                Some(failures) => failures,
+                None => continue, // --no-wait
+            },
+        });
+        // A point none of whose runs finished has no summary; the failures say why.
+        if let Err(err) = summary::write(&at, &sweep_dir) {
+            eprintln!("{}: {err:#}", sweep_dir.display());
+        }
+    }
+    if args.no_wait {
+        return Ok(());
+    }
+    if grid {
+        grid::write(&args, &points)?;
+    }
     if !failures.is_empty() {
         let lines: Vec<String> = failures
             .iter()

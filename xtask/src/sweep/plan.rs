@@ -73,12 +73,68 @@ pub struct LraArgs {
     /// Train nothing: summarise the sweep's finished runs (after a --no-wait submission).
     #[arg(long)]
     pub(super) summarize: bool,
+    /// A grid over configuration values, `KEY=V1,V2,...` by dotted key (repeatable; several
+    /// make a product): `--set training.schedule.peak=1e-4,3e-4,1e-3`. Each point is a sweep of
+    /// its own, filed under the preset's name and the point's settings
+    /// (`tiny,training.schedule.peak=3e-4`), and the grid's summary gives each attention at the
+    /// point with its best mean validation accuracy.
+    #[arg(long = "set", value_name = "KEY=V1,V2,...")]
+    pub(super) set: Vec<String>,
+    /// The grid point this sweep trains: its `KEY=VALUE` settings (empty outside a grid).
+    #[arg(skip)]
+    pub(super) point: Vec<String>,
 }
 
 impl LraArgs {
-    /// The name runs are filed under.
+    /// The name runs are filed under: the preset's (or the configuration file's stem), then
+    /// the grid point's settings.
     pub(super) fn preset_name(&self) -> String {
-        lra_runs::preset_name(&self.preset, self.config.as_deref())
+        let base = lra_runs::preset_name(&self.preset, self.config.as_deref());
+        match self.point.as_slice() {
+            [] => base,
+            point => {
+                let settings: Vec<&str> = point.iter().map(String::as_str).collect();
+                lra_runs::point_name(&base, &settings)
+            }
+        }
+    }
+
+    /// The grid's points, each a list of `KEY=VALUE` settings, in the order of the `--set` flags
+    /// (the last varying fastest); one empty point without `--set`.
+    pub(super) fn points(&self) -> Result<Vec<Vec<String>>> {
+        let mut points = vec![Vec::new()];
+        let mut keys = Vec::new();
+        for flag in &self.set {
+            let Some((key, values)) = flag.split_once('=') else {
+                bail!("--set `{flag}` is not KEY=V1,V2,...");
+            };
+            if key.is_empty() || values.split(',').any(str::is_empty) {
+                bail!("--set `{flag}`: a key and at least one value, none of them empty");
+            }
+            if keys.contains(&key) {
+                bail!("--set: `{key}` is given twice (list its values in one flag)");
+            }
+            keys.push(key);
+            points = points
+                .into_iter()
+                .flat_map(|point| {
+                    values.split(',').map(move |value| {
+                        let mut point = point.clone();
+                        point.push(format!("{key}={value}"));
+                        point
+                    })
+                })
+                .collect();
+        }
+        Ok(points)
+    }
+
+    /// These flags for one point of the grid.
+    pub(super) fn at(&self, point: Vec<String>) -> Self {
+        Self {
+            point,
+            ..self.clone()
+        }
     }
 
     /// The sweep's folder.
@@ -198,6 +254,9 @@ pub(super) fn train_args(args: &LraArgs, run: &Run, absolute: bool) -> Result<Ve
     if let Some(dir) = &args.data_dir {
         out.extend(["--data-dir".into(), path(dir)?]);
     }
+    for setting in &args.point {
+        out.extend(["--set".into(), setting.into()]);
+    }
     Ok(out)
 }
 
@@ -258,6 +317,57 @@ pub(crate) mod tests {
             err.to_string(),
             "`--seeds` must be at most 4294967295 (2^32 - 1), got 18446744073709551615"
         );
+    }
+
+    /// `--set` flags make the product of their values, each point filed under the preset and
+    /// its settings and trained with them.
+    #[test]
+    fn grids_are_products_filed_by_point() {
+        let a = args(&[
+            "--task",
+            "mqar",
+            "--set",
+            "training.schedule.peak=1e-4,1e-3",
+            "--set",
+            "model.d_model=64,128",
+            "--out",
+            "o",
+        ]);
+        let points = a.points().unwrap();
+        assert_eq!(points.len(), 4);
+        assert_eq!(
+            points[1],
+            ["training.schedule.peak=1e-4", "model.d_model=128"]
+        );
+        let point = a.at(points[1].clone());
+        assert_eq!(
+            point.sweep_dir(),
+            Path::new("o/mqar/tiny,training.schedule.peak=1e-4,model.d_model=128")
+        );
+        let run = Run {
+            attention: "gla".into(),
+            seed: 0,
+            dir: lra_runs::run_dir(&point.sweep_dir(), "gla", 0),
+        };
+        let train: Vec<String> = train_args(&point, &run, false)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(
+            train.join(" ").ends_with(
+                "--preset tiny --set training.schedule.peak=1e-4 --set model.d_model=128"
+            ),
+            "{train:?}"
+        );
+        assert_eq!(args(&[]).points().unwrap(), [Vec::<String>::new()]);
+        for bad in ["peak", "a=1,,2", "=1"] {
+            assert!(args(&["--set", bad]).points().is_err(), "{bad}");
+        }
+        let twice = args(&["--set", "a=1", "--set", "a=2"])
+            .points()
+            .unwrap_err();
+        assert!(twice.to_string().contains("`a` is given twice"), "{twice}");
     }
 
     #[test]

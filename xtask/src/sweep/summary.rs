@@ -16,7 +16,7 @@ use super::plan::LraArgs;
 /// it sits in, its checksum must match and its figures lie in their ranges
 /// ([`RunResult::verify_place`]). Those that do not are left out, each named on stderr with
 /// the reason.
-fn results(
+pub(super) fn results(
     sweep_dir: &Path,
     (task, preset): (&lra_runs::Task, &str),
     attention: &str,
@@ -38,10 +38,8 @@ fn results(
     Ok(results)
 }
 
-/// Collects every attention under the sweep directory with results for seeds `0..seeds`, prints
-/// the table, and writes `summary.json` and `summary.md`.
-pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
-    let preset = args.preset_name();
+/// The folders of a sweep that hold an attention's runs, sorted.
+pub(super) fn attention_folders(sweep_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match std::fs::read_dir(sweep_dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok())
@@ -52,6 +50,14 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
         Err(_) => Vec::new(),
     };
     names.sort();
+    names
+}
+
+/// Collects every attention under the sweep directory with results for seeds `0..seeds`, prints
+/// the table, and writes `summary.json` and `summary.md`.
+pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
+    let preset = args.preset_name();
+    let names = attention_folders(sweep_dir);
     let mut table = String::new();
     table.push_str(&format!(
         "LRA {} — preset `{preset}`, backend {}, seeds 0..{}\n\n",
