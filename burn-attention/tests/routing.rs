@@ -13,16 +13,18 @@ use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, RoutingAttention, RoutingConfig, padding_mask_from_lengths,
 };
-use reference::{linear_f64, max_rel_err, normal_tensor, softmax_rows, to_rows};
+use reference::{linear_f64, max_err_of_scale, max_rel_err, normal_tensor, softmax_rows, to_rows};
 
 type Rows = Vec<Vec<f64>>;
 
 const D_MODEL: usize = 16;
 const HEADS: usize = 4;
 const D_HEAD: usize = D_MODEL / HEADS;
-/// Largest relative error of the f32 module against float64 (floor 0.01): at input scale 4 a
-/// cluster's softmax is peaked and its f32 rounding reaches about 2e-4 of the outputs (1.8e-4
-/// seen); a query or key in the wrong cluster, or a window off by one, is off by far more.
+/// Largest relative error of the f32 module against float64, with the floor 5% of the outputs'
+/// root mean square: at input scale 4 a cluster's softmax is peaked and f32 rounds an output to
+/// about 1e-5 absolute (outputs' RMS 3-4), whatever its own size; judged against a fixed floor of
+/// 0.01, an output of 1e-3 showed 7.6e-4. A query or key in the wrong cluster, or a window off by
+/// one, is off by a fraction of the RMS itself, hundreds of times the tolerance.
 const TOLERANCE: f64 = 5e-4;
 
 fn head(x: &[f64], h: usize) -> &[f64] {
@@ -153,9 +155,6 @@ fn batch(n: usize, lengths: [usize; 2], scale: f32, seed: u64, device: &Device) 
 #[test]
 fn routing_matches_float64_reference() {
     let device = Device::flex();
-    // Seeded: the modules' weights are drawn from the device's generator, and 1 unseeded run in
-    // 30 drew weights whose output was off by 5e-4 to 1.2e-3 at scale 4, over the tolerance.
-    device.seed(41);
     // (clusters, window, local heads): clusters that do and do not divide the lengths, no
     // local head, one, and the default half.
     for (case, (clusters, window, local)) in [(3, 2, None), (4, 1, Some(1)), (5, 3, Some(0))]
@@ -177,7 +176,7 @@ fn routing_matches_float64_reference() {
             );
             for (b, len) in lengths.into_iter().enumerate() {
                 let expected = routing_f64(&m, &rows_of(&x, b, len));
-                let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
+                let err = max_err_of_scale(&rows_of(&out, b, len), &expected, 0.05);
                 assert!(
                     err < TOLERANCE,
                     "case {case} scale {scale} batch {b}: relative error {err}"

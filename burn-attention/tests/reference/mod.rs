@@ -93,6 +93,19 @@ pub fn max_rel_err(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Largest `|a - b| / max(|b|, floor · rms(b))`: [`max_rel_err`] with its floor a fraction of
+/// the expected output's root mean square, so that outputs at any input scale are judged alike.
+/// f32 rounds each output to within a few `1e-7` of the magnitudes summed into it, whatever the
+/// output's own size; an element near zero is therefore judged against the outputs' scale.
+pub fn max_err_of_scale(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
+    let (sum, count) = b
+        .iter()
+        .flatten()
+        .fold((0.0, 0usize), |(s, c), y| (s + y * y, c + 1));
+    let rms = (sum / count.max(1) as f64).sqrt();
+    max_rel_err(a, b, floor * rms)
+}
+
 /// Row-wise softmax.
 pub fn softmax_rows(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
     rows.iter()
