@@ -251,6 +251,24 @@ impl LraClassifier {
         (h, mask, loss)
     }
 
+    /// The numbers a causal model's decoding keeps after a sequence of `n` tokens
+    /// (`DecodingState::num_elements` over every layer, one sequence): the key/value cache for
+    /// softmax, the fixed-size state of a recurrent attention. What MQAR's state-size picture
+    /// puts on its horizontal axis. `None` for a model that reads the whole sequence, or whose
+    /// attention does not decode.
+    pub fn decoding_state_elements(&self, n: usize) -> Option<usize> {
+        if !self.causal || n == 0 {
+            return None;
+        }
+        let device = self.embedding.weight.device();
+        // The state's size depends on the shapes only, not on the values.
+        let x = Tensor::<3>::zeros([1, n, self.d_model], &device);
+        let (_, states) = self.encoder.prefill(x).ok()?;
+        states
+            .iter()
+            .try_fold(0usize, |total, s| total.checked_add(s.num_elements()))
+    }
+
     /// Logits `[predictions, classes]` of the documents `tokens` (and, for matching, their
     /// partners `pair`, encoded by the same encoder): one row per example, or for a token-level
     /// model one per entry of `positions` (flat indices `row · n + position` into `tokens`,
@@ -498,5 +516,25 @@ mod tests {
                 "{attention}: a later token moved logits by {later}"
             );
         }
+    }
+
+    /// The decoding state a causal model keeps: softmax's key/value cache, a key and a value of
+    /// `d_model` numbers per token and layer; linear attention's fixed state, the same at any
+    /// length; none for a bidirectional model.
+    #[test]
+    fn decoding_state_counts_the_cache_or_the_fixed_state() {
+        let device = Device::flex();
+        let config = RunConfig::preset("mqar", "tiny").unwrap();
+        let (layers, d) = (config.model.n_layers, config.model.d_model);
+        let softmax = classifier(&config, "softmax", &device);
+        for n in [16, 64] {
+            assert_eq!(softmax.decoding_state_elements(n), Some(layers * 2 * n * d));
+        }
+        let linear = classifier(&config, "linear", &device);
+        let short = linear.decoding_state_elements(16).unwrap();
+        assert!(short > 0);
+        assert_eq!(linear.decoding_state_elements(64), Some(short));
+        let bidirectional = classifier(&config, "linformer", &device);
+        assert_eq!(bidirectional.decoding_state_elements(64), None);
     }
 }

@@ -60,6 +60,12 @@ pub struct RunResult {
     /// causal form) or read the whole sequence; absent for per-example tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub causal: Option<bool>,
+    /// Causal token-level runs: the numbers the model's decoding keeps after one sequence of the
+    /// task's length (`DecodingState::num_elements` over every layer; the key/value cache for
+    /// softmax, the fixed-size state of a recurrent attention). Absent otherwise, and in records
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoding_state_elements: Option<u64>,
     /// Steps trained.
     pub steps: usize,
     /// Trainable parameters of the model (frozen random features not counted).
@@ -273,6 +279,7 @@ mod tests {
             backend: BackendKind::Flex,
             device: "Cpu".into(),
             causal: None,
+            decoding_state_elements: None,
             steps: 100,
             n_params: 10,
             n_params_softmax: 10,

@@ -314,6 +314,10 @@ impl Session<'_> {
             backend: opts.backend,
             device: format!("{:?}", self.eval_device),
             causal: (last.per_position).then_some(last.causal),
+            decoding_state_elements: (last.per_position)
+                .then(|| last.decoding_state_elements(config.data.max_len))
+                .flatten()
+                .map(|e| e as u64),
             steps: cfg.steps,
             n_params: budget.n_params,
             n_params_softmax: budget.softmax_params,
