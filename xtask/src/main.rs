@@ -2,7 +2,8 @@
 //! best per attention, in the shape of the source papers' tables, on this host (one run or
 //! several at once) or as a Slurm job array; `cargo xtask bench ...` runs the efficiency
 //! benchmarks beside PyTorch; `cargo xtask report` charts a sweep's accuracy against the
-//! benchmarks' training speed and memory.
+//! benchmarks' training speed and memory; `cargo xtask recall` draws MQAR's recall against width
+//! and decoding state.
 //!
 //! The sweep reads and schedules run directories through `lra-runs` (their layout, `result.json`,
 //! the lock) and trains through the `burn-lra` binary, so xtask itself never compiles Burn.
@@ -13,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod harness;
+mod recall;
 mod report;
 mod sweep;
 
@@ -40,6 +42,10 @@ enum Command {
     /// its table beside the sweep's summary.json, from it and a `bench lra` report of the same
     /// task and preset.
     Report(report::ReportArgs),
+    /// MQAR's recall in Zoology's picture: test accuracy against model width per length and
+    /// pairs, and against the decoding state's size for the causal models, from every finished
+    /// run under a task folder (recall.svg, recall.md and recall.json in it).
+    Recall(recall::RecallArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +53,7 @@ fn main() -> ExitCode {
         Command::Lra(args) => sweep::lra(args),
         Command::Bench(command) => bench::bench(command),
         Command::Report(args) => report::report(args),
+        Command::Recall(args) => recall::recall(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
