@@ -9,6 +9,9 @@
 //! one run on both cores trains 2.7 steps/s, two runs pinned to a core each 3.9 steps/s
 //! together (1.4x).
 //!
+//! After each run the sweep says where it stands ([`Progress`]): runs done of the total,
+//! failures, time elapsed and an estimate of the time left.
+//!
 //! A run whose directory another process holds (a concurrent sweep over the same `--out`) is
 //! left to it; when everything else is done the sweep waits for that process, then trains what
 //! it left unfinished.
@@ -23,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use lra_runs::{RunDirLock, RunState};
 
 use super::plan::{Failure, LraArgs, Run, last_error_line, train_args};
+use super::progress::Progress;
 use crate::harness::{Harness, stop_with_parent};
 
 /// Where one of the runs at once trains.
@@ -45,24 +49,31 @@ enum Outcome {
 /// Trains `runs` on this host; the runs that did not finish.
 pub(super) fn run(args: &LraArgs, harness: &Harness, runs: Vec<Run>) -> Result<Vec<Failure>> {
     let slots = slots(args, runs.len())?;
+    let progress = Progress::new(runs.len(), slots.len() > 1);
     let mut queue: VecDeque<Run> = runs.into();
     let mut failures = Vec::new();
     while !queue.is_empty() {
-        let held = run_queue(args, harness, &slots, queue, &mut failures)?;
+        let held = run_queue(args, harness, &slots, queue, (&progress, &mut failures))?;
         // Held by another sweep: wait for it, then train what it left unfinished.
         queue = VecDeque::new();
         for run in held {
-            eprintln!("{run}: being trained by another process; waiting for it");
+            progress.say(&format!(
+                "{run}: being trained by another process; waiting for it"
+            ));
             RunDirLock::wait_until_free(&run.dir)?;
             match lra_runs::run_state(&run.dir)? {
-                RunState::Finished(result) => eprintln!(
-                    "{run}: finished by the other process ({:.2}%)",
-                    100.0 * result.test_accuracy
-                ),
+                RunState::Finished(result) => {
+                    progress.say(&format!(
+                        "{run}: finished by the other process ({:.2}%)",
+                        100.0 * result.test_accuracy
+                    ));
+                    progress.ended(false);
+                }
                 _ => queue.push_back(run),
             }
         }
     }
+    progress.finish();
     Ok(failures)
 }
 
@@ -122,14 +133,14 @@ fn usable_cores() -> Vec<usize> {
     (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
 }
 
-/// Runs the queue in the slots (a thread per slot, each taking the next run); the runs another
-/// process held.
+/// Runs the queue in the slots (a thread per slot, each taking the next run), counting each run
+/// that ends in `progress`; the runs another process held.
 fn run_queue(
     args: &LraArgs,
     harness: &Harness,
     slots: &[Slot],
     queue: VecDeque<Run>,
-    failures: &mut Vec<Failure>,
+    (progress, failures): (&Progress, &mut Vec<Failure>),
 ) -> Result<Vec<Run>> {
     let queue = Mutex::new(queue);
     let held = Mutex::new(Vec::new());
@@ -142,10 +153,12 @@ fn run_queue(
                     let Some(run) = queue.lock().unwrap().pop_front() else {
                         break;
                     };
-                    match attempt(args, harness, slot, slots.len() > 1, &run) {
-                        Ok(Outcome::Finished) => {}
+                    match attempt(args, harness, slot, progress, &run) {
+                        Ok(Outcome::Finished) => progress.ended(false),
                         Ok(Outcome::InUse) => held.lock().unwrap().push(run),
                         Ok(Outcome::Failed(reason)) => {
+                            progress.say(&format!("{run}: failed: {reason}"));
+                            progress.ended(true);
                             failed.lock().unwrap().push(Failure { run, reason })
                         }
                         Err(e) => errors.lock().unwrap().push(e),
@@ -161,19 +174,21 @@ fn run_queue(
     Ok(held.into_inner().unwrap())
 }
 
-/// One attempt at `run` in `slot`; with `logged`, its output goes to its log file.
+/// One attempt at `run` in `slot`, saying what happens through `progress`; with several slots,
+/// its output goes to its log file.
 fn attempt(
     args: &LraArgs,
     harness: &Harness,
     slot: &Slot,
-    logged: bool,
+    progress: &Progress,
     run: &Run,
 ) -> Result<Outcome> {
+    let logged = progress.logged();
     if let RunState::Finished(result) = lra_runs::run_state(&run.dir)? {
-        eprintln!(
+        progress.say(&format!(
             "{run}: finished meanwhile by another process ({:.2}%)",
             100.0 * result.test_accuracy
-        );
+        ));
         return Ok(Outcome::Finished);
     }
     let mut cmd = Command::new(harness);
@@ -204,14 +219,17 @@ fn attempt(
                 (None, []) => "the default device".to_string(),
                 (None, cores) => format!("cores {cores:?}"),
             };
-            eprintln!("{run}: started on {place} (log: {})", log.display());
+            progress.say(&format!(
+                "{run}: started on {place} (log: {})",
+                log.display()
+            ));
         }
-        None => eprintln!(
+        None => progress.say(&format!(
             "== {} / {run} / {} on {}",
             args.task,
             args.preset_name(),
             args.backend
-        ),
+        )),
     }
     stop_with_parent(&mut cmd);
     let started = Instant::now();
@@ -223,11 +241,11 @@ fn attempt(
         && let RunState::Finished(result) = lra_runs::run_state(&run.dir)?
     {
         if logged {
-            eprintln!(
+            progress.say(&format!(
                 "{run}: {:.2}% test accuracy ({:.0} s)",
                 100.0 * result.test_accuracy,
                 started.elapsed().as_secs_f64()
-            );
+            ));
         }
         return Ok(Outcome::Finished);
     }

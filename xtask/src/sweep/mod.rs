@@ -17,6 +17,7 @@ use crate::harness::{check_task, harness, resolve_attentions};
 mod grid;
 mod local;
 mod plan;
+mod progress;
 mod slurm;
 mod summary;
 
