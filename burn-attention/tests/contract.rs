@@ -67,24 +67,6 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 
 /// One head of cross-attention in float64, from each variant's formula and the module's own
 /// parameters: `q_len` real queries over `k_len` real keys.
-/// The registered variants without a per-head form (their keys and values pass through layers
-/// over all heads), which the per-head references here skip; each has its whole-module float64
-/// test: `set-transformer` in tests/set_transformer.rs, `memory-compressed` in
-/// tests/memory_compressed.rs, `etc` in tests/etc.rs, `retnet`, `mamba2`, `gla`, `deltanet` and
-/// `gated-deltanet` (normalised and gated over every head) in tests/retnet.rs, tests/mamba2.rs,
-/// tests/gla.rs and tests/deltanet.rs.
-const NO_PER_HEAD_FORM: &[&str] = &[
-    "set-transformer",
-    "memory-compressed",
-    "etc",
-    "compressive",
-    "retnet",
-    "mamba2",
-    "gla",
-    "deltanet",
-    "gated-deltanet",
-];
-
 fn cross_f64(
     attention: &Attention,
     (name, head): (&str, usize),
@@ -143,8 +125,10 @@ fn cross_f64(
 /// Cross-attention against each variant's float64 formula, on per-head tensors with the
 /// module's own parameters: 7 queries over 11 keys, both sides padded (real lengths 7 and 4
 /// queries, 11 and 6 keys), compared on the real queries; 1e-4 relative (floor 0.01, see
-/// `max_rel_err`). Every registered variant with cross-attention takes part, but those of
-/// [`NO_PER_HEAD_FORM`], which must refuse the per-head form and are checked whole elsewhere.
+/// `max_rel_err`). Every registered variant with cross-attention takes part, but those without a
+/// per-head form (`Capabilities::per_head_form`), which must refuse it and are checked whole in
+/// their own float64 tests (tests/set_transformer.rs, tests/memory_compressed.rs, tests/etc.rs,
+/// tests/compressive.rs, tests/retnet.rs, tests/mamba2.rs, tests/gla.rs, tests/deltanet.rs).
 #[test]
 fn cross_attention_matches_float64_reference() {
     let device = device();
@@ -161,7 +145,7 @@ fn cross_attention_matches_float64_reference() {
         let attention = config_for(name).init(&device);
         let q = random([2, N_HEADS, n_q, d], &device);
         let [k, v] = [0, 1].map(|_| random([2, N_HEADS, n_k, d], &device));
-        if NO_PER_HEAD_FORM.contains(&name) {
+        if !attention.capabilities().per_head_form {
             let err = attention.attend(q, k, v, masks.clone()).unwrap_err();
             assert!(err.to_string().contains("per-head"), "{name}: {err}");
             continue;
@@ -578,8 +562,9 @@ fn prefill_equals_token_by_token_decoding() {
 /// Prompts of different lengths in one batch: prefilled padded to the longest, each goes on
 /// decoding from its own end (one new token per prompt a step) exactly as when it is alone:
 /// softmax (its cache's padding masked), every kernelized variant (padding left out of the
-/// sums), and the position-dependent patterns (local, sparse, Synthesizer, memory-compressed,
-/// axial, Transformer-XL, compressive: positions read from the padding, which must follow each prompt).
+/// sums), and the position-dependent patterns (`Capabilities::prefill_end_padding_only`:
+/// positions read from where tokens sit, so padding must follow each prompt, and padding before
+/// a prompt's end is refused; the other variants take it).
 #[test]
 fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
     let device = device();
@@ -610,25 +595,21 @@ fn prompts_of_different_lengths_decode_on_from_their_own_ends() {
         let (prefilled, mut state) = attention
             .prefill_padded(prompts.clone(), mask)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        // The patterns read a token's position from where it sits: padding before the end of
-        // a prompt is refused.
-        let position_dependent = [
-            "local",
-            "sparse",
-            "synthesizer",
-            "memory-compressed",
-            "axial",
-            "transformer-xl",
-            "compressive",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p));
-        if position_dependent {
-            let mut inner = vec![false; 2 * longest];
-            inner[longest + 3] = true;
-            let inner = Tensor::<2, Bool>::from_data(TensorData::new(inner, [2, longest]), &device);
-            let err = attention.prefill_padded(prompts, inner).unwrap_err();
-            assert!(err.to_string().contains("after their end"), "{name}: {err}");
+        // The variants that read a token's position from where it sits refuse padding before
+        // the end of a prompt; the others take it.
+        let mut inner = vec![false; 2 * longest];
+        inner[longest + 3] = true;
+        let inner = Tensor::<2, Bool>::from_data(TensorData::new(inner, [2, longest]), &device);
+        match attention.prefill_padded(prompts, inner) {
+            Err(err) => assert!(
+                attention.capabilities().prefill_end_padding_only
+                    && err.to_string().contains("after their end"),
+                "{name}: {err}"
+            ),
+            Ok(_) => assert!(
+                !attention.capabilities().prefill_end_padding_only,
+                "{name}: took padding before a prompt's end"
+            ),
         }
         let tolerance = Tolerance::absolute(1e-5).set_relative(2e-4);
         let alone: Vec<Tensor<3>> = seqs

@@ -153,9 +153,15 @@ fn two_jobs_at_once_write_the_same_summary() {
         assert!(text.contains("from step 0"), "{log}: {text}");
     }
     // After each run the sweep says where it stands (a plain line: stderr is not a terminal).
-    assert!(stderr.contains("sweep: 1/4 runs done, 0 failed"), "{stderr}");
+    assert!(
+        stderr.contains("sweep: 1/4 runs done, 0 failed"),
+        "{stderr}"
+    );
     assert!(stderr.contains("left"), "{stderr}");
-    assert!(stderr.contains("sweep: 4/4 runs done, 0 failed"), "{stderr}");
+    assert!(
+        stderr.contains("sweep: 4/4 runs done, 0 failed"),
+        "{stderr}"
+    );
     // On a CPU backend each job is pinned to its own share of the cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores >= 2 {

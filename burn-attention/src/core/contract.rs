@@ -202,6 +202,14 @@ pub struct Capabilities {
     /// back unchanged and a sequence of one position returns its own `v`, whatever the queries
     /// and keys.
     pub weights_sum_to_one: bool,
+    /// Has a per-head form: [`AttentionModule::attend`] on per-head queries, keys and values.
+    /// Without one, keys and values pass through layers over all heads (a set's inducing
+    /// points, a compression, a normalisation or gate over every head), and `attend` refuses.
+    pub per_head_form: bool,
+    /// A causal variant that reads a token's position from its index (windows, blocks, strides,
+    /// segments, per-position weights): [`AttentionModule::prefill_padded`] takes padding only
+    /// after each prompt's end, and refuses padding before it. `false` for the others.
+    pub prefill_end_padding_only: bool,
 }
 
 /// What a causal attention carries from one decoded token to the next, per layer.

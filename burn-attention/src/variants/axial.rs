@@ -54,6 +54,8 @@ pub const INFO: VariantInfo = VariantInfo {
         cross_attention: false,
         fixed_max_len: false,
         weights_sum_to_one: true,
+        per_head_form: true,
+        prefill_end_padding_only: true,
     },
 };
 

@@ -51,6 +51,8 @@ const CAPABILITIES: Capabilities = Capabilities {
     cross_attention: false,
     fixed_max_len: false,
     weights_sum_to_one: false,
+    per_head_form: false,
+    prefill_end_padding_only: false,
 };
 
 /// The registry entry of the delta rule.

@@ -48,6 +48,8 @@ const CAPABILITIES: Capabilities = Capabilities {
     fixed_max_len: true,
     // F mixes the values with weights of any sign and sum.
     weights_sum_to_one: false,
+    per_head_form: true,
+    prefill_end_padding_only: false,
 };
 
 /// The registry entry of Linformer.

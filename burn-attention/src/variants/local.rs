@@ -45,6 +45,8 @@ const CAPABILITIES: Capabilities = Capabilities {
     cross_attention: false,
     fixed_max_len: false,
     weights_sum_to_one: true,
+    per_head_form: true,
+    prefill_end_padding_only: true,
 };
 
 /// The registry entry of block-local attention.

@@ -73,6 +73,8 @@ const CAPABILITIES: Capabilities = Capabilities {
     cross_attention: true,
     fixed_max_len: false,
     weights_sum_to_one: true,
+    per_head_form: true,
+    prefill_end_padding_only: false,
 };
 
 /// The registry entry of FAVOR+.

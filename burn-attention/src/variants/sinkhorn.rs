@@ -56,6 +56,8 @@ pub const INFO: VariantInfo = VariantInfo {
         cross_attention: false,
         fixed_max_len: true,
         weights_sum_to_one: true,
+        per_head_form: true,
+        prefill_end_padding_only: false,
     },
 };
 
