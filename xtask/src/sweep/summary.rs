@@ -124,18 +124,19 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// Every committed sweep the README shows (a `<!-- results: DIR/summary.md -->` marker): its
-    /// `summary.json` is what its committed run records give, and the README's table is its
-    /// `summary.md`'s, row for row. The headline 5-seed ListOps sweep (23 attentions) is among
-    /// them.
+    /// Every committed sweep the README or docs/results.md shows (a `<!-- results:
+    /// DIR/summary.md -->` marker): its `summary.json` is what its committed run records give,
+    /// and the page's table is its `summary.md`'s, row for row. The 5-seed ListOps sweep (23
+    /// attentions) is among them.
     #[test]
-    fn the_committed_sweeps_and_the_readme_agree() {
+    fn the_committed_sweeps_and_the_docs_agree() {
         let root = crate::harness::workspace_root();
         let read = |path: &Path| std::fs::read_to_string(path).unwrap();
-        let readme = read(&root.join("README.md"));
+        let pages = ["README.md", "docs/results.md"].map(|page| read(&root.join(page)));
         let marker = "<!-- results: ";
         let mut checked = Vec::new();
-        let mut rest = readme.as_str();
+        let all = pages.join("\n");
+        let mut rest = all.as_str();
         while let Some(at) = rest.find(marker) {
             let after = &rest[at + marker.len()..];
             let path = &after[..after.find(" -->\n").expect("a marker ends with ` -->`")];
@@ -163,7 +164,7 @@ mod tests {
                 .collect();
             assert_eq!(
                 table_in_readme, table,
-                "README.md's table differs from {path}"
+                "the table shown for {path} differs from it"
             );
             checked.push((path.to_string(), summary.attentions.len()));
             rest = from;
