@@ -21,14 +21,13 @@
 use burn::module::Param;
 use burn::nn::Initializer;
 use burn::prelude::*;
-use burn::tensor::activation::softplus;
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
 use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
-use crate::core::flash::sigmoid;
+use crate::core::flash::{sigmoid, softplus};
 use crate::core::heads::{QkvoProjection, projection_shape};
 use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
 use crate::core::kernelized::{
@@ -309,7 +308,7 @@ impl KernelUnit {
     /// Applies the unit to `x: [.., d]`; `last` makes the value path positive (Softplus).
     pub fn forward<const D: usize>(&self, x: Tensor<D>, last: bool) -> Tensor<D> {
         let value = linear(x.clone(), self.w_f.val(), None);
-        let value = if last { softplus(value, 1.0) } else { value };
+        let value = if last { softplus(value) } else { value };
         let gate = match (&self.w_g, &self.gate_u, &self.gate_v) {
             (Some(w_g), _, _) => Some(linear(x, w_g.val(), None)),
             (None, Some(u), Some(v)) => Some(linear(linear(x, u.val(), None), v.val(), None)),

@@ -140,6 +140,10 @@ impl FlashAttention for Flex {
         in_place(x, kernel::silu_in_place)
     }
 
+    fn vector_softplus(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        in_place(x, kernel::softplus_in_place)
+    }
+
     fn vector_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (mut values, shape) = host(x);
         kernel::softmax_rows_in_place(&mut values, shape.last().copied().unwrap_or(1));

@@ -296,6 +296,15 @@ impl<C: CheckpointStrategy> FlashAttention for Autodiff<Flex, C> {
             true,
         )
     }
+
+    fn vector_softplus(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        tracked_unary::<C>(
+            x,
+            Flex::vector_softplus,
+            |grad, x, _| kernel::softplus_grad_in_place(grad, x),
+            true,
+        )
+    }
 }
 
 /// What LayerNorm's backward keeps: its input (the tensor itself, its storage shared, not

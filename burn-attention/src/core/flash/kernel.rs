@@ -594,6 +594,17 @@ pub fn silu_grad_in_place(grad: &mut [f32], x: &[f32]) {
     par_chunks_with(grad, x, simd::silu_grad);
 }
 
+/// Softplus `ln(1 + eˣ)` of every element in place, vectorised and without overflow.
+pub fn softplus_in_place(values: &mut [f32]) {
+    par_chunks(values, simd::softplus);
+}
+
+/// `grad ∘ softplus′(x)` in place, `softplus′ = σ(x)` (from the input: from the output,
+/// `1 − e^{−y}` would cancel where `y` is small).
+pub fn softplus_grad_in_place(grad: &mut [f32], x: &[f32]) {
+    par_chunks_with(grad, x, simd::softplus_grad);
+}
+
 /// `elu(x) + 1` of every element in place: `x + 1` for `x > 0`, `exp(x)` otherwise.
 pub fn elu_plus_one_in_place(values: &mut [f32]) {
     par_chunks(values, simd::elu_plus_one);

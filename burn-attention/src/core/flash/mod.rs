@@ -415,6 +415,18 @@ pub(crate) fn silu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     burn::tensor::activation::silu(x)
 }
 
+/// Softplus `ln(1 + eˣ)`, on `flex` (f32) in one vectorised pass whose backward keeps only the
+/// input (`softplus′ = σ`); elsewhere Burn's.
+pub(crate) fn softplus<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(feature = "flex")]
+    if flex_kernels(&x.device()) && x.dtype() == burn::tensor::DType::F32 {
+        return Tensor::from_dispatch(
+            <burn::backend::Dispatch as FlashAttention>::vector_softplus(x.into_dispatch()),
+        );
+    }
+    burn::tensor::activation::softplus(x, 1.0)
+}
+
 /// `elu(x) + 1`, on `flex` (f32) in one vectorised pass with a backward that keeps only the
 /// output; elsewhere as `max(x, 0) + exp(min(x, 0))` (the same values and gradients).
 pub(crate) fn elu_plus_one<const D: usize>(x: Tensor<D>) -> Tensor<D> {
@@ -549,6 +561,12 @@ mod extension {
         /// the output; elsewhere the backend's own.
         fn vector_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
             Self::sigmoid(x)
+        }
+
+        /// Softplus, `ln(1 + eˣ)`. On `flex`, one vectorised pass with a fused backward;
+        /// elsewhere `ln(1 + eˣ)` from the backend's operations (as Burn's `softplus`).
+        fn vector_softplus(x: FloatTensor<Self>) -> FloatTensor<Self> {
+            Self::float_log1p(Self::float_exp(x))
         }
 
         /// SiLU, `x σ(x)`. On `flex`, one vectorised pass with a fused backward; elsewhere
@@ -757,6 +775,32 @@ mod tests {
                 (x * s, s * (1.0 + x * (1.0 - s)))
             },
             (-100.0, 100.0),
+            2e-6,
+        );
+    }
+
+    /// Softplus `ln(1 + eˣ)` and its derivative `σ(x)` against float64, over a gate's and a
+    /// feature map's range and past `exp`'s limits (where `ln(1 + eˣ)` in f32 would overflow).
+    #[test]
+    fn softplus_matches_float64() {
+        check_pointwise(
+            super::softplus,
+            |x| {
+                let value = x.max(0.0) + (-x.abs()).exp().ln_1p();
+                (value, 1.0 / (1.0 + (-x).exp()))
+            },
+            (-100.0, 100.0),
+            2e-6,
+        );
+        check_pointwise(
+            super::softplus,
+            |x| {
+                (
+                    x.max(0.0) + (-x.abs()).exp().ln_1p(),
+                    1.0 / (1.0 + (-x).exp()),
+                )
+            },
+            (-4.0, 4.0),
             2e-6,
         );
     }

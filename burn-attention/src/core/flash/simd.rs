@@ -32,6 +32,22 @@ fn exp(x: f32) -> f32 {
     if tiny { 0.0 } else { y }
 }
 
+/// `softplus(x) = ln(1 + eˣ)` for `f32`, without overflow: `max(x, 0) + ln(1 + e)` with
+/// `e = exp(−|x|)` in (0, 1], and `ln(1 + e) = 2 atanh(s) = 2 (s + s³/3 + … + s¹³/13)` for
+/// `s = e / (2 + e)` in (0, 1/3] (the series' remainder below 1e-8 of the sum; `s` is formed
+/// from `e`, not from `1 + e`, so a tiny `e` keeps its digits).
+#[inline(always)]
+fn softplus_of(x: f32) -> f32 {
+    let e = exp(-x.abs());
+    let s = e / (2.0 + e);
+    let s2 = s * s;
+    let series = 1.0
+        + s2 * (1.0 / 3.0
+            + s2 * (1.0 / 5.0
+                + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0 + s2 * (1.0 / 11.0 + s2 * (1.0 / 13.0))))));
+    x.max(0.0) + 2.0 * s * series
+}
+
 /// `erfc(x)` for `f32`: the Chebyshev fit of Numerical Recipes (Press et al., 2nd ed.,
 /// §6.2, `erfcc`: fractional error below 1.2e-7 in exact arithmetic),
 /// `t exp(−z² + P(t))` with `z = |x|`, `t = 1 / (1 + z/2)`, and `2 − erfc(−x)` for `x < 0`.
@@ -179,6 +195,18 @@ kernels! {
         }
     }
 
+    unsafe fn softplus_impl(values: &mut [f32]) -> () {
+        for x in values.iter_mut() {
+            *x = softplus_of(*x);
+        }
+    }
+
+    unsafe fn softplus_grad_impl(grad: &mut [f32], x: &[f32]) -> () {
+        for (g, &x) in grad.iter_mut().zip(x) {
+            *g /= 1.0 + exp(-x);
+        }
+    }
+
     unsafe fn elu_plus_one_impl(values: &mut [f32]) -> () {
         for x in values.iter_mut() {
             *x = if *x > 0.0 { *x + 1.0 } else { exp(*x) };
@@ -264,6 +292,8 @@ dispatch!(sigmoid => sigmoid_impl(values: &mut [f32]) -> ());
 dispatch!(sigmoid_grad => sigmoid_grad_impl(grad: &mut [f32], y: &[f32]) -> ());
 dispatch!(silu => silu_impl(values: &mut [f32]) -> ());
 dispatch!(silu_grad => silu_grad_impl(grad: &mut [f32], x: &[f32]) -> ());
+dispatch!(softplus => softplus_impl(values: &mut [f32]) -> ());
+dispatch!(softplus_grad => softplus_grad_impl(grad: &mut [f32], x: &[f32]) -> ());
 dispatch!(elu_plus_one_grad => elu_plus_one_grad_impl(grad: &mut [f32], y: &[f32]) -> ());
 dispatch!(dropout_row => dropout_row_impl(values: &mut [f32], key: [u32; 2], col0: u32, threshold: u32, scale: f32) -> ());
 
