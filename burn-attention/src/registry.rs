@@ -59,6 +59,20 @@ macro_rules! registry {
             $($(#[$doc])* $arm($module),)*
         }
 
+        $(
+            impl From<$config> for AttentionConfig {
+                fn from(config: $config) -> Self {
+                    Self::$arm(config)
+                }
+            }
+
+            impl From<$module> for Attention {
+                fn from(module: $module) -> Self {
+                    Self::$arm(module)
+                }
+            }
+        )*
+
         const COUNT: usize = 0 $(+ <$config as VariantConfig>::VARIANTS.len())*;
         const ALL: [VariantInfo; COUNT] =
             concat::<COUNT>(&[$(<$config as VariantConfig>::VARIANTS),*]);
@@ -424,4 +438,20 @@ fn merge_params<C: VariantConfig>(
         }
     }
     Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variants::gla::GlaConfig;
+
+    /// A variant's typed configuration converts into [`AttentionConfig`] and its module into
+    /// [`Attention`], as the registry line generates for every variant.
+    #[test]
+    fn typed_configurations_and_modules_convert_into_the_registry_types() {
+        let config: AttentionConfig = SoftmaxAttentionConfig::new(16, 2).into();
+        assert_eq!(config.info().name, "softmax");
+        let module: Attention = GlaConfig::new(16, 2).init(&Device::flex()).into();
+        assert_eq!(module.name(), "gla");
+    }
 }
