@@ -135,7 +135,7 @@ struct TrainArgs {
     /// The task (`burn-lra tasks`).
     #[arg(long, value_parser = task_parser())]
     task: Task,
-    /// Attention, by registry name (`burn-lra list`).
+    /// Attention, by registry name (`burn-lra list`), or a hybrid stack's pattern (`gla+local`).
     #[arg(long)]
     attention: String,
     /// A preset from configs/<task>/ (tiny, small, lra).
@@ -464,7 +464,9 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn train_command(mut args: TrainArgs) -> Result<()> {
+    // The library names what is wrong with a pattern; a name it accepts is well-formed.
     burn_attention_zoo::hybrid_pattern(&args.attention)?;
+    let attention = lra_runs::AttentionName::new(&args.attention).map_err(anyhow::Error::msg)?;
     // Paths as the file system names them, so that a run records the same paths however the
     // command spelt them (`runs` or `/home/me/runs`).
     args.out = lra_runs::absolute(&args.out)?;
@@ -497,7 +499,7 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
     let plan = RunPlan::new(
         config,
         TrainOptions {
-            attention: args.attention.clone(),
+            attention,
             seed: args.seed,
             backend: args.backend,
             device: args.device,

@@ -50,7 +50,7 @@ impl RunPlan {
         let classifier = ClassifierSpec::resolve(&config, task, &opts.attention)?;
         let count = ParamCount::of(&classifier)?;
         check_memory(&count, &config, task, &opts.attention)?;
-        let softmax = match opts.attention.as_str() {
+        let softmax = match opts.attention.name() {
             "softmax" => count,
             _ => ParamCount::of(
                 &ClassifierSpec::resolve(&config, task, "softmax")
@@ -71,8 +71,8 @@ impl RunPlan {
 /// What a run is: which attention, seed and backend, and where it writes.
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
-    /// Registry name of the attention.
-    pub attention: String,
+    /// The attention: a registry name, or a hybrid stack's pattern of them.
+    pub attention: lra_runs::AttentionName,
     /// Training seed (initialisation, data order, dropout).
     pub seed: u64,
     /// Backend to run on.

@@ -206,6 +206,33 @@ impl std::str::FromStr for AttentionName {
     }
 }
 
+impl PartialEq<str> for AttentionName {
+    fn eq(&self, name: &str) -> bool {
+        self.0 == name
+    }
+}
+
+impl PartialEq<&str> for AttentionName {
+    fn eq(&self, name: &&str) -> bool {
+        self.0 == *name
+    }
+}
+
+impl std::borrow::Borrow<str> for AttentionName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for AttentionName {
+    type Target = str;
+
+    /// The name as given, so that an `AttentionName` reads wherever a `&str` does.
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 impl std::fmt::Display for AttentionName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)

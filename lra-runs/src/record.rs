@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::names::BackendKind;
+use crate::names::{AttentionName, BackendKind};
 use crate::result::ConfigChange;
 
 /// The contents of a run's `config.json`.
@@ -16,7 +16,7 @@ use crate::result::ConfigChange;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord<Run = Value> {
     /// The attention's name as the command line gave it.
-    pub attention_name: String,
+    pub attention_name: AttentionName,
     /// The attention's full configuration after the presets and the configuration's
     /// `[attention.<name>]` table were applied, as burn-attention writes it; for a hybrid
     /// stack (`gla+local`), a list of each layer's, in order.
@@ -54,7 +54,7 @@ impl<Run> RunRecord<Run> {
     /// data and tokenizer, by fingerprint). A resume must find every one unchanged.
     pub fn identity(&self) -> [(&'static str, Value); 5] {
         [
-            ("attention_name", Value::from(self.attention_name.as_str())),
+            ("attention_name", Value::from(self.attention_name.name())),
             ("seed", Value::from(self.seed)),
             ("backend", Value::from(self.backend.name())),
             ("data_sha256", Value::from(self.data_sha256.as_str())),
@@ -99,7 +99,7 @@ mod tests {
 
     fn record() -> RunRecord {
         RunRecord {
-            attention_name: "softmax".into(),
+            attention_name: AttentionName::new("softmax").unwrap(),
             attention_resolved: serde_json::json!({"Softmax": {"d_model": 64}}),
             backend: BackendKind::Flex,
             config_changes: Vec::new(),

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::files::read_json;
 use crate::layout::{RESULT, find_checkpoint};
-use crate::names::{BackendKind, Task};
+use crate::names::{AttentionName, BackendKind, Task};
 
 /// Which weights the reported test accuracy comes from (both are always measured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,8 +46,8 @@ pub struct ConfigChange {
 pub struct RunResult {
     /// The task.
     pub task: Task,
-    /// Attention name.
-    pub attention: String,
+    /// The attention's name (a hybrid stack's pattern).
+    pub attention: AttentionName,
     /// Preset name or config file stem.
     pub preset: String,
     /// Training seed.
@@ -273,7 +273,7 @@ mod tests {
     fn result() -> RunResult {
         RunResult {
             task: Task::new("listops").unwrap(),
-            attention: "softmax".into(),
+            attention: AttentionName::new("softmax").unwrap(),
             preset: "tiny".into(),
             seed: 1,
             backend: BackendKind::Flex,

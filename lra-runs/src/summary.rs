@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::{BackendKind, Task};
+use crate::names::{AttentionName, BackendKind, Task};
 use crate::result::{RunResult, Selection};
 
 /// A sweep's summary. (Fields in alphabetical order: the order the file has always had.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Each attention with at least one finished seed, by registry name.
-    pub attentions: BTreeMap<String, AttentionSummary>,
+    pub attentions: BTreeMap<AttentionName, AttentionSummary>,
     /// The preset's name or the config file's stem.
     pub preset: String,
     /// Seeds `0..seeds_requested` were asked for; an attention lists those that finished.
@@ -177,7 +177,7 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{AttentionSummary, Summary, median, stats};
+    use super::{AttentionName, AttentionSummary, Summary, median, stats};
 
     fn summary(accuracies: &[f64], mean: f64) -> Summary {
         let (_, std, best) = stats(accuracies);
@@ -197,7 +197,7 @@ mod tests {
             test_majority_rate: 0.1,
         };
         Summary {
-            attentions: [("softmax".to_string(), attention)].into(),
+            attentions: [(AttentionName::new("softmax").unwrap(), attention)].into(),
             preset: "tiny".into(),
             seeds_requested: 2,
             task: crate::Task::new("listops").unwrap(),

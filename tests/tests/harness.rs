@@ -25,7 +25,7 @@ fn short_run_writes_config_metrics_and_result() {
     let splits = load_splits(&config, None, &dir.join("data")).unwrap();
     let run_dir = dir.join("run");
     let opts = TrainOptions {
-        attention: "linformer".into(),
+        attention: lra_runs::AttentionName::new("linformer").unwrap(),
         seed: 1,
         backend: BackendKind::Flex,
         device: None,
@@ -109,7 +109,7 @@ fn a_hybrid_stack_trains_and_records_its_layers() {
         Some(result.n_params),
         burn_attention_zoo::num_params_checked(&built)
     );
-    opts.attention = "gla+gla+local".into();
+    opts.attention = lra_runs::AttentionName::new("gla+gla+local").unwrap();
     opts.run_dir = dir.join("three");
     let err = format!("{:#}", train(&config, &splits, &opts).unwrap_err());
     assert!(
@@ -131,7 +131,7 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
         &config,
         &splits,
         &TrainOptions {
-            attention: "softmax".into(),
+            attention: lra_runs::AttentionName::new("softmax").unwrap(),
             seed: 0,
             backend: BackendKind::Flex,
             device: None,

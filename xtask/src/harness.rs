@@ -196,18 +196,25 @@ pub(crate) fn resolve_attentions(
     list: &[String],
     harness: &Harness,
     causal_only: bool,
-) -> Result<Vec<String>> {
+) -> Result<Vec<lra_runs::AttentionName>> {
+    let parse = |name: &str| lra_runs::AttentionName::new(name).map_err(anyhow::Error::msg);
     let registered = harness_names(harness, &["list"])?;
-    let every = || match causal_only {
-        true => harness_names(harness, &["list", "--causal"]),
-        false => Ok(registered.clone()),
+    let every = || -> Result<Vec<lra_runs::AttentionName>> {
+        match causal_only {
+            true => harness_names(harness, &["list", "--causal"])?,
+            false => registered.clone(),
+        }
+        .iter()
+        .map(|name| parse(name))
+        .collect()
     };
     match list {
         [] => every(),
         [all] if all == "all" => every(),
         list => {
+            let mut names = Vec::with_capacity(list.len());
             for name in list {
-                let name = lra_runs::AttentionName::new(name).map_err(anyhow::Error::msg)?;
+                let name = parse(name)?;
                 let parts = name.parts();
                 if let Some((i, unknown)) =
                     (parts.iter().enumerate()).find(|(_, a)| !registered.iter().any(|r| r == *a))
@@ -221,8 +228,9 @@ pub(crate) fn resolve_attentions(
                         registered.join(", ")
                     );
                 }
+                names.push(name);
             }
-            Ok(list.to_vec())
+            Ok(names)
         }
     }
 }

@@ -18,7 +18,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use lra_runs::summary::stats;
-use lra_runs::{RunRecord, RunResult, RunState, Task};
+use lra_runs::{AttentionName, RunRecord, RunResult, RunState, Task};
 
 use crate::bench::report::svg::{color, drawing};
 
@@ -55,7 +55,7 @@ struct Shape {
 /// validation accuracy is best.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 struct Cell {
-    attention: String,
+    attention: AttentionName,
     #[serde(flatten)]
     shape: Shape,
     /// The folder of the point chosen (the preset's name and its settings).
@@ -184,7 +184,7 @@ fn shape_of(run: &serde_json::Value) -> Result<Shape> {
 /// point whose folder name sorts first).
 fn cells(runs: Vec<Run>) -> Vec<Cell> {
     type Points = BTreeMap<String, Vec<RunResult>>;
-    let mut groups: BTreeMap<(String, Shape), Points> = BTreeMap::new();
+    let mut groups: BTreeMap<(AttentionName, Shape), Points> = BTreeMap::new();
     for run in runs {
         groups
             .entry((run.result.attention.clone(), run.shape))
@@ -240,8 +240,8 @@ fn problems(cells: &[Cell]) -> Vec<(u64, u64)> {
 }
 
 /// The attentions the cells cover, in order.
-fn attentions(cells: &[Cell]) -> Vec<String> {
-    let mut names: Vec<String> = cells.iter().map(|c| c.attention.clone()).collect();
+fn attentions(cells: &[Cell]) -> Vec<AttentionName> {
+    let mut names: Vec<AttentionName> = cells.iter().map(|c| c.attention.clone()).collect();
     names.sort();
     names.dedup();
     names
@@ -340,7 +340,11 @@ fn svg(cells: &[Cell]) -> Result<String> {
             }
             .map_err(&err)?;
             legend
-                .draw(&Text::new(name.clone(), (20, y - 6), ("sans-serif", 11)))
+                .draw(&Text::new(
+                    name.to_string(),
+                    (20, y - 6),
+                    ("sans-serif", 11),
+                ))
                 .map_err(&err)?;
         }
         root.present().map_err(&err)?;
@@ -381,7 +385,7 @@ fn markers<'a, DB: DrawingBackend + 'a>(
 /// attention joined by a line.
 fn panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
-    (names, cells): (&[String], &[&Cell]),
+    (names, cells): (&[AttentionName], &[&Cell]),
     caption: &str,
     (x_desc, axis): (&str, LogAxis),
     x: impl Fn(&Cell) -> Option<f64>,

@@ -10,8 +10,8 @@ use anyhow::{Context, Result, bail};
 use plotters::prelude::*;
 use serde_json::Value;
 
-use lra_runs::Summary;
 use lra_runs::layout::SUMMARY_JSON;
+use lra_runs::{AttentionName, Summary};
 
 use crate::bench::report::metric;
 use crate::bench::report::svg::{color, drawing};
@@ -41,7 +41,7 @@ pub struct ReportArgs {
 /// One attention's point: mean test accuracy (and spread), training speed, peak memory.
 #[derive(Debug, Clone, PartialEq)]
 struct Point {
-    name: String,
+    name: AttentionName,
     accuracy: f64,
     std: f64,
     seeds: usize,
@@ -198,7 +198,7 @@ fn svg(points: &[Point], caption: &str) -> Result<String> {
                 .draw_series([EmptyElement::at(at)
                     + Circle::new((0, 0), radius, color(i).mix(0.35).filled())
                     + Circle::new((0, 0), radius, color(i).stroke_width(1))
-                    + Text::new(point.name.clone(), label, ("sans-serif", 11))])
+                    + Text::new(point.name.to_string(), label, ("sans-serif", 11))])
                 .map_err(&err)?;
         }
         root.present().map_err(&err)?;
@@ -293,7 +293,7 @@ mod tests {
         assert_eq!(
             points[0],
             Point {
-                name: "softmax".into(),
+                name: AttentionName::new("softmax").unwrap(),
                 accuracy: 0.5,
                 std: 0.0,
                 seeds: 1,

@@ -50,7 +50,7 @@ pub fn short_listops(steps: usize) -> RunConfig {
 /// Options for a flex run of `attention` with seed 3 in `run_dir`.
 pub fn options(run_dir: std::path::PathBuf, attention: &str) -> TrainOptions {
     TrainOptions {
-        attention: attention.into(),
+        attention: lra_runs::AttentionName::new(attention).unwrap(),
         seed: 3,
         backend: BackendKind::Flex,
         device: None,

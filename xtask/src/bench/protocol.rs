@@ -73,7 +73,7 @@ pub(crate) struct Session {
     /// The harness binary.
     pub harness: Harness,
     /// The attentions, resolved from the command line.
-    pub names: Vec<String>,
+    pub names: Vec<lra_runs::AttentionName>,
     /// The threads PyTorch is given (the machine's).
     pub threads: usize,
     /// The time limit of one process.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use lra_runs::summary::stats;
-use lra_runs::{AttentionSummary, write_atomic};
+use lra_runs::{AttentionName, AttentionSummary, write_atomic};
 use serde::Serialize;
 
 use super::plan::LraArgs;
@@ -33,15 +33,15 @@ struct GridSummary {
     /// The grid's points, in order.
     points: Vec<Vec<String>>,
     /// Each attention with a finished run at some point, by the name its runs record.
-    attentions: BTreeMap<String, BestPoint>,
+    attentions: BTreeMap<AttentionName, BestPoint>,
 }
 
 /// Each attention's best point among `points` (ties go to the earlier point).
 pub(super) fn best_points(
     args: &LraArgs,
     points: &[Vec<String>],
-) -> Result<BTreeMap<String, BestPoint>> {
-    let mut best: BTreeMap<String, BestPoint> = BTreeMap::new();
+) -> Result<BTreeMap<AttentionName, BestPoint>> {
+    let mut best: BTreeMap<AttentionName, BestPoint> = BTreeMap::new();
     for point in points {
         let at = args.at(point.clone());
         let sweep_dir = at.sweep_dir();

@@ -173,8 +173,8 @@ impl LraArgs {
 /// One run of the sweep.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Run {
-    /// Registry name of the attention.
-    pub attention: String,
+    /// The attention (a hybrid stack's pattern).
+    pub attention: lra_runs::AttentionName,
     /// Training seed.
     pub seed: u64,
     /// Its run directory.
@@ -197,7 +197,7 @@ pub(crate) struct Failure {
 
 /// The sweep's unfinished runs, in order (attention-major); finished ones are reported and left.
 pub(super) fn unfinished_runs(
-    attentions: &[String],
+    attentions: &[lra_runs::AttentionName],
     seeds: u64,
     sweep_dir: &Path,
 ) -> Result<Vec<Run>> {
@@ -242,7 +242,7 @@ pub(super) fn train_args(args: &LraArgs, run: &Run, absolute: bool) -> Result<Ve
         .map(OsString::from)
         .collect();
     out.push(args.task.name().into());
-    out.extend(["--attention".into(), run.attention.clone().into()]);
+    out.extend(["--attention".into(), run.attention.name().into()]);
     out.extend(["--seed".into(), run.seed.to_string().into()]);
     out.extend(["--backend".into(), args.backend.name().into()]);
     out.extend(["--out".into(), path(&args.out)?]);
@@ -345,7 +345,7 @@ pub(crate) mod tests {
             Path::new("o/mqar/tiny,training.schedule.peak=1e-4,model.d_model=128")
         );
         let run = Run {
-            attention: "gla".into(),
+            attention: lra_runs::AttentionName::new("gla").unwrap(),
             seed: 0,
             dir: lra_runs::run_dir(&point.sweep_dir(), "gla", 0),
         };
@@ -375,7 +375,7 @@ pub(crate) mod tests {
         let a = args(&["--task", "text", "--config", "dir/mine.toml", "--out", "o"]);
         assert_eq!(a.sweep_dir(), Path::new("o/text/mine"));
         let run = Run {
-            attention: "softmax".into(),
+            attention: lra_runs::AttentionName::new("softmax").unwrap(),
             seed: 3,
             dir: lra_runs::run_dir(&a.sweep_dir(), "softmax", 3),
         };

@@ -38,7 +38,7 @@ struct Submission {
     /// The job script.
     script: PathBuf,
     /// The runs, by array task index.
-    runs: Vec<(String, u64)>,
+    runs: Vec<(lra_runs::AttentionName, u64)>,
 }
 
 impl Submission {
@@ -401,12 +401,12 @@ mod tests {
         };
         let runs = vec![
             Run {
-                attention: "softmax".into(),
+                attention: lra_runs::AttentionName::new("softmax").unwrap(),
                 seed: 0,
                 dir: "/shared/it's runs/listops/tiny/softmax/seed-0".into(),
             },
             Run {
-                attention: "linear".into(),
+                attention: lra_runs::AttentionName::new("linear").unwrap(),
                 seed: 1,
                 dir: "/shared/it's runs/listops/tiny/linear/seed-1".into(),
             },
