@@ -21,6 +21,7 @@ use lra_runs::summary::stats;
 use lra_runs::{AttentionName, RunRecord, RunResult, RunState, Task};
 
 use crate::bench::report::svg::{color, drawing};
+use crate::sweep::attention_folders;
 
 /// The chart's, its table's and its figures' file names, in the task folder.
 pub const CHART: &str = "recall.svg";
@@ -114,13 +115,10 @@ struct Run {
 fn finished_runs(folder: &Path) -> Result<Vec<Run>> {
     let task = Task::new("mqar").map_err(anyhow::Error::msg)?;
     let mut runs = Vec::new();
-    for point in subfolders(folder)? {
+    for point in attention_folders(folder) {
         let point_dir = folder.join(&point);
-        for attention in subfolders(&point_dir)? {
-            if lra_runs::layout::SWEEP_FOLDERS.contains(&attention.as_str()) {
-                continue;
-            }
-            for seed_dir in subfolders(&point_dir.join(&attention))? {
+        for attention in attention_folders(&point_dir) {
+            for seed_dir in attention_folders(&point_dir.join(&attention)) {
                 let Some(seed) = seed_dir.strip_prefix("seed-").and_then(|s| s.parse().ok()) else {
                     continue;
                 };
@@ -147,22 +145,6 @@ fn finished_runs(folder: &Path) -> Result<Vec<Run>> {
         }
     }
     Ok(runs)
-}
-
-/// The names of the folders in `dir`, sorted (none when it does not exist).
-fn subfolders(dir: &Path) -> Result<Vec<String>> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(Vec::new());
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
-        if entry.path().is_dir() {
-            names.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    names.sort();
-    Ok(names)
 }
 
 /// The shape a run's resolved configuration records.

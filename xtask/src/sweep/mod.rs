@@ -23,6 +23,7 @@ mod summary;
 
 pub use plan::LraArgs;
 use plan::{Executor, unfinished_runs};
+pub(crate) use summary::attention_folders;
 
 /// Entry point of `cargo xtask lra`.
 pub fn lra(args: LraArgs) -> Result<()> {

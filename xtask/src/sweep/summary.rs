@@ -38,8 +38,9 @@ pub(super) fn results(
     Ok(results)
 }
 
-/// The folders of a sweep that hold an attention's runs, sorted.
-pub(super) fn attention_folders(sweep_dir: &Path) -> Vec<String> {
+/// The folders of a sweep that hold an attention's runs, sorted (also a task folder's points,
+/// and an attention folder's seeds: every folder but the sweep's own).
+pub(crate) fn attention_folders(sweep_dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match std::fs::read_dir(sweep_dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok())
