@@ -151,7 +151,7 @@ macro_rules! registry {
             /// # Panics
             /// If [`validate`](Self::validate) fails; its message is the panic message.
             pub fn init(&self, device: &Device) -> Attention {
-                match self { $(Self::$arm(c) => Attention::$arm(c.build(device)),)* }
+                match self { $(Self::$arm(c) => Attention::$arm(VariantConfig::init(c, device)),)* }
             }
         }
 

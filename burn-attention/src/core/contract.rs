@@ -212,6 +212,23 @@ pub struct Capabilities {
     pub prefill_end_padding_only: bool,
 }
 
+impl Capabilities {
+    /// A key padding mask and nothing else: the base a variant's capabilities extend, naming
+    /// only what it adds (`Capabilities { causal: true, ..Capabilities::PADDING_ONLY }`), so
+    /// that a variant's file says what it supports.
+    pub const PADDING_ONLY: Capabilities = Capabilities {
+        padding_mask: true,
+        attention_mask: false,
+        returns_weights: false,
+        causal: false,
+        cross_attention: false,
+        fixed_max_len: false,
+        weights_sum_to_one: false,
+        per_head_form: false,
+        prefill_end_padding_only: false,
+    };
+}
+
 /// What a causal attention carries from one decoded token to the next, per layer.
 #[derive(Debug, Clone, Default)]
 #[allow(clippy::large_enum_variant)]

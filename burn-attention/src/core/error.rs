@@ -134,3 +134,16 @@ pub fn check_heads(
     }
     Ok(())
 }
+
+/// Refuses a count of 0 for `variant`'s `field` (a block size, a window, a number of features):
+/// "must be at least 1".
+pub fn check_at_least_one(
+    variant: &'static str,
+    field: &'static str,
+    value: usize,
+) -> Result<(), AttentionError> {
+    if value == 0 {
+        return Err(AttentionError::field(variant, field, "must be at least 1"));
+    }
+    Ok(())
+}

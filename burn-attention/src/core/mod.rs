@@ -16,6 +16,7 @@ pub mod input;
 pub mod kernelized;
 pub mod key_slots;
 pub mod params;
+pub(crate) mod prelude;
 pub mod rotary;
 pub(crate) mod scan;
 pub mod segments;

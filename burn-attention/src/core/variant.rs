@@ -67,8 +67,30 @@ pub trait VariantConfig: Config + Clone {
     /// Number of heads.
     fn n_heads(&self) -> usize;
 
-    /// Checks the configuration; the error names the offending field.
-    fn check(&self) -> Result<(), AttentionError>;
+    /// Checks the configuration, the error naming the offending field: the shape and dropout
+    /// every variant has ([`check_heads`](crate::check_heads)), then the variant's own fields
+    /// ([`check_fields`](Self::check_fields)).
+    fn check(&self) -> Result<(), AttentionError> {
+        super::error::check_heads(
+            self.info().name,
+            self.d_model(),
+            self.n_heads(),
+            self.weight_dropout(),
+        )?;
+        self.check_fields()
+    }
+
+    /// Checks the variant's own fields (block sizes, features, landmarks), the error naming the
+    /// offending one; nothing by default. [`check`](Self::check) has checked the heads first.
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        Ok(())
+    }
+
+    /// The dropout on the attention weights: 0 by default, for the variants without a weight
+    /// matrix (see [`with_weight_dropout`](Self::with_weight_dropout)).
+    fn weight_dropout(&self) -> f64 {
+        0.0
+    }
 
     /// Checks that the variant can take `n_q` queries over `n_k` keys, causal or not. The
     /// default refuses what the capabilities exclude.
@@ -83,8 +105,20 @@ pub trait VariantConfig: Config + Clone {
         Vec::new()
     }
 
-    /// Creates the module.
+    /// Creates the module from a configuration [`check`](Self::check) has accepted.
     fn build(&self, device: &Device) -> Self::Module;
+
+    /// Checks the configuration, then creates the module: the one place a variant's checks run
+    /// before construction.
+    ///
+    /// # Panics
+    /// If [`check`](Self::check) fails; its message is the panic message.
+    fn init(&self, device: &Device) -> Self::Module {
+        if let Err(err) = self.check() {
+            panic!("{err}");
+        }
+        self.build(device)
+    }
 
     /// Scalars in the module's frozen parameters (drawn once and never trained: Performer's
     /// random features, say), counted from the configuration's shapes with checked arithmetic;
@@ -205,20 +239,35 @@ pub fn check_iterations(
 }
 
 /// The part of a [`VariantConfig`] implementation every variant shares, written once: the module
-/// type, and `d_model`, `n_heads`, `check` and `build` delegating to the configuration's
-/// `d_model` and `n_heads` fields and its own `validate` and `init` (the methods users call, as
-/// on Burn's configurations).
+/// type, the registered variants, and `d_model` and `n_heads` read from the configuration's
+/// fields of those names; with `dropout`, the weight dropout read from and set on its `dropout`
+/// field.
 ///
 /// ```text
 /// impl VariantConfig for LinearAttentionConfig {
-///     variant_glue!(LinearAttention);
-///     const VARIANTS: &'static [VariantInfo] = &[INFO];
+///     variant_glue!(LinearAttention, &[INFO]);
 ///     fn for_variant(_name: &str, model: ModelShape) -> Self { ... }
+///     fn check_fields(&self) -> Result<(), AttentionError> { ... }
+///     fn build(&self, device: &Device) -> LinearAttention { ... }
 /// }
+/// inherent_config_methods!(LinearAttentionConfig);
 /// ```
 macro_rules! variant_glue {
-    ($module:ty) => {
+    ($module:ty, $variants:expr, dropout) => {
+        variant_glue!($module, $variants);
+
+        fn weight_dropout(&self) -> f64 {
+            self.dropout
+        }
+
+        fn with_weight_dropout(self, dropout: f64) -> Self {
+            self.with_dropout(dropout)
+        }
+    };
+    ($module:ty, $variants:expr) => {
         type Module = $module;
+
+        const VARIANTS: &'static [VariantInfo] = $variants;
 
         fn d_model(&self) -> usize {
             self.d_model
@@ -227,17 +276,122 @@ macro_rules! variant_glue {
         fn n_heads(&self) -> usize {
             self.n_heads
         }
-
-        fn check(&self) -> Result<(), AttentionError> {
-            self.validate()
-        }
-
-        fn build(&self, device: &Device) -> $module {
-            self.init(device)
-        }
     };
 }
 pub(crate) use variant_glue;
+
+/// `validate` and `init` as inherent methods of a variant's configuration, the methods Burn users
+/// call on a configuration (`LinearAttentionConfig::new(64, 4).init(&device)`) without importing
+/// [`VariantConfig`]; both delegate to it.
+macro_rules! inherent_config_methods {
+    ($config:ty) => {
+        impl $config {
+            /// Checks the configuration; the error names the offending field.
+            pub fn validate(&self) -> Result<(), $crate::core::error::AttentionError> {
+                <Self as $crate::core::variant::VariantConfig>::check(self)
+            }
+
+            /// Creates the module.
+            ///
+            /// # Panics
+            /// If [`validate`](Self::validate) fails; its message is the panic message.
+            pub fn init(
+                &self,
+                device: &Device,
+            ) -> <Self as $crate::core::variant::VariantConfig>::Module {
+                <Self as $crate::core::variant::VariantConfig>::init(self, device)
+            }
+        }
+    };
+}
+pub(crate) use inherent_config_methods;
+
+/// The [`AttentionModule`] methods a variant's facts answer, `name` and `capabilities`, read
+/// from its [`VariantInfo`]: `variant_facts!(INFO)` for a module that is one registered variant,
+/// `variant_facts!(self.form)` for one whose field says which of its configuration's variants it
+/// is (the field's type has `fn info(self) -> &'static VariantInfo`).
+macro_rules! variant_facts {
+    (self . $field:ident) => {
+        fn name(&self) -> &'static str {
+            self.$field.info().name
+        }
+
+        fn capabilities(&self) -> $crate::core::contract::Capabilities {
+            self.$field.info().capabilities
+        }
+    };
+    ($info:expr) => {
+        fn name(&self) -> &'static str {
+            $info.name
+        }
+
+        fn capabilities(&self) -> $crate::core::contract::Capabilities {
+            $info.capabilities
+        }
+    };
+}
+pub(crate) use variant_facts;
+
+/// The [`AttentionModule::try_forward`] of a variant built on a
+/// [`QkvoProjection`](crate::core::heads::QkvoProjection) in its `proj` field: the projections
+/// around the variant's own [`attend`](AttentionModule::attend) on per-head tensors.
+macro_rules! forward_through_projections {
+    () => {
+        fn try_forward(
+            &self,
+            input: $crate::core::input::AttentionInput,
+        ) -> Result<Tensor<3>, $crate::core::error::AttentionError> {
+            self.proj.apply(input, |q, k, v, masks| {
+                $crate::core::contract::AttentionModule::attend(self, q, k, v, masks)
+            })
+        }
+    };
+}
+pub(crate) use forward_through_projections;
+
+/// [`AttentionModule::prefill`] and [`AttentionModule::prefill_padded`] through one inherent
+/// method of the module, `fn $method(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) ->
+/// Result<(Tensor<3>, DecodingState), AttentionError>`: the causal forward pass over prompts
+/// (padded by `mask_pad`) and the state after them, the padding left out (the kernelized
+/// attentions' sums).
+macro_rules! prefill_through {
+    ($method:ident) => {
+        fn prefill(
+            &self,
+            x: Tensor<3>,
+        ) -> Result<
+            (Tensor<3>, $crate::core::contract::DecodingState),
+            $crate::core::error::AttentionError,
+        > {
+            self.$method(x, None)
+        }
+
+        fn prefill_padded(
+            &self,
+            x: Tensor<3>,
+            mask_pad: Tensor<2, Bool>,
+        ) -> Result<
+            (Tensor<3>, $crate::core::contract::DecodingState),
+            $crate::core::error::AttentionError,
+        > {
+            self.$method(x, Some(mask_pad))
+        }
+    };
+}
+pub(crate) use prefill_through;
+
+/// [`check_capabilities`] and [`check_attention_mask`] for per-head queries `q` over keys `k`
+/// (`[batch, heads, n, d]`): the opening of a variant's [`AttentionModule::attend`].
+pub fn check_head_input(
+    info: &VariantInfo,
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    masks: &HeadMasks,
+) -> Result<(), AttentionError> {
+    let n_k = k.dims()[2];
+    check_capabilities(info, q.dims()[2], n_k, masks.causal)?;
+    check_attention_mask(info, masks, q, n_k)
+}
 
 /// The masks of an input to a variant defined on one sequence only (the decaying attentions):
 /// refuses cross-attention, even between sequences of one length, and whatever else `info`'s

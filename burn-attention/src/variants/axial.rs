@@ -26,19 +26,15 @@
 //!
 //! Cost per head: O(n (w + n/w) d) time and O(n (w + n/w)) memory, O(n^1.5 d) for a square.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, flags_framed, zeros_after};
+
+use crate::core::input::{flags_framed, zeros_after};
 use crate::core::softmax::{exact_softmax_attention, softmax_weights};
+
 use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -47,15 +43,13 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (w + n/w) d)",
     memory: "O(n (w + n/w))",
     capabilities: Capabilities {
-        padding_mask: true,
         attention_mask: true,
         returns_weights: true,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
         prefill_end_padding_only: true,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -97,10 +91,26 @@ pub struct AxialConfig {
     pub bias: bool,
 }
 
-impl AxialConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for AxialConfig {
+    variant_glue!(AxialAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_capabilities(&INFO, n_q, n_k, causal)?;
+        let width = grid_width(self.width, n_k)?;
+        if width > n_k.max(1) {
+            return Err(AttentionError::field(
+                INFO.name,
+                "width",
+                format!("is {width}, a row wider than the {n_k} positions of the sequence"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         if self.n_heads < 2 {
             return Err(AttentionError::field(
                 INFO.name,
@@ -118,14 +128,7 @@ impl AxialConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> AxialAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> AxialAttention {
         AxialAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -134,29 +137,7 @@ impl AxialConfig {
     }
 }
 
-impl VariantConfig for AxialConfig {
-    variant_glue!(AxialAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_capabilities(&INFO, n_q, n_k, causal)?;
-        let width = grid_width(self.width, n_k)?;
-        if width > n_k.max(1) {
-            return Err(AttentionError::field(
-                INFO.name,
-                "width",
-                format!("is {width}, a row wider than the {n_k} positions of the sequence"),
-            ));
-        }
-        Ok(())
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(AxialConfig);
 
 /// The grid's row width for a sequence of `n`: `width`, or the side of `n` as a square.
 fn grid_width(width: Option<usize>, n: usize) -> Result<usize, AttentionError> {
@@ -439,26 +420,11 @@ impl AxialAttention {
 }
 
 impl AttentionModule for AxialAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let (heads, n, n_k) = (q.dims()[1], q.dims()[2], k.dims()[2]);
         check_capabilities(&INFO, n, n_k, masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, n_k)?;

@@ -21,24 +21,19 @@
 //! arbitrary attention mask (on the pattern's pairs and the global rows). No causal form, no
 //! cross-attention; sequences up to `n_max`.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 
-use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+
 use crate::core::key_slots::KeySlots;
+
 use crate::core::params::lazy_param;
+
 use crate::core::sparse::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, real_lengths, with_full_rows,
-};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
-    variant_glue,
 };
 
 /// The registry entry.
@@ -48,15 +43,12 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (5 + r) b d)",
     memory: "O(n (5 + r) b)",
     capabilities: Capabilities {
-        padding_mask: true,
         attention_mask: true,
         returns_weights: true,
-        causal: false,
-        cross_attention: false,
         fixed_max_len: true,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -84,10 +76,22 @@ pub struct BigBirdConfig {
     pub bias: bool,
 }
 
-impl BigBirdConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for BigBirdConfig {
+    variant_glue!(BigBirdAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads, model.n_max)
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
+    }
+    fn frozen_params(&self) -> Option<usize> {
+        // The random blocks' priorities, `[n_heads, blocks, blocks]`.
+        let blocks = self.n_max.div_ceil(self.block_size);
+        blocks.checked_mul(blocks)?.checked_mul(self.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
             if value == 0 {
                 return Err(AttentionError::field(
@@ -100,14 +104,7 @@ impl BigBirdConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> BigBirdAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> BigBirdAttention {
         let blocks = self.n_max.div_ceil(self.block_size);
         let shape = [self.n_heads, blocks, blocks];
         BigBirdAttention {
@@ -123,25 +120,7 @@ impl BigBirdConfig {
     }
 }
 
-impl VariantConfig for BigBirdConfig {
-    variant_glue!(BigBirdAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads, model.n_max)
-    }
-    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
-    }
-    fn frozen_params(&self) -> Option<usize> {
-        // The random blocks' priorities, `[n_heads, blocks, blocks]`.
-        let blocks = self.n_max.div_ceil(self.block_size);
-        blocks.checked_mul(blocks)?.checked_mul(self.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(BigBirdConfig);
 
 /// Multi-head BigBird attention. Create with [`BigBirdConfig`].
 #[derive(Module, Debug)]
@@ -266,26 +245,11 @@ impl BigBirdAttention {
 }
 
 impl AttentionModule for BigBirdAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;

@@ -37,22 +37,19 @@
 //! cross-attention, attention mask, weights, per-head form (the compression mixes the heads'
 //! channels) or memory across calls.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, CompressiveMemory, DecodingState};
-use crate::core::error::{AttentionError, check_heads};
+use crate::core::contract::CompressiveMemory;
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL, flags_framed, zeros_after};
+use crate::core::heads::split_heads;
+use crate::core::input::{MASK_FILL, flags_framed, zeros_after};
 use crate::core::segments::{
     RelativeScore, SegmentLayout, SegmentPrefix, relative_score_params, segment_attention,
 };
+
 use crate::core::sparse::{flags_tensor, suffix_lengths};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -61,15 +58,9 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (s + m + m_c) d)",
     memory: "O(n (s + m + m_c))",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
         prefill_end_padding_only: true,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -107,10 +98,25 @@ pub struct CompressiveConfig {
     pub bias: bool,
 }
 
-impl CompressiveConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+/// The least common multiple, `None` on overflow.
+fn lcm(a: usize, b: usize) -> Option<usize> {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    (a / gcd(a, b)).checked_mul(b)
+}
+
+impl VariantConfig for CompressiveConfig {
+    variant_glue!(CompressiveAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
         if !self.d_model.is_multiple_of(2) {
             return field(
@@ -118,12 +124,8 @@ impl CompressiveConfig {
                 format!("must be even (sine and cosine pairs), got {}", self.d_model),
             );
         }
-        if self.segment_len == 0 {
-            return field("segment_len", "must be at least 1".into());
-        }
-        if self.compression == 0 {
-            return field("compression", "must be at least 1".into());
-        }
+        check_at_least_one(INFO.name, "segment_len", self.segment_len)?;
+        check_at_least_one(INFO.name, "compression", self.compression)?;
         if !(self.reconstruction.is_finite() && self.reconstruction >= 0.0) {
             return field(
                 "reconstruction",
@@ -145,14 +147,7 @@ impl CompressiveConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> CompressiveAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> CompressiveAttention {
         let (r_net, r_w_bias, r_r_bias) = relative_score_params(self.d_model, self.n_heads, device);
         CompressiveAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
@@ -172,28 +167,7 @@ impl CompressiveConfig {
     }
 }
 
-/// The least common multiple, `None` on overflow.
-fn lcm(a: usize, b: usize) -> Option<usize> {
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    (a / gcd(a, b)).checked_mul(b)
-}
-
-impl VariantConfig for CompressiveConfig {
-    variant_glue!(CompressiveAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(CompressiveConfig);
 
 /// Multi-head Compressive Transformer attention. Create with [`CompressiveConfig`].
 #[derive(Module, Debug)]
@@ -685,13 +659,7 @@ impl CompressiveAttention {
 }
 
 impl AttentionModule for CompressiveAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         self.try_forward_with_loss(input).map(|(y, _)| y)
@@ -716,13 +684,7 @@ impl AttentionModule for CompressiveAttention {
         Ok((self.proj.out(o), loss))
     }
 
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let _ = (k, v);
         check_attention_mask(&INFO, &masks, &q, q.dims()[2])?;
         Err(AttentionError::unsupported(

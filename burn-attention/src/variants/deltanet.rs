@@ -26,33 +26,25 @@
 //! output once (the two scans of the bidirectional state-space models, Hwang et al. 2024,
 //! arXiv 2407.09941). No cross-attention, attention mask or weights.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softplus;
 
-use crate::core::contract::{Capabilities, DecayedState, DecodingState};
+use crate::core::contract::DecayedState;
 use crate::core::decay::{decayed_state, real_tokens};
+
 use crate::core::delta::{DELTA_CHUNK, delta_bidirectional, delta_causal, delta_step, unit_length};
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash::{sigmoid, silu};
-use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
+
+use crate::core::heads::{merge_heads, split_heads};
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
-    attention_mask: false,
-    returns_weights: false,
     causal: true,
-    cross_attention: false,
-    fixed_max_len: false,
-    weights_sum_to_one: false,
-    per_head_form: false,
-    prefill_end_padding_only: false,
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of the delta rule.
@@ -101,10 +93,20 @@ impl DeltaNetConfig {
             &DELTANET
         }
     }
+}
 
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(self.variant().name, self.d_model, self.n_heads, 0.0)?;
+impl VariantConfig for DeltaNetConfig {
+    variant_glue!(DeltaNetAttention, &[DELTANET, GATED_DELTANET]);
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads).with_gated(name == GATED_DELTANET.name)
+    }
+
+    fn info(&self) -> &'static VariantInfo {
+        self.variant()
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             return Err(AttentionError::field(
                 self.variant().name,
@@ -115,14 +117,7 @@ impl DeltaNetConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> DeltaNetAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> DeltaNetAttention {
         let (d, h) = (self.d_model, self.n_heads);
         let linear =
             |out: usize, bias: bool| LinearConfig::new(d, out).with_bias(bias).init(device);
@@ -149,18 +144,7 @@ impl DeltaNetConfig {
     }
 }
 
-impl VariantConfig for DeltaNetConfig {
-    variant_glue!(DeltaNetAttention);
-    const VARIANTS: &'static [VariantInfo] = &[DELTANET, GATED_DELTANET];
-
-    fn for_variant(name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads).with_gated(name == GATED_DELTANET.name)
-    }
-
-    fn info(&self) -> &'static VariantInfo {
-        self.variant()
-    }
-}
+inherent_config_methods!(DeltaNetConfig);
 
 /// The gated delta rule's decay: `α = exp(−exp(A_log) softplus(x W_α + b_Δ))` per head.
 #[derive(Module, Debug)]

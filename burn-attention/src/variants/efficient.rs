@@ -8,16 +8,10 @@
 //! Masks: padding (padded keys get a large negative score before `ρ_k`); cross-attention.
 //! Causal: not defined (`ρ_k` normalises over the whole sequence), so asking for it is an error.
 
-use burn::prelude::*;
+use crate::core::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
+use crate::core::input::MASK_FILL;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -26,15 +20,10 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n d²)",
     memory: "O(n d + d²)",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
         cross_attention: true,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -50,29 +39,8 @@ pub struct EfficientAttentionConfig {
     pub bias: bool,
 }
 
-impl EfficientAttentionConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> EfficientAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        EfficientAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-        }
-    }
-}
-
 impl VariantConfig for EfficientAttentionConfig {
-    variant_glue!(EfficientAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
+    variant_glue!(EfficientAttention, &[INFO]);
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
@@ -80,7 +48,15 @@ impl VariantConfig for EfficientAttentionConfig {
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(n_q, n_k, causal)
     }
+
+    fn build(&self, device: &Device) -> EfficientAttention {
+        EfficientAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+        }
+    }
 }
+
+inherent_config_methods!(EfficientAttentionConfig);
 
 /// Refuses causal masking: keys are normalised over the whole sequence.
 fn check_input(n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
@@ -103,26 +79,11 @@ pub struct EfficientAttention {
 projection_shape!(EfficientAttention);
 
 impl AttentionModule for EfficientAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_input(q.dims()[2], k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         Ok(efficient_attention(q, k, v, masks.key_pad))

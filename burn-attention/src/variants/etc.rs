@@ -28,22 +28,18 @@
 //! pieces relate positions), no attention mask, no weights, and no per-head form (the global
 //! tokens pass through the output projection over all heads).
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, MASK_FILL, flags_framed, zeros_after, zeros_before};
+use crate::core::heads::{merge_heads, split_heads};
+use crate::core::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -52,15 +48,7 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (r + g) d)",
     memory: "O(n (r + g))",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -105,10 +93,14 @@ pub struct EtcConfig {
     pub bias: bool,
 }
 
-impl EtcConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for EtcConfig {
+    variant_glue!(EtcAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         let at_least_one = |field: &'static str, value: usize| {
             if value == 0 {
                 Err(AttentionError::field(
@@ -140,14 +132,7 @@ impl EtcConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> EtcAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> EtcAttention {
         let d = self.d_model;
         let labels = 2 * self.max_distance + 3;
         // Embeddings drawn as the paper's code initialises them, N(0, 0.02²).
@@ -171,17 +156,7 @@ impl EtcConfig {
     }
 }
 
-impl VariantConfig for EtcConfig {
-    variant_glue!(EtcAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(EtcConfig);
 
 /// Multi-head ETC global-local attention. Create with [`EtcConfig`].
 #[derive(Module, Debug)]
@@ -454,13 +429,7 @@ impl EtcAttention {
 }
 
 impl AttentionModule for EtcAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

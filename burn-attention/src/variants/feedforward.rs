@@ -18,36 +18,29 @@
 //! Cost: O(n d²) time; O(n d + d²) memory per head (O(n d²) in the causal form). Masks:
 //! padding; causal through prefix sums.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::Initializer;
-use burn::prelude::*;
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::features::random_orthogonal;
+
 use crate::core::flash::{sigmoid, softplus};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+
+use crate::core::input::zero_padded;
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
-    attention_mask: false,
-    returns_weights: false,
     causal: true,
     cross_attention: true,
-    fixed_max_len: false,
     weights_sum_to_one: true,
     per_head_form: true,
-    prefill_end_padding_only: false,
+    ..Capabilities::PADDING_ONLY
 };
 
 const TIME: &str = "O(n d²)";
@@ -167,13 +160,35 @@ pub struct FeedForwardKernelConfig {
 }
 
 impl FeedForwardKernelConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        let name = self.kernel.name();
-        check_heads(name, self.d_model, self.n_heads, 0.0)?;
-        if self.depth == 0 {
-            return Err(AttentionError::field(name, "depth", "must be at least 1"));
+    /// The rank of the low-rank gate (`ff-aoglu`).
+    pub fn rank(&self) -> usize {
+        self.gate_rank
+            .unwrap_or((self.d_model / self.n_heads / 4).max(1))
+    }
+}
+
+impl VariantConfig for FeedForwardKernelConfig {
+    variant_glue!(FeedForwardKernelAttention, &VARIANTS);
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let kernel = FeedForwardKernel::ALL
+            .into_iter()
+            .find(|kernel| kernel.name() == name)
+            .unwrap_or(FeedForwardKernel::Linear);
+        let config = Self::new(model.d_model, model.n_heads, kernel);
+        match kernel {
+            // The paper's only AOGLU row stacks three units.
+            FeedForwardKernel::Aoglu => config.with_depth(3),
+            _ => config,
         }
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.kernel.info()
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        let name = self.kernel.name();
+        check_at_least_one(name, "depth", self.depth)?;
         if self.depth > MAX_DEPTH {
             return Err(AttentionError::field(
                 name,
@@ -211,20 +226,7 @@ impl FeedForwardKernelConfig {
         Ok(())
     }
 
-    /// The rank of the low-rank gate (`ff-aoglu`).
-    pub fn rank(&self) -> usize {
-        self.gate_rank
-            .unwrap_or((self.d_model / self.n_heads / 4).max(1))
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> FeedForwardKernelAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> FeedForwardKernelAttention {
         let d = self.d_model / self.n_heads;
         let xavier = |rows: usize, cols: usize| -> Param<Tensor<2>> {
             Initializer::XavierUniform { gain: 1.0 }.init_with(
@@ -270,26 +272,7 @@ impl FeedForwardKernelConfig {
     }
 }
 
-impl VariantConfig for FeedForwardKernelConfig {
-    variant_glue!(FeedForwardKernelAttention);
-    const VARIANTS: &'static [VariantInfo] = &VARIANTS;
-
-    fn for_variant(name: &str, model: ModelShape) -> Self {
-        let kernel = FeedForwardKernel::ALL
-            .into_iter()
-            .find(|kernel| kernel.name() == name)
-            .unwrap_or(FeedForwardKernel::Linear);
-        let config = Self::new(model.d_model, model.n_heads, kernel);
-        match kernel {
-            // The paper's only AOGLU row stacks three units.
-            FeedForwardKernel::Aoglu => config.with_depth(3),
-            _ => config,
-        }
-    }
-    fn info(&self) -> &'static VariantInfo {
-        self.kernel.info()
-    }
-}
+inherent_config_methods!(FeedForwardKernelConfig);
 
 /// One unit of a feature map: `X W_f`, gated by `σ(X W_g)` (or `σ(X U V)`) where it has a gate.
 #[derive(Module, Debug)]
@@ -356,28 +339,12 @@ impl FeedForwardKernelAttention {
 }
 
 impl AttentionModule for FeedForwardKernelAttention {
-    fn name(&self) -> &'static str {
-        self.kernel.name()
-    }
+    variant_facts!(self.kernel);
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(self.kernel.info(), &masks, &q, k.dims()[2])?;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
+        check_head_input(self.kernel.info(), &q, &k, &masks)?;
         Ok(kernelized_attention(
             self.feature_map(q),
             self.feature_map(k),
@@ -387,19 +354,7 @@ impl AttentionModule for FeedForwardKernelAttention {
         ))
     }
 
-    /// The chunked causal form over the prompt; the state summed from its keys and values.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, None)
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state's sums.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, Some(mask_pad))
-    }
+    prefill_through!(prefill_with);
 
     fn decode(
         &self,

@@ -22,23 +22,21 @@
 //! two scans, Hwang et al. 2024, arXiv 2407.09941): position `i` reads `j > i` through the gates
 //! of `i..j−1`. No cross-attention, attention mask or weights.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::activation::log_sigmoid;
 
-use crate::core::contract::{Capabilities, DecayedState, DecodingState};
+use crate::core::contract::DecayedState;
 use crate::core::decay::{
     GATE_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash::silu;
+
 use crate::core::heads::{merge_heads, split_heads};
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -47,15 +45,8 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n c d + n d²)",
     memory: "O(n c d + (n / c) d²), c = 16",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -93,10 +84,16 @@ impl GlaConfig {
         (width.fract() == 0.0 && width >= 1.0 && width <= usize::MAX as f64)
             .then_some(width as usize)
     }
+}
 
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
+impl VariantConfig for GlaConfig {
+    variant_glue!(GlaAttention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
         match self.key_width() {
             Some(width) if width % self.n_heads == 0 => {}
@@ -110,9 +107,7 @@ impl GlaConfig {
                 );
             }
         }
-        if self.gate_rank == 0 {
-            return field("gate_rank", "must be at least 1".into());
-        }
+        check_at_least_one(INFO.name, "gate_rank", self.gate_rank)?;
         if !(self.gate_temperature.is_finite() && self.gate_temperature > 0.0) {
             return field("gate_temperature", "must be above 0".into());
         }
@@ -122,14 +117,7 @@ impl GlaConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> GlaAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> GlaAttention {
         let d = self.d_model;
         let d_k = self.key_width().expect("validated");
         let linear =
@@ -150,14 +138,7 @@ impl GlaConfig {
     }
 }
 
-impl VariantConfig for GlaConfig {
-    variant_glue!(GlaAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(GlaConfig);
 
 /// Gated linear attention. Create with [`GlaConfig`].
 #[derive(Module, Debug)]

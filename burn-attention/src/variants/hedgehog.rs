@@ -18,22 +18,18 @@
 //! the gradient stopped (they teach the map, not the projections), which costs the `n × n`
 //! weights of softmax attention while training; evaluation and decoding never form them.
 
+use crate::core::prelude::*;
 use burn::module::Param;
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, causal_mask, zero_padded};
+use crate::core::input::{causal_mask, zero_padded};
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+
 use crate::core::params::lazy_param;
+
 use crate::core::softmax::softmax_weights;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -42,15 +38,11 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n d²)",
     memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
         cross_attention: true,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -70,10 +62,14 @@ pub struct HedgehogConfig {
     pub bias: bool,
 }
 
-impl HedgehogConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
+impl VariantConfig for HedgehogConfig {
+    variant_glue!(HedgehogAttention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         if !(self.distill_weight.is_finite() && self.distill_weight >= 0.0) {
             return Err(AttentionError::field(
                 INFO.name,
@@ -84,14 +80,7 @@ impl HedgehogConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> HedgehogAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> HedgehogAttention {
         let (h, d) = (self.n_heads, self.d_model / self.n_heads);
         let identity = move |device: &Device| {
             Tensor::<2>::eye(d, device)
@@ -107,14 +96,7 @@ impl HedgehogConfig {
     }
 }
 
-impl VariantConfig for HedgehogConfig {
-    variant_glue!(HedgehogAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(HedgehogConfig);
 
 /// Hedgehog attention. Create with [`HedgehogConfig`].
 #[derive(Module, Debug)]
@@ -195,28 +177,12 @@ impl HedgehogAttention {
 }
 
 impl AttentionModule for HedgehogAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
+        check_head_input(&INFO, &q, &k, &masks)?;
         let (phi_q, phi_k) = self.features(q, k);
         Ok(kernelized_attention(
             phi_q,
@@ -242,19 +208,7 @@ impl AttentionModule for HedgehogAttention {
         Ok((self.proj.out(o), Some(loss)))
     }
 
-    /// The chunked causal form over the prompt; the state summed from its keys and values.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, None)
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state's sums.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, Some(mask_pad))
-    }
+    prefill_through!(prefill_with);
 
     fn decode(
         &self,

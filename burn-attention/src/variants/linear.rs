@@ -11,18 +11,12 @@
 //! Cost: O(n d²) time, O(n d + d²) memory per head (causal: O(n d) more for the chunks).
 //! Masks: padding and causal; cross-attention; decoding with the recurrent state (O(d²) a token).
 
-use burn::prelude::*;
+use crate::core::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::input::zero_padded;
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
-};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -32,15 +26,11 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n d²)",
     memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
         cross_attention: true,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -56,34 +46,21 @@ pub struct LinearAttentionConfig {
     pub bias: bool,
 }
 
-impl LinearAttentionConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)
+impl VariantConfig for LinearAttentionConfig {
+    variant_glue!(LinearAttention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> LinearAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> LinearAttention {
         LinearAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
         }
     }
 }
 
-impl VariantConfig for LinearAttentionConfig {
-    variant_glue!(LinearAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(LinearAttentionConfig);
 
 /// Multi-head linear attention with `φ(x) = elu(x) + 1`. Create with [`LinearAttentionConfig`].
 #[derive(Module, Debug)]
@@ -111,44 +88,16 @@ impl LinearAttention {
 }
 
 impl AttentionModule for LinearAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
+        check_head_input(&INFO, &q, &k, &masks)?;
         Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
     }
 
-    /// The chunked causal form over the prompt; the state summed from its keys and values.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, None)
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state's sums.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, Some(mask_pad))
-    }
+    prefill_through!(prefill_with);
 
     fn decode(
         &self,

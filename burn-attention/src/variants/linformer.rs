@@ -21,23 +21,17 @@
 //! projected keys and values. The attention dropout does not apply to it (it has no weight
 //! matrix).
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::input::zero_padded;
 use crate::core::params::lazy_param;
+
 use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
-    variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -152,52 +146,6 @@ pub struct LinformerConfig {
 }
 
 impl LinformerConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        let name = self.scoring.info().name;
-        check_heads(name, self.d_model, self.n_heads, self.dropout)?;
-        if self.k == 0 {
-            return Err(AttentionError::field(name, "k", "must be at least 1"));
-        }
-        if self.n_max == 0 {
-            return Err(AttentionError::field(name, "n_max", "must be at least 1"));
-        }
-        Ok(())
-    }
-
-    /// Creates the module. With `layerwise` sharing the module holds no projection of its own:
-    /// create the shared one with [`init_shared_projection`](Self::init_shared_projection).
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> LinformerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        let per_head = match self.sharing {
-            LinformerSharing::None => self.n_heads,
-            _ => 1,
-        };
-        let (e, f) = match self.sharing {
-            LinformerSharing::None | LinformerSharing::Headwise => (
-                Some(self.projection(per_head, device)),
-                Some(self.projection(per_head, device)),
-            ),
-            LinformerSharing::KeyValue => (Some(self.projection(1, device)), None),
-            LinformerSharing::Layerwise => (None, None),
-        };
-        LinformerAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            e,
-            f,
-            dropout: DropoutConfig::new(self.dropout).init(),
-            k: self.k,
-            n_max: self.n_max,
-            sharing: self.sharing,
-            scoring: self.scoring,
-        }
-    }
-
     /// The projection `[1, k, n_max]` shared by every layer under `layerwise` sharing.
     pub fn init_shared_projection(&self, device: &Device) -> Param<Tensor<3>> {
         self.projection(1, device)
@@ -213,8 +161,7 @@ impl LinformerConfig {
 }
 
 impl VariantConfig for LinformerConfig {
-    variant_glue!(LinformerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_LINEAR];
+    variant_glue!(LinformerAttention, &[INFO, INFO_LINEAR], dropout);
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let scoring = if name == INFO_LINEAR.name {
@@ -242,10 +189,43 @@ impl VariantConfig for LinformerConfig {
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(self.scoring.info(), self.n_max, n_q, n_k, causal)
     }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        let name = self.scoring.info().name;
+        check_at_least_one(name, "k", self.k)?;
+        check_at_least_one(name, "n_max", self.n_max)?;
+        Ok(())
+    }
+
+    /// Creates the module. With `layerwise` sharing the module holds no projection of its own:
+    /// create the shared one with [`init_shared_projection`](Self::init_shared_projection).
+    fn build(&self, device: &Device) -> LinformerAttention {
+        let per_head = match self.sharing {
+            LinformerSharing::None => self.n_heads,
+            _ => 1,
+        };
+        let (e, f) = match self.sharing {
+            LinformerSharing::None | LinformerSharing::Headwise => (
+                Some(self.projection(per_head, device)),
+                Some(self.projection(per_head, device)),
+            ),
+            LinformerSharing::KeyValue => (Some(self.projection(1, device)), None),
+            LinformerSharing::Layerwise => (None, None),
+        };
+        LinformerAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            e,
+            f,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            k: self.k,
+            n_max: self.n_max,
+            sharing: self.sharing,
+            scoring: self.scoring,
+        }
     }
 }
+
+inherent_config_methods!(LinformerConfig);
 
 /// Multi-head Linformer attention. Create with [`LinformerConfig`].
 #[derive(Module, Debug)]
@@ -329,13 +309,7 @@ impl LinformerAttention {
 }
 
 impl AttentionModule for LinformerAttention {
-    fn name(&self) -> &'static str {
-        self.scoring.info().name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.scoring.info().capabilities
-    }
+    variant_facts!(self.scoring);
 
     /// The weights of the softmax over the `k` projected keys, `[batch, heads, n_q, k]` (the
     /// linear-complexity scoring forms none, and refuses).
@@ -372,13 +346,7 @@ impl AttentionModule for LinformerAttention {
 
     /// `layerwise` sharing needs the encoder's shared projection: use
     /// [`attend_shared`](LinformerAttention::attend_shared).
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         self.attend_shared(q, k, v, masks, None)
     }
 }

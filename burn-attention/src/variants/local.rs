@@ -19,34 +19,28 @@
 //! a cache of the neighbourhood only. No cross-attention (the pattern relates query
 //! and key positions).
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+
 use crate::core::key_slots::KeySlots;
+
 use crate::core::softmax::exact_softmax_attention;
+
 use crate::core::sparse::{
     gathered_attention, padding_flags, pattern_weights, suffix_lengths, trimmed_cache,
 };
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
     attention_mask: true,
     returns_weights: true,
     causal: true,
-    cross_attention: false,
-    fixed_max_len: false,
     weights_sum_to_one: true,
     per_head_form: true,
     prefill_end_padding_only: true,
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of block-local attention.
@@ -116,10 +110,24 @@ impl LocalAttentionConfig {
     fn name(&self) -> &'static str {
         self.form.info().name
     }
+}
 
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for LocalAttentionConfig {
+    variant_glue!(LocalAttention, &[INFO, INFO_WINDOW], dropout);
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let form = if name == INFO_WINDOW.name {
+            LocalForm::SlidingWindow
+        } else {
+            LocalForm::Blocks
+        };
+        Self::new(model.d_model, model.n_heads).with_form(form)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.form.info()
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         match self.form {
             LocalForm::Blocks if self.block_size == 0 => Err(AttentionError::field(
                 self.name(),
@@ -135,14 +143,7 @@ impl LocalAttentionConfig {
         }
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> LocalAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> LocalAttention {
         LocalAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -153,25 +154,7 @@ impl LocalAttentionConfig {
     }
 }
 
-impl VariantConfig for LocalAttentionConfig {
-    variant_glue!(LocalAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_WINDOW];
-
-    fn for_variant(name: &str, model: ModelShape) -> Self {
-        let form = if name == INFO_WINDOW.name {
-            LocalForm::SlidingWindow
-        } else {
-            LocalForm::Blocks
-        };
-        Self::new(model.d_model, model.n_heads).with_form(form)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        self.form.info()
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(LocalAttentionConfig);
 
 /// Multi-head local attention (blocks or a sliding window). Create with
 /// [`LocalAttentionConfig`].
@@ -211,26 +194,11 @@ impl LocalAttention {
 }
 
 impl AttentionModule for LocalAttention {
-    fn name(&self) -> &'static str {
-        self.form.info().name
-    }
+    variant_facts!(self.form);
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
         check_attention_mask(self.form.info(), &masks, &q, k.dims()[2])?;

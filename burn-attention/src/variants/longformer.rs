@@ -20,21 +20,18 @@
 //! weights on request (a window row's over its window and the global keys, a global row's over
 //! every key, from the global projections). No causal form (LRA's Longformer has none either), no cross-attention.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks};
+
+use crate::core::heads::split_heads;
 use crate::core::key_slots::KeySlots;
+
 use crate::core::softmax::softmax_weights;
+
 use crate::core::sparse::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, with_full_rows,
-};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -44,15 +41,11 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (w + g) d)",
     memory: "O(n (w + g))",
     capabilities: Capabilities {
-        padding_mask: true,
         attention_mask: true,
         returns_weights: true,
-        causal: false,
-        cross_attention: false,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -78,28 +71,19 @@ pub struct LongformerConfig {
     pub bias: bool,
 }
 
-impl LongformerConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
-        if self.window == 0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "window",
-                "must be at least 1",
-            ));
-        }
+impl VariantConfig for LongformerConfig {
+    variant_glue!(LongformerAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(INFO.name, "window", self.window)?;
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> LongformerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> LongformerAttention {
         let linear = LinearConfig::new(self.d_model, self.d_model)
             .with_bias(self.bias)
             .with_initializer(Initializer::XavierUniform { gain: 1.0 });
@@ -118,17 +102,7 @@ impl LongformerConfig {
     }
 }
 
-impl VariantConfig for LongformerConfig {
-    variant_glue!(LongformerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(LongformerConfig);
 
 /// Multi-head Longformer attention. Create with [`LongformerConfig`].
 #[derive(Module, Debug)]
@@ -203,13 +177,7 @@ impl LongformerAttention {
 }
 
 impl AttentionModule for LongformerAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
@@ -282,13 +250,7 @@ impl AttentionModule for LongformerAttention {
         Ok((self.proj.out(out), weights))
     }
 
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, _] = q.dims();
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;

@@ -23,24 +23,22 @@
 //! counted once): position `i` reads `j > i` decayed by `exp(Σ_{l=i..j−1} Δ_l A_h)`. No
 //! cross-attention, attention mask or weights.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softplus;
 
-use crate::core::contract::{Capabilities, DecayedState, DecodingState};
+use crate::core::contract::DecayedState;
 use crate::core::decay::{
     DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash::silu;
-use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
+
+use crate::core::heads::merge_heads;
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -49,15 +47,8 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n c d + n d²)",
     memory: "O(n (c + d) + (n / c) (d² + n / c)), c = 64",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -76,10 +67,14 @@ pub struct Mamba2Config {
     pub norm_eps: f64,
 }
 
-impl Mamba2Config {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
+impl VariantConfig for Mamba2Config {
+    variant_glue!(Mamba2Attention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             return Err(AttentionError::field(
                 INFO.name,
@@ -90,14 +85,7 @@ impl Mamba2Config {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> Mamba2Attention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> Mamba2Attention {
         let (d, h) = (self.d_model, self.n_heads);
         let linear =
             |out: usize, bias: bool| LinearConfig::new(d, out).with_bias(bias).init(device);
@@ -121,14 +109,7 @@ impl Mamba2Config {
     }
 }
 
-impl VariantConfig for Mamba2Config {
-    variant_glue!(Mamba2Attention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(Mamba2Config);
 
 /// Mamba-2's SSD mixer. Create with [`Mamba2Config`].
 #[derive(Module, Debug)]

@@ -25,22 +25,18 @@
 //! under way uncompressed. No arbitrary attention mask (compressed keys mix positions), no
 //! weights, and no per-head form: the compression mixes the heads' channels.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, CachedKeys, Capabilities, DecodingState};
+use crate::core::contract::CachedKeys;
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, merge_heads, projection_shape, split_heads};
-use crate::core::input::{
-    AttentionInput, MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after,
-};
+use crate::core::heads::{merge_heads, split_heads};
+use crate::core::input::{MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after};
 use crate::core::softmax::exact_softmax_attention;
+
 use crate::core::sparse::{flags_tensor, padding_flags, suffix_lengths};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -49,15 +45,10 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n² d / c)",
     memory: "O(n² / c)",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
         cross_attention: true,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
         prefill_end_padding_only: true,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -80,17 +71,15 @@ pub struct MemoryCompressedConfig {
     pub bias: bool,
 }
 
-impl MemoryCompressedConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
-        if self.compression == 0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "compression",
-                "must be at least 1",
-            ));
-        }
+impl VariantConfig for MemoryCompressedConfig {
+    variant_glue!(MemoryCompressedAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(INFO.name, "compression", self.compression)?;
         if self.d_model.checked_mul(self.compression).is_none() {
             return Err(AttentionError::field(
                 INFO.name,
@@ -101,14 +90,7 @@ impl MemoryCompressedConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> MemoryCompressedAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> MemoryCompressedAttention {
         // A convolution's default initialisation: uniform over ±1/√fan_in, fan_in = c · d_model.
         let compress = LinearConfig::new(self.compression * self.d_model, self.d_model);
         MemoryCompressedAttention {
@@ -121,17 +103,7 @@ impl MemoryCompressedConfig {
     }
 }
 
-impl VariantConfig for MemoryCompressedConfig {
-    variant_glue!(MemoryCompressedAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(MemoryCompressedConfig);
 
 /// Multi-head memory-compressed attention. Create with [`MemoryCompressedConfig`].
 #[derive(Module, Debug)]
@@ -276,13 +248,7 @@ impl MemoryCompressedAttention {
 }
 
 impl AttentionModule for MemoryCompressedAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

@@ -36,20 +36,15 @@
 //! an error. Cross-attention: query landmarks average the real queries, key landmarks the real
 //! keys; the convolution skip, which adds values at the queries' positions, is refused there.
 
+use crate::core::prelude::*;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::input::zero_padded;
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities,
-    check_iterations, variant_glue,
-};
+
+use crate::core::variant::check_iterations;
 
 const NAME: &str = "nystrom";
 
@@ -60,15 +55,9 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n m d + m³)",
     memory: "O(n m + m²); O(n d + m²) fused",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
         cross_attention: true,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -94,58 +83,8 @@ pub struct NystromConfig {
     pub bias: bool,
 }
 
-impl NystromConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(NAME, self.d_model, self.n_heads, 0.0)?;
-        if self.n_landmarks == 0 {
-            return Err(AttentionError::field(
-                NAME,
-                "n_landmarks",
-                "must be at least 1",
-            ));
-        }
-        check_iterations(NAME, "pinv_iterations", self.pinv_iterations)?;
-        if let Some(kernel) = self.conv_kernel
-            && kernel % 2 == 0
-        {
-            return Err(AttentionError::field(
-                NAME,
-                "conv_kernel",
-                format!("must be odd (the output keeps the input's length), got {kernel}"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> NystromAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        let h = self.n_heads;
-        let conv = self.conv_kernel.map(|kernel| {
-            Conv2dConfig::new([h, h], [kernel, 1])
-                .with_groups(h)
-                .with_padding(PaddingConfig2d::Explicit(kernel / 2, 0, kernel / 2, 0))
-                .with_bias(false)
-                .init(device)
-        });
-        NystromAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            conv,
-            n_landmarks: self.n_landmarks,
-            pinv_iterations: self.pinv_iterations,
-        }
-    }
-}
-
 impl VariantConfig for NystromConfig {
-    variant_glue!(NystromAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
+    variant_glue!(NystromAttention, &[INFO]);
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
@@ -168,7 +107,41 @@ impl VariantConfig for NystromConfig {
         }
         check_input(n_q, n_k, causal, self.conv_kernel.is_some())
     }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(NAME, "n_landmarks", self.n_landmarks)?;
+        check_iterations(NAME, "pinv_iterations", self.pinv_iterations)?;
+        if let Some(kernel) = self.conv_kernel
+            && kernel % 2 == 0
+        {
+            return Err(AttentionError::field(
+                NAME,
+                "conv_kernel",
+                format!("must be odd (the output keeps the input's length), got {kernel}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn build(&self, device: &Device) -> NystromAttention {
+        let h = self.n_heads;
+        let conv = self.conv_kernel.map(|kernel| {
+            Conv2dConfig::new([h, h], [kernel, 1])
+                .with_groups(h)
+                .with_padding(PaddingConfig2d::Explicit(kernel / 2, 0, kernel / 2, 0))
+                .with_bias(false)
+                .init(device)
+        });
+        NystromAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            conv,
+            n_landmarks: self.n_landmarks,
+            pinv_iterations: self.pinv_iterations,
+        }
+    }
 }
+
+inherent_config_methods!(NystromConfig);
 
 /// Multi-head Nyström attention. Create with [`NystromConfig`].
 #[derive(Module, Debug)]
@@ -186,13 +159,7 @@ pub struct NystromAttention {
 projection_shape!(NystromAttention);
 
 impl AttentionModule for NystromAttention {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         if input.is_cross() && self.conv.is_some() {
@@ -203,13 +170,7 @@ impl AttentionModule for NystromAttention {
     }
 
     /// The attention on per-head tensors, with the convolution skip if configured.
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_input(q.dims()[2], k.dims()[2], masks.causal, self.conv.is_some())?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
         let mut o = nystrom_cross_attention(

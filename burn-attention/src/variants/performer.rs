@@ -46,35 +46,28 @@
 //! ([`AttentionModule::redraw`]) that a training loop makes every N steps, never a side effect
 //! of `forward`.
 
+use crate::core::prelude::*;
 use burn::module::Param;
-use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState, RecurrentState};
-use crate::core::error::{AttentionError, check_heads};
+use crate::core::contract::RecurrentState;
 use crate::core::features::orthogonal_features;
+
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, zero_padded};
+use crate::core::input::zero_padded;
 use crate::core::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+
 use crate::core::params::lazy_param;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
-    attention_mask: false,
-    returns_weights: false,
     causal: true,
     cross_attention: true,
-    fixed_max_len: false,
     weights_sum_to_one: true,
     per_head_form: true,
-    prefill_end_padding_only: false,
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of FAVOR+.
@@ -137,49 +130,10 @@ impl PerformerConfig {
     fn name(&self) -> &'static str {
         self.kernel.info().name
     }
-
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(self.name(), self.d_model, self.n_heads, 0.0)?;
-        if self.kernel == PerformerKernel::Softmax && self.n_features == 0 {
-            return Err(AttentionError::field(
-                self.name(),
-                "n_features",
-                "must be at least 1",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Creates the module, drawing the random features from `device`'s generator.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> PerformerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        let d_head = self.d_model / self.n_heads;
-        let features = match self.kernel {
-            PerformerKernel::Softmax => Some({
-                let m = self.n_features;
-                lazy_param([m, d_head], device, false, move |device| {
-                    orthogonal_features(m, d_head, device)
-                })
-            }),
-            PerformerKernel::Relu => None,
-        };
-        PerformerAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            features,
-            kernel: self.kernel,
-        }
-    }
 }
 
 impl VariantConfig for PerformerConfig {
-    variant_glue!(PerformerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_RELU];
+    variant_glue!(PerformerAttention, &[INFO, INFO_RELU]);
 
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let kernel = if name == INFO_RELU.name {
@@ -198,7 +152,39 @@ impl VariantConfig for PerformerConfig {
             PerformerKernel::Relu => Some(0),
         }
     }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        if self.kernel == PerformerKernel::Softmax && self.n_features == 0 {
+            return Err(AttentionError::field(
+                self.name(),
+                "n_features",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the module, drawing the random features from `device`'s generator.
+    fn build(&self, device: &Device) -> PerformerAttention {
+        let d_head = self.d_model / self.n_heads;
+        let features = match self.kernel {
+            PerformerKernel::Softmax => Some({
+                let m = self.n_features;
+                lazy_param([m, d_head], device, false, move |device| {
+                    orthogonal_features(m, d_head, device)
+                })
+            }),
+            PerformerKernel::Relu => None,
+        };
+        PerformerAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            features,
+            kernel: self.kernel,
+        }
+    }
 }
+
+inherent_config_methods!(PerformerConfig);
 
 fn frozen(t: Tensor<2>) -> Param<Tensor<2>> {
     Param::from_tensor(t).set_require_grad(false)
@@ -220,7 +206,8 @@ projection_shape!(PerformerAttention);
 
 impl PerformerAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
-    /// summed from their real keys and values.
+    /// summed from their real keys and values, FAVOR+'s features stabilised by their largest
+    /// log-feature over each prompt's real keys, as decoding keeps them.
     fn prefill_with(
         &self,
         x: Tensor<3>,
@@ -248,29 +235,12 @@ impl PerformerAttention {
 }
 
 impl AttentionModule for PerformerAttention {
-    fn name(&self) -> &'static str {
-        self.kernel.info().name
-    }
+    variant_facts!(self.kernel);
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj.apply(input, |q, k, v, masks| {
-            AttentionModule::attend(self, q, k, v, masks)
-        })
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        check_capabilities(self.kernel.info(), q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(self.kernel.info(), &masks, &q, k.dims()[2])?;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
+        check_head_input(self.kernel.info(), &q, &k, &masks)?;
         let (key_pad, causal) = (masks.key_pad, masks.causal);
         Ok(match &self.features {
             Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),
@@ -278,22 +248,7 @@ impl AttentionModule for PerformerAttention {
         })
     }
 
-    /// The chunked causal form over the prompt; the state summed from its keys and values
-    /// (FAVOR+'s features stabilised by their largest log-feature over the prompt, as
-    /// decoding keeps them).
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, None)
-    }
-
-    /// As [`prefill`](Self::prefill), the padding left out of the state's sums (and of
-    /// FAVOR+'s stabiliser).
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, Some(mask_pad))
-    }
+    prefill_through!(prefill_with);
 
     fn decode(
         &self,

@@ -30,22 +30,18 @@
 //! hold; a query's own key still counts only when nothing else is left). No causal form (which keys share a query's chunk
 //! depends on where later positions hash; LRA's Reformer has none either), no cross-attention.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
 use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::key_slots::KeySlots;
+
 use crate::core::params::lazy_param;
+
 use crate::core::sparse::{
     GatheredOutput, gathered_attention, merge_by_log_sum_exp, padding_flags,
-};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -55,15 +51,10 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(r n c d)",
     memory: "O(r n c)",
     capabilities: Capabilities {
-        padding_mask: true,
         attention_mask: true,
-        returns_weights: false,
-        causal: false,
-        cross_attention: false,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -95,10 +86,18 @@ pub struct ReformerConfig {
     pub bias: bool,
 }
 
-impl ReformerConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for ReformerConfig {
+    variant_glue!(ReformerAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+    fn frozen_params(&self) -> Option<usize> {
+        // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.
+        (self.n_hashes.checked_mul(self.n_buckets)? / 2).checked_mul(self.d_model)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         for (field, value) in [("n_hashes", self.n_hashes), ("chunk_len", self.chunk_len)] {
             if value == 0 {
                 return Err(AttentionError::field(
@@ -118,14 +117,7 @@ impl ReformerConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> ReformerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> ReformerAttention {
         let linear = LinearConfig::new(self.d_model, self.d_model)
             .with_bias(self.bias)
             .with_initializer(Initializer::XavierUniform { gain: 1.0 });
@@ -147,21 +139,7 @@ impl ReformerConfig {
     }
 }
 
-impl VariantConfig for ReformerConfig {
-    variant_glue!(ReformerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn frozen_params(&self) -> Option<usize> {
-        // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.
-        (self.n_hashes.checked_mul(self.n_buckets)? / 2).checked_mul(self.d_model)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(ReformerConfig);
 
 /// Multi-head LSH attention. Create with [`ReformerConfig`].
 #[derive(Module, Debug)]
@@ -365,13 +343,7 @@ impl ReformerAttention {
 }
 
 impl AttentionModule for ReformerAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         check_capabilities(&INFO, input.query_len(), input.key_len(), input.is_causal())?;
@@ -387,15 +359,8 @@ impl AttentionModule for ReformerAttention {
     /// LSH attention on per-head tensors: the keys `k` are normalised, hashed and sorted, and
     /// query `i` takes the chunks of key position `i` (the module passes its shared query-key
     /// projection as both).
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
-        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
+        check_head_input(&INFO, &q, &k, &masks)?;
         Ok(self.lsh_attention(q, k, v, masks))
     }
 }

@@ -24,21 +24,19 @@
 //! paper widens them to `2 d_model` and narrows the feed-forward layer to keep the parameter
 //! count). No cross-attention (retention is defined on one sequence), attention mask or weights.
 
+use crate::core::prelude::*;
 use burn::nn::{Linear, LinearConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{Capabilities, DecayedState, DecodingState};
+use crate::core::contract::DecayedState;
 use crate::core::decay::{
     DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash::silu;
-use crate::core::heads::{QkvoProjection, merge_heads, projection_shape};
+
+use crate::core::heads::merge_heads;
 use crate::core::rotary::{real_positions, rotate};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, recurrent_module, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -47,15 +45,8 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n c d + n d²)",
     memory: "O(n (c + d) + (n / c) (d² + n / c)), c = 64",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -79,10 +70,14 @@ pub struct RetNetConfig {
     pub norm_eps: f64,
 }
 
-impl RetNetConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
+impl VariantConfig for RetNetConfig {
+    variant_glue!(RetNetAttention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         if !(self.d_model / self.n_heads).is_multiple_of(2) {
             return Err(AttentionError::field(
                 INFO.name,
@@ -104,14 +99,7 @@ impl RetNetConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> RetNetAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> RetNetAttention {
         RetNetAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
             gate: self.gate.then(|| {
@@ -124,14 +112,7 @@ impl RetNetConfig {
     }
 }
 
-impl VariantConfig for RetNetConfig {
-    variant_glue!(RetNetAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(RetNetConfig);
 
 /// Multi-scale retention. Create with [`RetNetConfig`].
 #[derive(Module, Debug)]

@@ -27,22 +27,18 @@
 //! (a position mask inside each cluster) still lets later positions decide what an earlier one
 //! sees (Reformer's case too); no cross-attention, attention mask or weights.
 
+use crate::core::prelude::*;
 use burn::module::RunningState;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use burn::tensor::{Distribution, IndexingUpdateOp};
 
-use crate::core::contract::{AttentionModule, Capabilities};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
+
 use crate::core::sparse::{gathered_attention, padding_flags};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -51,15 +47,8 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (w + r) d)",
     memory: "O(n (w + r))",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
-        cross_attention: false,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -100,73 +89,13 @@ impl RoutingConfig {
     pub fn local_heads(&self) -> usize {
         self.local_heads.unwrap_or(self.n_heads / 2)
     }
-
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
-        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
-        if self.n_clusters == 0 {
-            return field("n_clusters", "must be at least 1".into());
-        }
-        if !(self.decay.is_finite() && (0.0..=1.0).contains(&self.decay)) {
-            return field(
-                "decay",
-                format!("must be between 0 and 1, got {}", self.decay),
-            );
-        }
-        if self.local_heads() >= self.n_heads {
-            return field(
-                "local_heads",
-                format!(
-                    "must leave a routing head: {} of {} heads",
-                    self.local_heads(),
-                    self.n_heads
-                ),
-            );
-        }
-        if self.window.checked_mul(2).is_none() {
-            return field("window", "is too large".into());
-        }
-        Ok(())
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> RoutingAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        let routing_heads = self.n_heads - self.local_heads();
-        let d = self.d_model / self.n_heads;
-        // Normalised queries and keys have norm about √d, as standard normal vectors of d
-        // entries have.
-        let centroids = Tensor::random(
-            [routing_heads, self.n_clusters, d],
-            Distribution::Normal(0.0, 1.0),
-            device,
-        );
-        RoutingAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            centroids: RunningState::new(centroids),
-            dropout: DropoutConfig::new(self.dropout).init(),
-            decay: self.decay,
-            window: self.window,
-            local_heads: self.local_heads(),
-        }
-    }
 }
 
 impl VariantConfig for RoutingConfig {
-    variant_glue!(RoutingAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
+    variant_glue!(RoutingAttention, &[INFO], dropout);
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
     }
     /// The variant's input check, and more clusters than the longest sequence has positions
     /// refused: k-means cannot give each centroid a position to gather, and the centroids
@@ -193,7 +122,54 @@ impl VariantConfig for RoutingConfig {
             .checked_mul(self.n_clusters)?
             .checked_mul(self.d_model / self.n_heads)
     }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        check_at_least_one(INFO.name, "n_clusters", self.n_clusters)?;
+        if !(self.decay.is_finite() && (0.0..=1.0).contains(&self.decay)) {
+            return field(
+                "decay",
+                format!("must be between 0 and 1, got {}", self.decay),
+            );
+        }
+        if self.local_heads() >= self.n_heads {
+            return field(
+                "local_heads",
+                format!(
+                    "must leave a routing head: {} of {} heads",
+                    self.local_heads(),
+                    self.n_heads
+                ),
+            );
+        }
+        if self.window.checked_mul(2).is_none() {
+            return field("window", "is too large".into());
+        }
+        Ok(())
+    }
+
+    fn build(&self, device: &Device) -> RoutingAttention {
+        let routing_heads = self.n_heads - self.local_heads();
+        let d = self.d_model / self.n_heads;
+        // Normalised queries and keys have norm about √d, as standard normal vectors of d
+        // entries have.
+        let centroids = Tensor::random(
+            [routing_heads, self.n_clusters, d],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
+        RoutingAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            centroids: RunningState::new(centroids),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            decay: self.decay,
+            window: self.window,
+            local_heads: self.local_heads(),
+        }
+    }
 }
+
+inherent_config_methods!(RoutingConfig);
 
 /// Multi-head routing attention. Create with [`RoutingConfig`].
 #[derive(Module, Debug)]
@@ -376,28 +352,13 @@ impl RoutingAttention {
 }
 
 impl AttentionModule for RoutingAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
-
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
+    forward_through_projections!();
 
     /// The first `local_heads` heads attend to their window, the others to their clusters
     /// (moving the centroids on an autodiff device).
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;

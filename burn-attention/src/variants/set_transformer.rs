@@ -16,21 +16,15 @@
 //! passes through LayerNorms and a feed-forward layer over all heads), no attention mask, no
 //! weights.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::relu;
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::AttentionInput;
 use crate::core::params::lazy_param;
+
 use crate::core::softmax::exact_softmax_attention;
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -39,15 +33,8 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n m d)",
     memory: "O(n m)",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
         cross_attention: true,
-        fixed_max_len: false,
-        weights_sum_to_one: false,
-        per_head_form: false,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -69,28 +56,19 @@ pub struct SetTransformerConfig {
     pub norm_eps: f64,
 }
 
-impl SetTransformerConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, 0.0)?;
-        if self.n_inducing == 0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "n_inducing",
-                "must be at least 1",
-            ));
-        }
+impl VariantConfig for SetTransformerConfig {
+    variant_glue!(SetTransformerAttention, &[INFO]);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(INFO.name, "n_inducing", self.n_inducing)?;
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> SetTransformerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> SetTransformerAttention {
         let (m, d) = (self.n_inducing, self.d_model);
         let norm = LayerNormConfig::new(d).with_epsilon(self.norm_eps);
         // Xavier-uniform over [m, d], as the projections.
@@ -108,14 +86,7 @@ impl SetTransformerConfig {
     }
 }
 
-impl VariantConfig for SetTransformerConfig {
-    variant_glue!(SetTransformerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-}
+inherent_config_methods!(SetTransformerConfig);
 
 /// Multi-head induced set attention. Create with [`SetTransformerConfig`].
 #[derive(Module, Debug)]
@@ -166,13 +137,7 @@ impl SetTransformerAttention {
 }
 
 impl AttentionModule for SetTransformerAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

@@ -27,20 +27,16 @@
 //! blocks, which a mask over query-key pairs cannot address (it refuses one). No causal form,
 //! no cross-attention; sequences up to `n_max`.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
-use crate::core::contract::{AttentionModule, Capabilities};
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::input::MASK_FILL;
 use crate::core::key_slots::KeySlots;
+
 use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_iterations,
-    check_within_max_len, variant_glue,
-};
+
+use crate::core::variant::check_iterations;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -49,15 +45,10 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n b d + (n/b)² b d)",
     memory: "O(n b + (n/b)²)",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
-        causal: false,
-        cross_attention: false,
         fixed_max_len: true,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -87,10 +78,17 @@ pub struct SinkhornConfig {
     pub bias: bool,
 }
 
-impl SinkhornConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
+impl VariantConfig for SinkhornConfig {
+    variant_glue!(SinkhornAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads, model.n_max)
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
         check_iterations(INFO.name, "iterations", self.iterations)?;
         for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
             if value == 0 {
@@ -111,14 +109,7 @@ impl SinkhornConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> SinkhornAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> SinkhornAttention {
         let d_head = self.d_model / self.n_heads;
         SinkhornAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
@@ -134,20 +125,7 @@ impl SinkhornConfig {
     }
 }
 
-impl VariantConfig for SinkhornConfig {
-    variant_glue!(SinkhornAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads, model.n_max)
-    }
-    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(SinkhornConfig);
 
 /// Multi-head Sparse Sinkhorn attention. Create with [`SinkhornConfig`].
 #[derive(Module, Debug)]
@@ -202,26 +180,11 @@ impl SinkhornAttention {
 }
 
 impl AttentionModule for SinkhornAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
         let d_v = v.dims()[3];
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;

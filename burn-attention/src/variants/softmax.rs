@@ -6,17 +6,10 @@
 //! arbitrary `[batch, n_q, n_k]` attention mask (on the composed steps, which keep the `n × n`
 //! weights); cross-attention; its weights on request; decoding with a key/value cache.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -25,15 +18,13 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n² d)",
     memory: "O(n²); O(n) fused",
     capabilities: Capabilities {
-        padding_mask: true,
         attention_mask: true,
         returns_weights: true,
         causal: true,
         cross_attention: true,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
-        prefill_end_padding_only: false,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -55,20 +46,14 @@ pub struct SoftmaxAttentionConfig {
     pub bias: bool,
 }
 
-impl SoftmaxAttentionConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)
+impl VariantConfig for SoftmaxAttentionConfig {
+    variant_glue!(SoftmaxAttention, &[INFO], dropout);
+
+    fn for_variant(_name: &str, model: ModelShape) -> Self {
+        Self::new(model.d_model, model.n_heads)
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> SoftmaxAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> SoftmaxAttention {
         SoftmaxAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -76,17 +61,7 @@ impl SoftmaxAttentionConfig {
     }
 }
 
-impl VariantConfig for SoftmaxAttentionConfig {
-    variant_glue!(SoftmaxAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(SoftmaxAttentionConfig);
 
 /// Multi-head exact softmax attention. Create with [`SoftmaxAttentionConfig`].
 #[derive(Module, Debug)]
@@ -100,26 +75,11 @@ pub struct SoftmaxAttention {
 projection_shape!(SoftmaxAttention);
 
 impl AttentionModule for SoftmaxAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
+    variant_facts!(INFO);
 
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
         check_capabilities(&INFO, n_q, n_k, masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
@@ -144,8 +104,7 @@ impl AttentionModule for SoftmaxAttention {
     ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
-        check_capabilities(&INFO, q.dims()[2], k.dims()[2], masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        check_head_input(&INFO, &q, &k, &masks)?;
         let (o, weights) = softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout));
         Ok((self.proj.out(o), weights))
     }

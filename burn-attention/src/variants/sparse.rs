@@ -24,35 +24,29 @@
 //! The strided pattern is computed as two attentions merged by their log-sum-exp: the band over
 //! blocks of consecutive queries, and the stride over queries grouped by their residue mod `l`.
 
+use crate::core::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
-use crate::core::heads::{QkvoProjection, projection_shape};
-use crate::core::input::{AttentionInput, HeadMasks};
+
 use crate::core::key_slots::KeySlots;
+
 use crate::core::softmax::exact_softmax_attention;
+
 use crate::core::sparse::{
     cache_positions, flags_tensor, gathered_attention, merge_by_log_sum_exp, padding_flags,
     pattern_weights, suffix_lengths,
 };
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
     attention_mask: true,
     returns_weights: true,
     causal: true,
-    cross_attention: false,
-    fixed_max_len: false,
     weights_sum_to_one: true,
     per_head_form: true,
     prefill_end_padding_only: true,
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of the fixed pattern.
@@ -122,17 +116,25 @@ impl SparseAttentionConfig {
     fn name(&self) -> &'static str {
         self.pattern.info().name
     }
+}
 
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
-        if self.block_size == 0 {
-            return Err(AttentionError::field(
-                self.name(),
-                "block_size",
-                "must be at least 1",
-            ));
-        }
+impl VariantConfig for SparseAttentionConfig {
+    variant_glue!(SparseAttention, &[INFO, INFO_STRIDED], dropout);
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let pattern = if name == INFO_STRIDED.name {
+            SparsePattern::Strided
+        } else {
+            SparsePattern::Fixed
+        };
+        Self::new(model.d_model, model.n_heads).with_pattern(pattern)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.pattern.info()
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(self.name(), "block_size", self.block_size)?;
         if self.pattern == SparsePattern::Fixed && self.summary >= self.block_size {
             return Err(AttentionError::field(
                 self.name(),
@@ -146,14 +148,7 @@ impl SparseAttentionConfig {
         Ok(())
     }
 
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> SparseAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> SparseAttention {
         SparseAttention {
             proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -164,25 +159,7 @@ impl SparseAttentionConfig {
     }
 }
 
-impl VariantConfig for SparseAttentionConfig {
-    variant_glue!(SparseAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_STRIDED];
-
-    fn for_variant(name: &str, model: ModelShape) -> Self {
-        let pattern = if name == INFO_STRIDED.name {
-            SparsePattern::Strided
-        } else {
-            SparsePattern::Fixed
-        };
-        Self::new(model.d_model, model.n_heads).with_pattern(pattern)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        self.pattern.info()
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(SparseAttentionConfig);
 
 /// Multi-head Sparse Transformer attention. Create with [`SparseAttentionConfig`].
 #[derive(Module, Debug)]
@@ -233,26 +210,11 @@ impl SparseAttention {
 }
 
 impl AttentionModule for SparseAttention {
-    fn name(&self) -> &'static str {
-        self.pattern.info().name
-    }
+    variant_facts!(self.pattern);
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
+    forward_through_projections!();
 
-    fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.proj
-            .apply(input, |q, k, v, masks| self.attend(q, k, v, masks))
-    }
-
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, d] = q.dims();
         check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
         check_attention_mask(self.pattern.info(), &masks, &q, k.dims()[2])?;

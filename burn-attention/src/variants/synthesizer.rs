@@ -27,37 +27,32 @@
 //! queries too, and the dense form reads its queries as the hidden layer `W₁ x` split into heads,
 //! before the ReLU.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState};
 use crate::core::dropout::dropout;
-use crate::core::error::{AttentionError, check_heads};
+
 use crate::core::flash;
 use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks};
 use crate::core::params::lazy_param;
+
 use crate::core::softmax::{exact_softmax_attention, masked_softmax};
+
 use crate::core::sparse::{padding_flags, suffix_lengths};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_within_max_len,
-    variant_glue,
-};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
     attention_mask: true,
     returns_weights: true,
     causal: true,
-    cross_attention: false,
     fixed_max_len: true,
     weights_sum_to_one: true,
     per_head_form: true,
     prefill_end_padding_only: true,
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of the random Synthesizer.
@@ -132,16 +127,35 @@ impl SynthesizerConfig {
         self.mode.info().name
     }
 
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(self.name(), self.d_model, self.n_heads, self.dropout)?;
-        if self.n_max == 0 {
-            return Err(AttentionError::field(
-                self.name(),
-                "n_max",
-                "must be at least 1",
-            ));
-        }
+    /// The two factors of a factorised dense row, `a c >= n_max`, `a = ⌈√n_max⌉`.
+    fn dense_factors(&self) -> [usize; 2] {
+        let a = (self.n_max as f64).sqrt().ceil() as usize;
+        [a, self.n_max.div_ceil(a)]
+    }
+}
+
+impl VariantConfig for SynthesizerConfig {
+    variant_glue!(SynthesizerAttention, &[INFO, INFO_DENSE], dropout);
+
+    fn for_variant(name: &str, model: ModelShape) -> Self {
+        let mode = if name == INFO_DENSE.name {
+            SynthesizerMode::Dense
+        } else {
+            SynthesizerMode::Random
+        };
+        let config = Self::new(model.d_model, model.n_heads, model.n_max).with_mode(mode);
+        // LRA's Synthesizer is the factorised random one; the dense row is the paper's plain one.
+        config.with_factorized(mode == SynthesizerMode::Random)
+    }
+    fn info(&self) -> &'static VariantInfo {
+        self.mode.info()
+    }
+    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
+        check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, causal)
+    }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        check_at_least_one(self.name(), "n_max", self.n_max)?;
         if self.mode == SynthesizerMode::Random && self.factorized && self.k == 0 {
             return Err(AttentionError::field(
                 self.name(),
@@ -152,20 +166,7 @@ impl SynthesizerConfig {
         Ok(())
     }
 
-    /// The two factors of a factorised dense row, `a c >= n_max`, `a = ⌈√n_max⌉`.
-    fn dense_factors(&self) -> [usize; 2] {
-        let a = (self.n_max as f64).sqrt().ceil() as usize;
-        [a, self.n_max.div_ceil(a)]
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> SynthesizerAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
+    fn build(&self, device: &Device) -> SynthesizerAttention {
         let linear = |d_in: usize, d_out: usize| {
             LinearConfig::new(d_in, d_out)
                 .with_bias(self.bias)
@@ -217,30 +218,7 @@ impl SynthesizerConfig {
     }
 }
 
-impl VariantConfig for SynthesizerConfig {
-    variant_glue!(SynthesizerAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO, INFO_DENSE];
-
-    fn for_variant(name: &str, model: ModelShape) -> Self {
-        let mode = if name == INFO_DENSE.name {
-            SynthesizerMode::Dense
-        } else {
-            SynthesizerMode::Random
-        };
-        let config = Self::new(model.d_model, model.n_heads, model.n_max).with_mode(mode);
-        // LRA's Synthesizer is the factorised random one; the dense row is the paper's plain one.
-        config.with_factorized(mode == SynthesizerMode::Random)
-    }
-    fn info(&self) -> &'static VariantInfo {
-        self.mode.info()
-    }
-    fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
-        check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, causal)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
-    }
-}
+inherent_config_methods!(SynthesizerConfig);
 
 /// Multi-head Synthesizer attention. Create with [`SynthesizerConfig`].
 #[derive(Module, Debug)]
@@ -382,13 +360,7 @@ impl SynthesizerAttention {
 }
 
 impl AttentionModule for SynthesizerAttention {
-    fn name(&self) -> &'static str {
-        self.mode.info().name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
+    variant_facts!(self.mode);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
@@ -399,13 +371,7 @@ impl AttentionModule for SynthesizerAttention {
         Ok(self.output.forward(merge_heads(o)))
     }
 
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, _] = v.dims();
         check_within_max_len(
             self.mode.info(),

@@ -31,23 +31,20 @@
 //! projections learn from the own segment only there; the forward pass stops it at the layer's
 //! input, as the paper.
 
+use crate::core::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
-use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
-use crate::core::error::{AttentionError, check_heads};
+use crate::core::contract::SegmentMemory;
 use crate::core::flash;
-use crate::core::heads::{QkvoProjection, projection_shape, split_heads};
-use crate::core::input::{AttentionInput, HeadMasks, MASK_FILL};
+use crate::core::heads::split_heads;
+use crate::core::input::MASK_FILL;
 use crate::core::segments::{
     RelativeScore, SegmentLayout, relative_score_params, segment_attention,
 };
+
 use crate::core::sparse::{
     cache_positions, flags_tensor, padding_flags, suffix_lengths, trimmed_cache,
-};
-use crate::core::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities, variant_glue,
 };
 
 /// The registry entry.
@@ -57,15 +54,11 @@ pub const INFO: VariantInfo = VariantInfo {
     time: "O(n (s + m) d)",
     memory: "O(n (s + m))",
     capabilities: Capabilities {
-        padding_mask: true,
-        attention_mask: false,
-        returns_weights: false,
         causal: true,
-        cross_attention: false,
-        fixed_max_len: false,
         weights_sum_to_one: true,
         per_head_form: true,
         prefill_end_padding_only: true,
+        ..Capabilities::PADDING_ONLY
     },
 };
 
@@ -91,60 +84,11 @@ pub struct TransformerXlConfig {
     pub bias: bool,
 }
 
-impl TransformerXlConfig {
-    /// Checks the configuration; the error names the offending field.
-    pub fn validate(&self) -> Result<(), AttentionError> {
-        check_heads(INFO.name, self.d_model, self.n_heads, self.dropout)?;
-        if !self.d_model.is_multiple_of(2) {
-            return Err(AttentionError::field(
-                INFO.name,
-                "d_model",
-                format!("must be even (sine and cosine pairs), got {}", self.d_model),
-            ));
-        }
-        if self.segment_len == 0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "segment_len",
-                "must be at least 1",
-            ));
-        }
-        if self.mem_len.checked_add(2 * self.segment_len).is_none() {
-            return Err(AttentionError::field(INFO.name, "mem_len", "is too large"));
-        }
-        Ok(())
-    }
-
-    /// Creates the module.
-    ///
-    /// # Panics
-    /// If [`validate`](Self::validate) fails; its message is the panic message.
-    pub fn init(&self, device: &Device) -> TransformerXlAttention {
-        if let Err(err) = self.validate() {
-            panic!("{err}");
-        }
-        let (r_net, r_w_bias, r_r_bias) = relative_score_params(self.d_model, self.n_heads, device);
-        TransformerXlAttention {
-            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
-            r_net,
-            r_w_bias,
-            r_r_bias,
-            dropout: DropoutConfig::new(self.dropout).init(),
-            segment_len: self.segment_len,
-            mem_len: self.mem_len,
-        }
-    }
-}
-
 impl VariantConfig for TransformerXlConfig {
-    variant_glue!(TransformerXlAttention);
-    const VARIANTS: &'static [VariantInfo] = &[INFO];
+    variant_glue!(TransformerXlAttention, &[INFO], dropout);
 
     fn for_variant(_name: &str, model: ModelShape) -> Self {
         Self::new(model.d_model, model.n_heads)
-    }
-    fn with_weight_dropout(self, dropout: f64) -> Self {
-        self.with_dropout(dropout)
     }
     /// The variant's input check, and a memory longer than the sequence refused where the
     /// sequence is cut into several segments: within one sequence a segment's memory never holds
@@ -167,7 +111,37 @@ impl VariantConfig for TransformerXlConfig {
         }
         check_capabilities(&INFO, n_q, n_k, causal)
     }
+
+    fn check_fields(&self) -> Result<(), AttentionError> {
+        if !self.d_model.is_multiple_of(2) {
+            return Err(AttentionError::field(
+                INFO.name,
+                "d_model",
+                format!("must be even (sine and cosine pairs), got {}", self.d_model),
+            ));
+        }
+        check_at_least_one(INFO.name, "segment_len", self.segment_len)?;
+        if self.mem_len.checked_add(2 * self.segment_len).is_none() {
+            return Err(AttentionError::field(INFO.name, "mem_len", "is too large"));
+        }
+        Ok(())
+    }
+
+    fn build(&self, device: &Device) -> TransformerXlAttention {
+        let (r_net, r_w_bias, r_r_bias) = relative_score_params(self.d_model, self.n_heads, device);
+        TransformerXlAttention {
+            proj: QkvoProjection::new(self.d_model, self.n_heads, self.bias, device),
+            r_net,
+            r_w_bias,
+            r_r_bias,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            segment_len: self.segment_len,
+            mem_len: self.mem_len,
+        }
+    }
 }
+
+inherent_config_methods!(TransformerXlConfig);
 
 /// Multi-head Transformer-XL attention. Create with [`TransformerXlConfig`].
 #[derive(Module, Debug)]
@@ -340,13 +314,7 @@ impl TransformerXlAttention {
 }
 
 impl AttentionModule for TransformerXlAttention {
-    fn name(&self) -> &'static str {
-        INFO.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        INFO.capabilities
-    }
+    variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();
@@ -422,13 +390,7 @@ impl AttentionModule for TransformerXlAttention {
         Ok((self.proj.out(o), next))
     }
 
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        masks: HeadMasks,
-    ) -> Result<Tensor<4>, AttentionError> {
+    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let (n, n_k) = (q.dims()[2], k.dims()[2]);
         check_capabilities(&INFO, n, n_k, masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, n_k)?;
