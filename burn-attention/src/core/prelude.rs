@@ -19,3 +19,12 @@ pub(crate) use super::variant::{
 /// or why the variant cannot take its input. Its signature then fits on one line in each
 /// variant.
 pub(crate) type PerHeadResult = Result<Tensor<4>, AttentionError>;
+
+/// What decoding and prefilling return ([`AttentionModule::decode`],
+/// [`AttentionModule::prefill`], [`AttentionModule::prefill_padded`]): the outputs and the state
+/// after them, or why the variant cannot take its input.
+pub(crate) type DecodeResult = Result<(Tensor<3>, DecodingState), AttentionError>;
+
+/// What [`AttentionModule::try_forward_with_weights`] returns: the output and the attention
+/// weights, or why the variant cannot take its input.
+pub(crate) type WeightsResult = Result<(Tensor<3>, Tensor<4>), AttentionError>;

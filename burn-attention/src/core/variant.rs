@@ -21,6 +21,14 @@ pub struct VariantInfo {
     pub capabilities: Capabilities,
 }
 
+impl VariantInfo {
+    /// The error of a configuration field of this variant: `field` names it, `message` says
+    /// what is wrong ("must be at least 1").
+    pub fn field_error(&self, field: &'static str, message: impl Into<String>) -> AttentionError {
+        AttentionError::field(self.name, field, message)
+    }
+}
+
 /// The model's side of an attention's configuration: what every variant takes from the model
 /// rather than from its own parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,19 +248,26 @@ pub fn check_iterations(
 
 /// The part of a [`VariantConfig`] implementation every variant shares, written once: the module
 /// type, the registered variants, and `d_model` and `n_heads` read from the configuration's
-/// fields of those names; with `dropout`, the weight dropout read from and set on its `dropout`
-/// field.
+/// fields of those names; with `new(d_model, n_heads)`, the defaults for every name it makes
+/// (`for_variant`): `Self::new` of those fields of the model's shape; with `dropout`, the weight
+/// dropout read from and set on its `dropout` field.
 ///
 /// ```text
 /// impl VariantConfig for LinearAttentionConfig {
-///     variant_glue!(LinearAttention, &[INFO]);
-///     fn for_variant(_name: &str, model: ModelShape) -> Self { ... }
+///     variant_glue!(LinearAttention, &[INFO], new(d_model, n_heads));
 ///     fn check_fields(&self) -> Result<(), AttentionError> { ... }
 ///     fn build(&self, device: &Device) -> LinearAttention { ... }
 /// }
 /// inherent_config_methods!(LinearAttentionConfig);
 /// ```
 macro_rules! variant_glue {
+    ($module:ty, $variants:expr, new($($field:ident),*) $(, $dropout:ident)?) => {
+        variant_glue!($module, $variants $(, $dropout)?);
+
+        fn for_variant(_name: &str, model: ModelShape) -> Self {
+            Self::new($(model.$field),*)
+        }
+    };
     ($module:ty, $variants:expr, dropout) => {
         variant_glue!($module, $variants);
 

@@ -92,17 +92,13 @@ pub struct AxialConfig {
 }
 
 impl VariantConfig for AxialConfig {
-    variant_glue!(AxialAttention, &[INFO], dropout);
+    variant_glue!(AxialAttention, &[INFO], new(d_model, n_heads), dropout);
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_capabilities(&INFO, n_q, n_k, causal)?;
         let width = grid_width(self.width, n_k)?;
         if width > n_k.max(1) {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "width",
                 format!("is {width}, a row wider than the {n_k} positions of the sequence"),
             ));
@@ -112,18 +108,12 @@ impl VariantConfig for AxialConfig {
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         if self.n_heads < 2 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "n_heads",
-                "must be at least 2 (row heads and column heads)",
-            ));
+            return Err(
+                INFO.field_error("n_heads", "must be at least 2 (row heads and column heads)")
+            );
         }
         if self.width == Some(0) {
-            return Err(AttentionError::field(
-                INFO.name,
-                "width",
-                "must be at least 1",
-            ));
+            return Err(INFO.field_error("width", "must be at least 1"));
         }
         Ok(())
     }
@@ -148,8 +138,7 @@ fn grid_width(width: Option<usize>, n: usize) -> Result<usize, AttentionError> {
     if side * side == n {
         Ok(side)
     } else {
-        Err(AttentionError::field(
-            INFO.name,
+        Err(INFO.field_error(
             "width",
             format!(
                 "is unset, and a sequence of {n} positions is not a square grid (set the \
@@ -410,8 +399,7 @@ impl AxialAttention {
     /// sequence.
     fn decoding_width(&self) -> Result<usize, AttentionError> {
         self.width.ok_or_else(|| {
-            AttentionError::field(
-                INFO.name,
+            INFO.field_error(
                 "width",
                 "must be set to decode (an unfinished sequence does not give its grid)",
             )
@@ -429,11 +417,9 @@ impl AttentionModule for AxialAttention {
         check_capabilities(&INFO, n, n_k, masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, n_k)?;
         if heads < 2 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "n_heads",
-                "must be at least 2 (row heads and column heads)",
-            ));
+            return Err(
+                INFO.field_error("n_heads", "must be at least 2 (row heads and column heads)")
+            );
         }
         let width = grid_width(self.width, n)?;
         if masks.attn.is_some() {
@@ -444,10 +430,7 @@ impl AttentionModule for AxialAttention {
     }
 
     /// The weights over every key, `[batch, heads, n, n]`, 0 off each head's axis.
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         let (n, n_k) = (q.dims()[2], k.dims()[2]);
@@ -460,7 +443,7 @@ impl AttentionModule for AxialAttention {
     }
 
     /// The causal forward pass over the prompt; the cache holds all its keys and values.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         self.decoding_width()?;
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
@@ -468,11 +451,7 @@ impl AttentionModule for AxialAttention {
 
     /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
     /// padding marked, each sequence's positions read from it.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         self.decoding_width()?;
         suffix_lengths(INFO.name, &mask_pad)?;
         self.proj
@@ -485,11 +464,7 @@ impl AttentionModule for AxialAttention {
     /// its row, its column heads those of its column: O((width + t / width) d) at position t
     /// (O(t d) for prompts of different lengths, whose cache is scored whole with the axis as a
     /// mask).
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let width = self.decoding_width()?;
         let (q, k, v) = self.proj.qkv(x);
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;

@@ -77,11 +77,13 @@ pub struct BigBirdConfig {
 }
 
 impl VariantConfig for BigBirdConfig {
-    variant_glue!(BigBirdAttention, &[INFO], dropout);
+    variant_glue!(
+        BigBirdAttention,
+        &[INFO],
+        new(d_model, n_heads, n_max),
+        dropout
+    );
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads, model.n_max)
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }
@@ -94,11 +96,7 @@ impl VariantConfig for BigBirdConfig {
     fn check_fields(&self) -> Result<(), AttentionError> {
         for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
             if value == 0 {
-                return Err(AttentionError::field(
-                    INFO.name,
-                    field,
-                    "must be at least 1",
-                ));
+                return Err(INFO.field_error(field, "must be at least 1"));
             }
         }
         Ok(())
@@ -271,10 +269,7 @@ impl AttentionModule for BigBirdAttention {
 
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it; the global
     /// rows over every key).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         let [batch, heads, n, d] = q.dims();

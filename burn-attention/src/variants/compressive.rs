@@ -110,14 +110,15 @@ fn lcm(a: usize, b: usize) -> Option<usize> {
 }
 
 impl VariantConfig for CompressiveConfig {
-    variant_glue!(CompressiveAttention, &[INFO], dropout);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(
+        CompressiveAttention,
+        &[INFO],
+        new(d_model, n_heads),
+        dropout
+    );
 
     fn check_fields(&self) -> Result<(), AttentionError> {
-        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        let field = |name, message: String| Err(INFO.field_error(name, message));
         if !self.d_model.is_multiple_of(2) {
             return field(
                 "d_model",
@@ -695,7 +696,7 @@ impl AttentionModule for CompressiveAttention {
 
     /// The causal forward pass; the state keeps, per sequence, the inputs later tokens read or
     /// compress and the compressed memory ([`DecodingState::Compressive`]).
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         let y = self.try_forward(AttentionInput::new(x.clone()).causal(true))?;
         let [batch, t, _] = x.dims();
         let memories = self.memories_after(&x, &vec![t; batch]);
@@ -704,11 +705,7 @@ impl AttentionModule for CompressiveAttention {
 
     /// Prompts padded at their end: the causal forward pass with the padding masked; each
     /// sequence's memory is made from its own positions.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         let lengths = suffix_lengths(INFO.name, &mask_pad)?;
         let y = self.try_forward(
             AttentionInput::new(x.clone())
@@ -721,11 +718,7 @@ impl AttentionModule for CompressiveAttention {
 
     /// One token per sequence from its memory (the module docs' recurrent state): a bounded
     /// amount of work and state whatever the position.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let [batch, _, d_model] = x.dims();
         let memories = match state {
             DecodingState::Empty => vec![CompressiveMemory::default(); batch],

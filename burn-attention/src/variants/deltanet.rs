@@ -265,11 +265,7 @@ impl DeltaNetAttention {
 
 impl DeltaNetAttention {
     /// One token from the decoding state.
-    fn step(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, self.info().name, batch, &x.device())?;
         let (q, k, v, beta, log_decay) = self.project(x.clone());

@@ -40,11 +40,8 @@ pub struct EfficientAttentionConfig {
 }
 
 impl VariantConfig for EfficientAttentionConfig {
-    variant_glue!(EfficientAttention, &[INFO]);
+    variant_glue!(EfficientAttention, &[INFO], new(d_model, n_heads));
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(n_q, n_k, causal)
     }

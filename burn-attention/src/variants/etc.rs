@@ -94,20 +94,12 @@ pub struct EtcConfig {
 }
 
 impl VariantConfig for EtcConfig {
-    variant_glue!(EtcAttention, &[INFO], dropout);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(EtcAttention, &[INFO], new(d_model, n_heads), dropout);
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         let at_least_one = |field: &'static str, value: usize| {
             if value == 0 {
-                Err(AttentionError::field(
-                    INFO.name,
-                    field,
-                    "must be at least 1",
-                ))
+                Err(INFO.field_error(field, "must be at least 1"))
             } else {
                 Ok(())
             }
@@ -123,11 +115,7 @@ impl VariantConfig for EtcConfig {
             .and_then(|k| k.checked_add(3))
             .is_none()
         {
-            return Err(AttentionError::field(
-                INFO.name,
-                "max_distance",
-                "is too large",
-            ));
+            return Err(INFO.field_error("max_distance", "is too large"));
         }
         Ok(())
     }

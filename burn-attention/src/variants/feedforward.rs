@@ -325,11 +325,7 @@ projection_shape!(FeedForwardKernelAttention);
 impl FeedForwardKernelAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
-    fn prefill_with(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
@@ -356,11 +352,7 @@ impl AttentionModule for FeedForwardKernelAttention {
 
     prefill_through!(prefill_with);
 
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, self.kernel.name())?;
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = kernelized_step(self.feature_map(q), self.feature_map(k), v, state);

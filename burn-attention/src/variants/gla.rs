@@ -87,14 +87,10 @@ impl GlaConfig {
 }
 
 impl VariantConfig for GlaConfig {
-    variant_glue!(GlaAttention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(GlaAttention, &[INFO], new(d_model, n_heads));
 
     fn check_fields(&self) -> Result<(), AttentionError> {
-        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        let field = |name, message: String| Err(INFO.field_error(name, message));
         match self.key_width() {
             Some(width) if width % self.n_heads == 0 => {}
             _ => {
@@ -231,11 +227,7 @@ impl GlaAttention {
     }
 
     /// One token from the decoding state.
-    fn step(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let [q, k, v, log_gate] = self.project(x.clone());

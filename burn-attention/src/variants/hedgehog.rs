@@ -63,16 +63,11 @@ pub struct HedgehogConfig {
 }
 
 impl VariantConfig for HedgehogConfig {
-    variant_glue!(HedgehogAttention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(HedgehogAttention, &[INFO], new(d_model, n_heads));
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         if !(self.distill_weight.is_finite() && self.distill_weight >= 0.0) {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "distill_weight",
                 format!("must be finite and at least 0, got {}", self.distill_weight),
             ));
@@ -162,11 +157,7 @@ impl HedgehogAttention {
 
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
-    fn prefill_with(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let masks = HeadMasks::new(mask_pad.clone(), true);
         let (phi_q, phi_k) = self.features(q, k);
@@ -210,11 +201,7 @@ impl AttentionModule for HedgehogAttention {
 
     prefill_through!(prefill_with);
 
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (phi_q, phi_k) = self.features(q, k);

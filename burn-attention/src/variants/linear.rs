@@ -47,11 +47,7 @@ pub struct LinearAttentionConfig {
 }
 
 impl VariantConfig for LinearAttentionConfig {
-    variant_glue!(LinearAttention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(LinearAttention, &[INFO], new(d_model, n_heads));
 
     fn build(&self, device: &Device) -> LinearAttention {
         LinearAttention {
@@ -74,11 +70,7 @@ projection_shape!(LinearAttention);
 impl LinearAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
-    fn prefill_with(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
@@ -99,11 +91,7 @@ impl AttentionModule for LinearAttention {
 
     prefill_through!(prefill_with);
 
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = kernelized_step(elu_feature_map(q), elu_feature_map(k), v, state);

@@ -313,10 +313,7 @@ impl AttentionModule for LinformerAttention {
 
     /// The weights of the softmax over the `k` projected keys, `[batch, heads, n_q, k]` (the
     /// linear-complexity scoring forms none, and refuses).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let info = self.scoring.info();
         if self.scoring != LinformerScoring::Softmax {
             return Err(AttentionError::unsupported(

@@ -208,10 +208,7 @@ impl AttentionModule for LocalAttention {
     }
 
     /// The weights over the keys of the block or window, `[batch, heads, n, n]` (0 outside it).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
@@ -225,7 +222,7 @@ impl AttentionModule for LocalAttention {
 
     /// The causal forward pass over the prompt; the cache is its neighbourhood of the last
     /// position, as decoding leaves it: the last block's keys so far, or the last `window`.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
         let n = k.dims()[2];
@@ -247,11 +244,7 @@ impl AttentionModule for LocalAttention {
     /// Prompts of different lengths, padded at their end: the causal forward pass, and a cache
     /// whose unmasked keys are, in each row, the ones the prompt's next token sees besides itself
     /// (the rest marked as padding, the columns no row needs cut off).
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         let lengths = suffix_lengths(self.name(), &mask_pad)?;
         let n = mask_pad.dims()[1];
         let (q, k, v) = self.proj.qkv(x);
@@ -277,11 +270,7 @@ impl AttentionModule for LocalAttention {
     /// Attends over a key/value cache that holds only the neighbourhood: the current block's
     /// keys so far (emptied when a block is full), or the last `window` keys. A step costs
     /// O(b d) or O(w d) and the state stays that size, however long the sequence.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;

@@ -72,11 +72,7 @@ pub struct LongformerConfig {
 }
 
 impl VariantConfig for LongformerConfig {
-    variant_glue!(LongformerAttention, &[INFO], dropout);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(LongformerAttention, &[INFO], new(d_model, n_heads), dropout);
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         check_at_least_one(INFO.name, "window", self.window)?;
@@ -212,10 +208,7 @@ impl AttentionModule for LongformerAttention {
     /// The weights `[batch, heads, n, n]`: a window row's over its window and the global keys
     /// (0 elsewhere), a global row's over every key, from the global projections (its output
     /// reads the global values, as in the forward pass).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
         let masks = input.head_masks();

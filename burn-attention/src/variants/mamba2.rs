@@ -68,19 +68,11 @@ pub struct Mamba2Config {
 }
 
 impl VariantConfig for Mamba2Config {
-    variant_glue!(Mamba2Attention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(Mamba2Attention, &[INFO], new(d_model, n_heads));
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "norm_eps",
-                "must be above 0",
-            ));
+            return Err(INFO.field_error("norm_eps", "must be above 0"));
         }
         Ok(())
     }
@@ -189,11 +181,7 @@ impl Mamba2Attention {
     }
 
     /// One token from the decoding state.
-    fn step(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let (c, b, v) = self.proj.qkv(x.clone());

@@ -72,17 +72,17 @@ pub struct MemoryCompressedConfig {
 }
 
 impl VariantConfig for MemoryCompressedConfig {
-    variant_glue!(MemoryCompressedAttention, &[INFO], dropout);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(
+        MemoryCompressedAttention,
+        &[INFO],
+        new(d_model, n_heads),
+        dropout
+    );
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         check_at_least_one(INFO.name, "compression", self.compression)?;
         if self.d_model.checked_mul(self.compression).is_none() {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "compression",
                 format!("times d_model ({}) overflows", self.d_model),
             ));
@@ -265,7 +265,7 @@ impl AttentionModule for MemoryCompressedAttention {
         Ok(self.proj.out(o))
     }
 
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         let [batch, n, _] = x.dims();
         let mask = flags_tensor(&vec![vec![false; n]; batch], &x.device());
         let (out, state) = self.prefill_padded(x, mask)?;
@@ -290,11 +290,7 @@ impl AttentionModule for MemoryCompressedAttention {
 
     /// Prompts padded at their end: the causal forward pass; the state holds, per sequence, its
     /// finished blocks compressed and its block under way, the rest masked.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         let lengths = suffix_lengths(INFO.name, &mask_pad)?;
         let c = self.compression;
         let device = x.device();
@@ -345,11 +341,7 @@ impl AttentionModule for MemoryCompressedAttention {
 
     /// Attends over the finished blocks' compressed keys and the block under way's keys (this
     /// token's included); a sequence whose block fills up compresses it into one more block.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let (blocks, current) = match state {
             DecodingState::Empty => (None, None),
             DecodingState::Compressed { blocks, current } => (blocks, current),

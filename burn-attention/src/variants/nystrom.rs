@@ -84,11 +84,8 @@ pub struct NystromConfig {
 }
 
 impl VariantConfig for NystromConfig {
-    variant_glue!(NystromAttention, &[INFO]);
+    variant_glue!(NystromAttention, &[INFO], new(d_model, n_heads));
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     /// The variant's input check, and more landmarks than the longest sequence has positions
     /// refused: a configuration checked against its longest input (as the LRA harness checks
     /// it) cannot ask for segment means of nothing, sized by the count asked for. (The forward

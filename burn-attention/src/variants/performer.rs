@@ -208,11 +208,7 @@ impl PerformerAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values, FAVOR+'s features stabilised by their largest
     /// log-feature over each prompt's real keys, as decoding keeps them.
-    fn prefill_with(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
@@ -250,11 +246,7 @@ impl AttentionModule for PerformerAttention {
 
     prefill_through!(prefill_with);
 
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, self.kernel.info().name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = match &self.features {

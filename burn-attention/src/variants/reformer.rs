@@ -87,11 +87,8 @@ pub struct ReformerConfig {
 }
 
 impl VariantConfig for ReformerConfig {
-    variant_glue!(ReformerAttention, &[INFO], dropout);
+    variant_glue!(ReformerAttention, &[INFO], new(d_model, n_heads), dropout);
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     fn frozen_params(&self) -> Option<usize> {
         // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.
         (self.n_hashes.checked_mul(self.n_buckets)? / 2).checked_mul(self.d_model)
@@ -100,16 +97,11 @@ impl VariantConfig for ReformerConfig {
     fn check_fields(&self) -> Result<(), AttentionError> {
         for (field, value) in [("n_hashes", self.n_hashes), ("chunk_len", self.chunk_len)] {
             if value == 0 {
-                return Err(AttentionError::field(
-                    INFO.name,
-                    field,
-                    "must be at least 1",
-                ));
+                return Err(INFO.field_error(field, "must be at least 1"));
             }
         }
         if self.n_buckets < 2 || !self.n_buckets.is_multiple_of(2) {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "n_buckets",
                 format!("must be even and at least 2, got {}", self.n_buckets),
             ));

@@ -71,16 +71,11 @@ pub struct RetNetConfig {
 }
 
 impl VariantConfig for RetNetConfig {
-    variant_glue!(RetNetAttention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(RetNetAttention, &[INFO], new(d_model, n_heads));
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         if !(self.d_model / self.n_heads).is_multiple_of(2) {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "d_model",
                 format!(
                     "must give an even width per head (the rotation turns pairs of channels), \
@@ -90,11 +85,7 @@ impl VariantConfig for RetNetConfig {
             ));
         }
         if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "norm_eps",
-                "must be above 0",
-            ));
+            return Err(INFO.field_error("norm_eps", "must be above 0"));
         }
         Ok(())
     }
@@ -232,11 +223,7 @@ impl RetNetAttention {
     }
 
     /// One token from the decoding state.
-    fn step(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let device = x.device();
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;

@@ -92,11 +92,8 @@ impl RoutingConfig {
 }
 
 impl VariantConfig for RoutingConfig {
-    variant_glue!(RoutingAttention, &[INFO], dropout);
+    variant_glue!(RoutingAttention, &[INFO], new(d_model, n_heads), dropout);
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     /// The variant's input check, and more clusters than the longest sequence has positions
     /// refused: k-means cannot give each centroid a position to gather, and the centroids
     /// (`routing heads × n_clusters × d_head`, allocated when the module is built) would be
@@ -105,8 +102,7 @@ impl VariantConfig for RoutingConfig {
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         let longest = n_q.max(n_k);
         if self.n_clusters > longest {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "n_clusters",
                 format!(
                     "is {}, more clusters than the {longest} positions of the sequence",
@@ -124,7 +120,7 @@ impl VariantConfig for RoutingConfig {
     }
 
     fn check_fields(&self) -> Result<(), AttentionError> {
-        let field = |name, message: String| Err(AttentionError::field(INFO.name, name, message));
+        let field = |name, message: String| Err(INFO.field_error(name, message));
         check_at_least_one(INFO.name, "n_clusters", self.n_clusters)?;
         if !(self.decay.is_finite() && (0.0..=1.0).contains(&self.decay)) {
             return field(

@@ -57,11 +57,7 @@ pub struct SetTransformerConfig {
 }
 
 impl VariantConfig for SetTransformerConfig {
-    variant_glue!(SetTransformerAttention, &[INFO]);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(SetTransformerAttention, &[INFO], new(d_model, n_heads));
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         check_at_least_one(INFO.name, "n_inducing", self.n_inducing)?;

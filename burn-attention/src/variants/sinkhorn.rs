@@ -79,11 +79,13 @@ pub struct SinkhornConfig {
 }
 
 impl VariantConfig for SinkhornConfig {
-    variant_glue!(SinkhornAttention, &[INFO], dropout);
+    variant_glue!(
+        SinkhornAttention,
+        &[INFO],
+        new(d_model, n_heads, n_max),
+        dropout
+    );
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads, model.n_max)
-    }
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }
@@ -92,16 +94,11 @@ impl VariantConfig for SinkhornConfig {
         check_iterations(INFO.name, "iterations", self.iterations)?;
         for (field, value) in [("block_size", self.block_size), ("n_max", self.n_max)] {
             if value == 0 {
-                return Err(AttentionError::field(
-                    INFO.name,
-                    field,
-                    "must be at least 1",
-                ));
+                return Err(INFO.field_error(field, "must be at least 1"));
             }
         }
         if self.temperature.is_nan() || self.temperature <= 0.0 {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "temperature",
                 format!("must be positive, got {}", self.temperature),
             ));

@@ -47,11 +47,7 @@ pub struct SoftmaxAttentionConfig {
 }
 
 impl VariantConfig for SoftmaxAttentionConfig {
-    variant_glue!(SoftmaxAttention, &[INFO], dropout);
-
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
+    variant_glue!(SoftmaxAttention, &[INFO], new(d_model, n_heads), dropout);
 
     fn build(&self, device: &Device) -> SoftmaxAttention {
         SoftmaxAttention {
@@ -98,10 +94,7 @@ impl AttentionModule for SoftmaxAttention {
 
     /// The weights `[batch, heads, n_q, n_k]`, formed by the composed steps (which keep them;
     /// the output is the same as [`try_forward`](AttentionModule::try_forward)'s).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         check_head_input(&INFO, &q, &k, &masks)?;
@@ -110,18 +103,14 @@ impl AttentionModule for SoftmaxAttention {
     }
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// The causal forward pass over the padded prompts; their keys and values are the cache,
     /// its padding masked in every later step.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         self.proj
             .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
                 self.attend(q, k, v, masks)
@@ -130,11 +119,7 @@ impl AttentionModule for SoftmaxAttention {
 
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
     /// position t.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = exact_softmax_attention(

@@ -231,10 +231,7 @@ impl AttentionModule for SparseAttention {
     }
 
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it).
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
@@ -248,18 +245,14 @@ impl AttentionModule for SparseAttention {
     }
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
 
     /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
     /// every key, the padding marked.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         suffix_lengths(self.name(), &mask_pad)?;
         self.proj
             .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
@@ -269,11 +262,7 @@ impl AttentionModule for SparseAttention {
 
     /// Appends the token's key and value to a cache of every key so far and attends over the
     /// cached keys its pattern keeps: O(|A(t)| d) at position t.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;

@@ -325,7 +325,7 @@ impl SynthesizerAttention {
         x: Tensor<3>,
         values: Tensor<4>,
         padding: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    ) -> DecodeResult {
         let [batch, heads, columns, d_head] = values.dims();
         let device = values.device();
         let flags = padding_flags(&padding, batch, columns);
@@ -413,10 +413,7 @@ impl AttentionModule for SynthesizerAttention {
     }
 
     /// The synthesized weights `[batch, heads, n, n]`, before dropout.
-    fn try_forward_with_weights(
-        &self,
-        input: AttentionInput,
-    ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
+    fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let masks = input.head_masks();
         let (q, v) = self.queries_and_values(input.query().clone());
         let [batch, heads, n, _] = v.dims();
@@ -428,7 +425,7 @@ impl AttentionModule for SynthesizerAttention {
     }
 
     /// The causal forward pass over the prompt; its values are the cache.
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         let (q, v) = self.queries_and_values(x);
         let o = self.attend(q, v.clone(), v.clone(), HeadMasks::new(None, true))?;
         Ok((
@@ -443,11 +440,7 @@ impl AttentionModule for SynthesizerAttention {
 
     /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
     /// every value, the padding marked.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         suffix_lengths(self.name(), &mask_pad)?;
         let (q, v) = self.queries_and_values(x);
         let o = self.attend(
@@ -468,11 +461,7 @@ impl AttentionModule for SynthesizerAttention {
 
     /// Appends the token's value to the cache and weighs the cached values with the token's
     /// synthesized row (the row of its position `t`, the number of values cached before it).
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
         if state.is_padded_cache() {
             let (_, values, padding) = state.append_to_padded_cache(self.name(), v.clone(), v)?;

@@ -85,11 +85,13 @@ pub struct TransformerXlConfig {
 }
 
 impl VariantConfig for TransformerXlConfig {
-    variant_glue!(TransformerXlAttention, &[INFO], dropout);
+    variant_glue!(
+        TransformerXlAttention,
+        &[INFO],
+        new(d_model, n_heads),
+        dropout
+    );
 
-    fn for_variant(_name: &str, model: ModelShape) -> Self {
-        Self::new(model.d_model, model.n_heads)
-    }
     /// The variant's input check, and a memory longer than the sequence refused where the
     /// sequence is cut into several segments: within one sequence a segment's memory never holds
     /// more than the positions before it, while the segments' layout is sized by `mem_len`.
@@ -99,8 +101,7 @@ impl VariantConfig for TransformerXlConfig {
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         let longest = n_q.max(n_k);
         if self.segment_len < longest && self.mem_len > longest {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "mem_len",
                 format!(
                     "is {}, longer than the {longest} positions of the sequence it remembers \
@@ -114,15 +115,14 @@ impl VariantConfig for TransformerXlConfig {
 
     fn check_fields(&self) -> Result<(), AttentionError> {
         if !self.d_model.is_multiple_of(2) {
-            return Err(AttentionError::field(
-                INFO.name,
+            return Err(INFO.field_error(
                 "d_model",
                 format!("must be even (sine and cosine pairs), got {}", self.d_model),
             ));
         }
         check_at_least_one(INFO.name, "segment_len", self.segment_len)?;
         if self.mem_len.checked_add(2 * self.segment_len).is_none() {
-            return Err(AttentionError::field(INFO.name, "mem_len", "is too large"));
+            return Err(INFO.field_error("mem_len", "is too large"));
         }
         Ok(())
     }
@@ -345,11 +345,7 @@ impl AttentionModule for TransformerXlAttention {
             ));
         }
         if self.mem_len == 0 {
-            return Err(AttentionError::field(
-                INFO.name,
-                "mem_len",
-                "is 0: there is no memory to carry",
-            ));
+            return Err(INFO.field_error("mem_len", "is 0: there is no memory to carry"));
         }
         let x = input.query().clone();
         let [batch, _, d_model] = x.dims();
@@ -400,7 +396,7 @@ impl AttentionModule for TransformerXlAttention {
 
     /// The causal forward pass; the cache keeps the keys and values a later token can see (the
     /// memory before its segment and the segment so far, dropped in whole segments).
-    fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill(&self, x: Tensor<3>) -> DecodeResult {
         let (y, cache) = self
             .proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))?;
@@ -409,11 +405,7 @@ impl AttentionModule for TransformerXlAttention {
 
     /// Prompts padded at their end: the causal forward pass; the cache keeps what a later token
     /// of each sequence can see, with the padding marked, each sequence's positions read from it.
-    fn prefill_padded(
-        &self,
-        x: Tensor<3>,
-        mask_pad: Tensor<2, Bool>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         suffix_lengths(INFO.name, &mask_pad)?;
         let (y, cache) = self
             .proj
@@ -427,11 +419,7 @@ impl AttentionModule for TransformerXlAttention {
     /// before its segment and its segment so far, then keeps what a later token can see: a step
     /// costs O((m + s) d) and the cache at most `mem_len + 2 segment_len` positions a sequence,
     /// wherever the position.
-    fn decode(
-        &self,
-        x: Tensor<3>,
-        state: DecodingState,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+    fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let (q, k, v) = self.proj.qkv(x);
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = self.decode_step(q, keys.clone(), values.clone(), &padding);
