@@ -13,12 +13,12 @@ use burn::nn::{
 };
 use burn::prelude::*;
 
-use crate::core::contract::{AttentionModule, DecodingState, SegmentMemory};
-use crate::core::dropout::dropout;
-use crate::core::error::AttentionError;
-use crate::core::flash;
-use crate::core::input::AttentionInput;
-use crate::core::params::num_params_checked;
+use crate::contract::error::AttentionError;
+use crate::contract::input::AttentionInput;
+use crate::contract::{AttentionModule, DecodingState, SegmentMemory};
+use crate::engines::dropout::dropout;
+use crate::engines::params::num_params_checked;
+use crate::kernels;
 use crate::registry::{Attention, AttentionConfig};
 
 /// Configuration of one [`EncoderBlock`].
@@ -164,7 +164,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
     /// Applies the block, or says why its attention cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let x = input.query().clone();
-        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
+        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let attended = self.attention.try_forward(input.with_query(normed))?;
         Ok(self.residual_then_feed_forward(x, attended))
     }
@@ -176,7 +176,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
         let x = input.query().clone();
-        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
+        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, loss) = self
             .attention
             .try_forward_with_loss(input.with_query(normed))?;
@@ -192,7 +192,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         memory: Option<SegmentMemory>,
     ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
         let x = input.query().clone();
-        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
+        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, memory) = self
             .attention
             .forward_with_memory(input.with_query(normed), memory)?;
@@ -207,7 +207,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let (attended, state) = self.attention.decode(
-            flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps),
+            kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps),
             state,
         )?;
         Ok((self.residual_then_feed_forward(x, attended), state))
@@ -236,7 +236,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         mask_pad: Option<Tensor<2, Bool>>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let normed = flash::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
+        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, state) = match mask_pad {
             None => self.attention.prefill(normed)?,
             Some(mask_pad) => self.attention.prefill_padded(normed, mask_pad)?,
@@ -253,7 +253,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
     /// The block's second half: `x + FF(LN(x))`.
     fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         // The exact GELU `activation` stands for, vectorised on `flex`.
-        let h = flash::gelu(self.ff_in.forward(flash::layer_norm(
+        let h = kernels::gelu(self.ff_in.forward(kernels::layer_norm(
             &self.norm_ff,
             x.clone(),
             self.norm_eps,
@@ -631,7 +631,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
         for block in &self.blocks {
             x = block.try_forward(input.clone().with_query(x))?;
         }
-        Ok(flash::layer_norm(&self.norm, x, self.norm_eps))
+        Ok(kernels::layer_norm(&self.norm, x, self.norm_eps))
     }
 
     /// Applies the encoder for training: the output and the sum of the blocks' auxiliary
@@ -652,7 +652,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
                 (a, b) => a.or(b),
             };
         }
-        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), total))
+        Ok((kernels::layer_norm(&self.norm, x, self.norm_eps), total))
     }
 
     /// The input with the encoder's shared sequence projection, where it has one (Linformer's
@@ -684,7 +684,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             next.push(memory);
         }
-        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), next))
+        Ok((kernels::layer_norm(&self.norm, x, self.norm_eps), next))
     }
 
     /// A whole prompt `x: [batch, n, d_model]` through every block at once: the causal forward
@@ -718,7 +718,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             states.push(state);
         }
-        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), states))
+        Ok((kernels::layer_norm(&self.norm, x, self.norm_eps), states))
     }
 
     /// One token through every block, each block's attention decoding from its own state:
@@ -738,7 +738,7 @@ impl<A: Module + AttentionModule> Encoder<A> {
             x = y;
             next.push(state);
         }
-        Ok((flash::layer_norm(&self.norm, x, self.norm_eps), next))
+        Ok((kernels::layer_norm(&self.norm, x, self.norm_eps), next))
     }
 }
 

@@ -11,17 +11,16 @@ use burn::module::Param;
 use burn::prelude::*;
 use serde_json::{Map, Value};
 
-use crate::core::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
-use crate::core::error::AttentionError;
-use crate::core::input::{AttentionInput, HeadMasks};
-use crate::core::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::contract::error::AttentionError;
+use crate::contract::input::{AttentionInput, HeadMasks};
+use crate::contract::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::variants::compressive::{CompressiveAttention, CompressiveConfig};
 use crate::variants::deltanet::{DeltaNetAttention, DeltaNetConfig};
-use crate::variants::efficient::{EfficientAttention, EfficientAttentionConfig};
-use crate::variants::etc::{EtcAttention, EtcConfig};
-use crate::variants::feedforward::{FeedForwardKernelAttention, FeedForwardKernelConfig};
+use crate::variants::efficient_attention::{EfficientAttention, EfficientAttentionConfig};
+use crate::variants::extended_transformer::{EtcAttention, EtcConfig};
 use crate::variants::gla::{GlaAttention, GlaConfig};
 use crate::variants::hedgehog::{HedgehogAttention, HedgehogConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
@@ -40,6 +39,7 @@ use crate::variants::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::variants::softmax::{SoftmaxAttention, SoftmaxAttentionConfig};
 use crate::variants::sparse::{SparseAttention, SparseAttentionConfig};
 use crate::variants::synthesizer::{SynthesizerAttention, SynthesizerConfig};
+use crate::variants::trainable_kernels::{FeedForwardKernelAttention, FeedForwardKernelConfig};
 use crate::variants::transformer_xl::{TransformerXlAttention, TransformerXlConfig};
 
 /// Generates [`AttentionConfig`], [`Attention`] and [`VARIANTS`] from one line per variant

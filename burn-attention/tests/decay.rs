@@ -1,4 +1,4 @@
-//! The decaying-state core (`core::decay`) against the recurrence it computes, in float64 token
+//! The decaying-state core (`engines::decay`) against the recurrence it computes, in float64 token
 //! by token: `S_t = exp(g_t) S_{t−1} + k_t v_tᵀ` (with a gate per key channel, row `a` of the
 //! state decays by `exp(g_{t,a})`), `o_t = S_tᵀ q_t`, each decay applied as the step it is. The
 //! chunked causal form (whatever the chunk) and the token-by-token step must give its outputs
@@ -7,7 +7,7 @@
 mod reference;
 
 use burn::prelude::*;
-use burn_attention_zoo::core::decay::{decayed_bidirectional, decayed_causal, decayed_step};
+use burn_attention_zoo::engines::decay::{decayed_bidirectional, decayed_causal, decayed_step};
 use reference::{max_rel_err, normal_tensor, to_rows};
 
 type Rows = Vec<Vec<f64>>;

@@ -1,4 +1,4 @@
-//! The delta-rule core (`core::delta`) against its recurrence in float64, token by token, as
+//! The delta-rule core (`engines::delta`) against its recurrence in float64, token by token, as
 //! the papers write it (Schlag et al. 2021, arXiv 2102.11174; Yang et al. 2025, arXiv
 //! 2412.06464, eq. 10): `S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`, `o_t = S_tᵀ q_t`,
 //! the matrix `I − β_t k_t k_tᵀ` applied as it is (no pseudo-values, no WY form). The chunked
@@ -9,7 +9,7 @@
 mod reference;
 
 use burn::prelude::*;
-use burn_attention_zoo::core::delta::{delta_bidirectional, delta_causal, delta_step};
+use burn_attention_zoo::engines::delta::{delta_bidirectional, delta_causal, delta_step};
 use reference::{max_rel_err, normal_tensor, to_rows};
 
 type Rows = Vec<Vec<f64>>;

@@ -234,7 +234,7 @@ fn memory_carried_across_calls_equals_one_call() {
 /// that start below zero and run past the row count, at query scales 1 and 4.
 #[test]
 fn position_scores_by_query_equal_position_scores() {
-    use burn_attention_zoo::core::segments::{RelativeScore, relative_score_params};
+    use burn_attention_zoo::engines::segments::{RelativeScore, relative_score_params};
     let device = Device::flex();
     let (d_model, heads) = (32, 4);
     let (r_net, r_w_bias, r_r_bias) = relative_score_params(d_model, heads, &device);

@@ -11,7 +11,7 @@ use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
 };
 use burn::prelude::*;
-use burn_attention_zoo::core::dropout::dropout;
+use burn_attention_zoo::engines::dropout::dropout;
 use burn_attention_zoo::{AttentionConfig, AttentionInput, Encoder, EncoderConfig};
 
 use crate::config::{ModelConfig, PairFeatures, Pooling, Positions, RunConfig};

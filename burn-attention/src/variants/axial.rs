@@ -26,15 +26,17 @@
 //!
 //! Cost per head: O(n (w + n/w) d) time and O(n (w + n/w)) memory, O(n^1.5 d) for a square.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::input::{flags_framed, zeros_after};
-use crate::core::softmax::{exact_softmax_attention, softmax_weights};
+use crate::contract::input::{flags_framed, zeros_after};
+use crate::engines::softmax::{exact_softmax_attention, softmax_weights};
 
-use crate::core::sparse::{cache_positions, flags_tensor, padding_flags, suffix_lengths};
+use crate::engines::gathered_softmax::{
+    cache_positions, flags_tensor, padding_flags, suffix_lengths,
+};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

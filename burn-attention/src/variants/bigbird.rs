@@ -21,18 +21,18 @@
 //! arbitrary attention mask (on the pattern's pairs and the global rows). No causal form, no
 //! cross-attention; sequences up to `n_max`.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Distribution;
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, real_lengths, with_full_rows,
 };
 

@@ -37,19 +37,19 @@
 //! cross-attention, attention mask, weights, per-head form (the compression mixes the heads'
 //! channels) or memory across calls.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 
-use crate::core::contract::CompressiveMemory;
-use crate::core::flash;
-use crate::core::heads::split_heads;
-use crate::core::input::{MASK_FILL, flags_framed, zeros_after};
-use crate::core::segments::{
+use crate::contract::CompressiveMemory;
+use crate::contract::input::{MASK_FILL, flags_framed, zeros_after};
+use crate::engines::heads::split_heads;
+use crate::engines::segments::{
     RelativeScore, SegmentLayout, SegmentPrefix, relative_score_params, segment_attention,
 };
+use crate::kernels;
 
-use crate::core::sparse::{flags_tensor, suffix_lengths};
+use crate::engines::gathered_softmax::{flags_tensor, suffix_lengths};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -280,7 +280,7 @@ fn rows_of(index: &[Option<usize>]) -> Vec<usize> {
 
 /// Rows `index` (`None`: row 0, to be masked) of `x` along `dim`.
 fn pick<const D: usize>(x: Tensor<D>, dim: usize, index: &[Option<usize>]) -> Tensor<D> {
-    flash::select_rows(x, dim, &rows_of(index))
+    kernels::select_rows(x, dim, &rows_of(index))
 }
 
 /// Columns `index` (`None`: column 0, to be masked) of the flags `[batch, m]` (selected as
@@ -454,7 +454,7 @@ impl CompressiveAttention {
                 .clone()
                 .matmul(keys.swap_dims(3, 4))
                 .mask_fill(missing.reshape([batch, 1, nb, 1, keys_per]), MASK_FILL);
-            flash::softmax(scores).matmul(values)
+            kernels::softmax(scores).matmul(values)
         };
         let uncompressed = attend(
             raw(&self.proj.key),
@@ -632,12 +632,12 @@ impl CompressiveAttention {
         let count = distances.iter().max().map_or(1, |&d| d as usize + 1);
         let score = self.score();
         let content = score.content_queries(q.clone()).matmul(k.swap_dims(2, 3));
-        let position = flash::gather_shared(
+        let position = kernels::gather_shared(
             score.position_scores_by_query(q, 0, count),
             &distances,
             p + len,
         );
-        let o = flash::softmax(content + position).matmul(v);
+        let o = kernels::softmax(content + position).matmul(v);
         self.proj.out(o).reshape([1, d_model])
     }
 

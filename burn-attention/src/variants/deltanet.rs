@@ -18,7 +18,7 @@
 //!
 //! Left out of both, as of `mamba2`: the short causal convolutions before the projections and
 //! Gated DeltaNet's widened values (`expand_v = 2`); the encoder block supplies the rest. Computed
-//! by the delta-rule core ([`crate::core::delta`]): chunks of 32 in the WY form, decoding with a
+//! by the delta-rule core ([`crate::engines::delta`]): chunks of 32 in the WY form, decoding with a
 //! `[d_k, d_v]` state per head, O(d²) a token. Padded positions neither decay nor write.
 //!
 //! Non-causal form (the encoder tasks): the forward recurrence plus the one run from the end,
@@ -26,21 +26,23 @@
 //! output once (the two scans of the bidirectional state-space models, Hwang et al. 2024,
 //! arXiv 2407.09941). No cross-attention, attention mask or weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Distribution;
 use burn::tensor::activation::softplus;
 
-use crate::core::contract::DecayedState;
-use crate::core::decay::{decayed_state, real_tokens};
+use crate::contract::DecayedState;
+use crate::engines::decay::{decayed_state, real_tokens};
 
-use crate::core::delta::{DELTA_CHUNK, delta_bidirectional, delta_causal, delta_step, unit_length};
+use crate::engines::delta::{
+    DELTA_CHUNK, delta_bidirectional, delta_causal, delta_step, unit_length,
+};
 
-use crate::core::flash::{sigmoid, silu};
+use crate::kernels::{sigmoid, silu};
 
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::params::lazy_param;
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::params::lazy_param;
 
 const CAPABILITIES: Capabilities = Capabilities {
     causal: true,

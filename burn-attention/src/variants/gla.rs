@@ -12,7 +12,7 @@
 //!
 //! As the authors' code (fla-org/flash-linear-attention) where the paper leaves it open: queries
 //! scaled by `d_k^{-1/2}`, the per-head normalisation an RMSNorm with a learned scale (the paper
-//! writes LayerNorm). Computed by the decaying-state core ([`crate::core::decay`]) with its gates
+//! writes LayerNorm). Computed by the decaying-state core ([`crate::engines::decay`]) with its gates
 //! per key channel: causal in chunks of [`GATE_CHUNK`], the log-gates
 //! `ln α = logsigmoid(·) / τ` summed over each span; decoding with a `[d_k, d_v]` state per head,
 //! O(d_k d_v) a token. Padded positions neither decay nor write the state.
@@ -22,21 +22,21 @@
 //! two scans, Hwang et al. 2024, arXiv 2407.09941): position `i` reads `j > i` through the gates
 //! of `i..j−1`. No cross-attention, attention mask or weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::log_sigmoid;
 
-use crate::core::contract::DecayedState;
-use crate::core::decay::{
+use crate::contract::DecayedState;
+use crate::engines::decay::{
     GATE_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
 
-use crate::core::flash::silu;
+use crate::kernels::silu;
 
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::params::lazy_param;
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::params::lazy_param;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

@@ -18,18 +18,18 @@
 //! the gradient stopped (they teach the map, not the projections), which costs the `n × n`
 //! weights of softmax attention while training; evaluation and decoding never form them.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 
-use crate::core::flash;
-use crate::core::input::{causal_mask, zero_padded};
-use crate::core::kernelized::{
+use crate::contract::input::{causal_mask, zero_padded};
+use crate::engines::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+use crate::kernels;
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
-use crate::core::softmax::softmax_weights;
+use crate::engines::softmax::softmax_weights;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -113,7 +113,10 @@ projection_shape!(HedgehogAttention);
 pub fn hedgehog_features(x: Tensor<4>, w: Tensor<3>) -> Tensor<4> {
     let [heads, d, _] = w.dims();
     let z = x.matmul(w.reshape([1, heads, d, d]));
-    Tensor::cat(vec![flash::softmax(z.clone()), flash::softmax(z.neg())], 3)
+    Tensor::cat(
+        vec![kernels::softmax(z.clone()), kernels::softmax(z.neg())],
+        3,
+    )
 }
 
 impl HedgehogAttention {

@@ -4,20 +4,20 @@
 //! `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z`, `S = Σ_j φ(K_j) V_jᵀ`, `z = Σ_j φ(K_j)`, through
 //! [`kernelized_attention`]: padded keys left out, causal sums over `j ≤ i` in chunks. The paper
 //! adds `ε = 1e-6` to the normaliser; `φ > 0`, so none is needed, and this crate adds none (see
-//! [`crate::core::kernelized`]).
+//! [`crate::engines::kernelized`]).
 //! `φ(x) = elu(x) + 1` is evaluated as `x + 1` for `x > 0` and `exp(x)` otherwise, the same
 //! function without the cancellation of `(exp(x) − 1) + 1`, which loses every digit below
 //! x ≈ −17 in f32.
 //! Cost: O(n d²) time, O(n d + d²) memory per head (causal: O(n d) more for the chunks).
 //! Masks: padding and causal; cross-attention; decoding with the recurrent state (O(d²) a token).
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 
-use crate::core::flash;
-use crate::core::input::zero_padded;
-use crate::core::kernelized::{
+use crate::contract::input::zero_padded;
+use crate::engines::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+use crate::kernels;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -103,7 +103,7 @@ impl AttentionModule for LinearAttention {
 /// however negative `x` is (never `(exp(x) − 1) + 1`). On `flex` one vectorised pass whose
 /// backward keeps only the output; elsewhere `max(x, 0) + exp(min(x, 0))`.
 pub fn elu_feature_map<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    flash::elu_plus_one(x)
+    kernels::elu_plus_one(x)
 }
 
 /// Linear attention on per-head tensors, the functional form of [`LinearAttention`].

@@ -21,17 +21,17 @@
 //! projected keys and values. The attention dropout does not apply to it (it has no weight
 //! matrix).
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::core::flash;
-use crate::core::input::zero_padded;
-use crate::core::params::lazy_param;
+use crate::contract::input::zero_padded;
+use crate::engines::params::lazy_param;
+use crate::kernels;
 
-use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
+use crate::engines::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 
 const CAPABILITIES: Capabilities = Capabilities {
     padding_mask: true,
@@ -401,8 +401,8 @@ pub fn linformer_linear_attention(
     mask_pad: Option<Tensor<2, Bool>>,
 ) -> Tensor<4> {
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
-    let h = flash::softmax(q.mul_scalar(scale)); // [b, h, n, d]
-    let l = flash::softmax(
+    let h = kernels::softmax(q.mul_scalar(scale)); // [b, h, n, d]
+    let l = kernels::softmax(
         project_sequence(e, zero_padded(k, &mask_pad))
             .swap_dims(2, 3)
             .mul_scalar(scale),

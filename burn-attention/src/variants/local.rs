@@ -19,17 +19,17 @@
 //! a cache of the neighbourhood only. No cross-attention (the pattern relates query
 //! and key positions).
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::softmax::exact_softmax_attention;
+use crate::engines::softmax::exact_softmax_attention;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     gathered_attention, padding_flags, pattern_weights, suffix_lengths, trimmed_cache,
 };
 

@@ -20,17 +20,17 @@
 //! weights on request (a window row's over its window and the global keys, a global row's over
 //! every key, from the global projections). No causal form (LRA's Longformer has none either), no cross-attention.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::heads::split_heads;
-use crate::core::key_slots::KeySlots;
+use crate::engines::heads::split_heads;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::softmax::softmax_weights;
+use crate::engines::softmax::softmax_weights;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     gathered_attention, padding_flags, pattern_weights, pick_rows, with_full_rows,
 };
 

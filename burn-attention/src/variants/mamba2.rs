@@ -13,7 +13,7 @@
 //! value per head. Initialisation as the paper's code: `A` uniform in [1, 16], `Δ` log-uniform in
 //! [0.001, 0.1] through the bias, `D` 1. Left out: the block's expansion of the width (2× in the
 //! paper) and its short causal convolution before the mixer; a `[model]` of an encoder supplies
-//! the rest of the block. Computed by the decaying-state core ([`crate::core::decay`]): causal
+//! the rest of the block. Computed by the decaying-state core ([`crate::engines::decay`]): causal
 //! in chunks of 64 with decays in log space, decoding with a `[d, d]` state per head, O(d²) a
 //! token. Padded positions neither decay nor write the state.
 //!
@@ -23,22 +23,22 @@
 //! counted once): position `i` reads `j > i` decayed by `exp(Σ_{l=i..j−1} Δ_l A_h)`. No
 //! cross-attention, attention mask or weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Distribution;
 use burn::tensor::activation::softplus;
 
-use crate::core::contract::DecayedState;
-use crate::core::decay::{
+use crate::contract::DecayedState;
+use crate::engines::decay::{
     DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
 
-use crate::core::flash::silu;
+use crate::kernels::silu;
 
-use crate::core::heads::merge_heads;
-use crate::core::params::lazy_param;
+use crate::engines::heads::merge_heads;
+use crate::engines::params::lazy_param;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

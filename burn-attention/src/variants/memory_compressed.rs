@@ -25,18 +25,18 @@
 //! under way uncompressed. No arbitrary attention mask (compressed keys mix positions), no
 //! weights, and no per-head form: the compression mixes the heads' channels.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 
-use crate::core::contract::CachedKeys;
-use crate::core::dropout::dropout;
+use crate::contract::CachedKeys;
+use crate::engines::dropout::dropout;
 
-use crate::core::flash;
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::{MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after};
-use crate::core::softmax::exact_softmax_attention;
+use crate::contract::input::{MASK_FILL, causal_mask, flags_framed, zero_padded, zeros_after};
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::softmax::exact_softmax_attention;
+use crate::kernels;
 
-use crate::core::sparse::{flags_tensor, padding_flags, suffix_lengths};
+use crate::engines::gathered_softmax::{flags_tensor, padding_flags, suffix_lengths};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -235,7 +235,7 @@ impl MemoryCompressedAttention {
         }
         let weights = dropout(
             &self.dropout,
-            flash::softmax(Tensor::cat(vec![over_blocks, within], 3)),
+            kernels::softmax(Tensor::cat(vec![over_blocks, within], 3)),
         );
         let from_blocks = weights.clone().slice(s![.., .., .., 0..m]).matmul(vc);
         let from_own = weights

@@ -1,14 +1,13 @@
 //! The variants, side by side: each file holds one method's module, configuration, functional
-//! form and facts (its registry entries). They build on [`crate::core`] and never import one
+//! form and facts (its registry entries). They build on [`crate::contract`] and [`crate::engines`] and never import one
 //! another.
 
 pub mod axial;
 pub mod bigbird;
 pub mod compressive;
 pub mod deltanet;
-pub mod efficient;
-pub mod etc;
-pub mod feedforward;
+pub mod efficient_attention;
+pub mod extended_transformer;
 pub mod gla;
 pub mod hedgehog;
 pub mod linear;
@@ -19,6 +18,7 @@ pub mod mamba2;
 pub mod memory_compressed;
 pub mod nystrom;
 pub mod performer;
+pub(crate) mod prelude;
 pub mod reformer;
 pub mod retnet;
 pub mod routing;
@@ -27,4 +27,5 @@ pub mod sinkhorn;
 pub mod softmax;
 pub mod sparse;
 pub mod synthesizer;
+pub mod trainable_kernels;
 pub mod transformer_xl;

@@ -36,15 +36,15 @@
 //! an error. Cross-attention: query landmarks average the real queries, key landmarks the real
 //! keys; the convolution skip, which adds values at the queries' positions, is refused there.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::tensor::activation::softmax;
 
-use crate::core::input::zero_padded;
-use crate::core::softmax::exact_softmax_attention;
+use crate::contract::input::zero_padded;
+use crate::engines::softmax::exact_softmax_attention;
 
-use crate::core::variant::check_iterations;
+use crate::contract::variant::check_iterations;
 
 const NAME: &str = "nystrom";
 

@@ -22,7 +22,7 @@
 //!
 //! A factor common to a whole query row, or to every key of a sequence and head, multiplies the
 //! numerator and the denominator alike and cancels exactly, because no ε is added to the
-//! normaliser ([`crate::core::kernelized`] explains why). So the outputs are the paper's estimator to
+//! normaliser ([`crate::engines::kernelized`] explains why). So the outputs are the paper's estimator to
 //! f32 round-off (checked against a float64 implementation of the paper's formula at query and
 //! key norms up to 3√d, causal and not, with padding). Without causal masking each row's
 //! denominator is at least 1, the product of the row's largest feature and that feature's
@@ -46,21 +46,21 @@
 //! ([`AttentionModule::redraw`]) that a training loop makes every N steps, never a side effect
 //! of `forward`.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::contract::RecurrentState;
-use crate::core::features::orthogonal_features;
+use crate::contract::RecurrentState;
+use crate::engines::features::orthogonal_features;
 
-use crate::core::flash;
-use crate::core::input::zero_padded;
-use crate::core::kernelized::{
+use crate::contract::input::zero_padded;
+use crate::engines::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
+use crate::kernels;
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
 const CAPABILITIES: Capabilities = Capabilities {
     causal: true,
@@ -334,7 +334,7 @@ pub fn favor_features(
         log_k = log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
     }
     let k_stab = log_k.clone().max_dim(2).detach(); // [b, h, 1, m]
-    let phi_k = flash::exp(log_k - k_stab.clone());
+    let phi_k = kernels::exp(log_k - k_stab.clone());
 
     // Queries: the per-feature key maxima move onto the queries (φ(q)·φ(k) is unchanged), less
     // their largest (a constant), then everything constant along a row (‖q̂‖²/2, ln √m, the
@@ -375,7 +375,7 @@ fn query_features(q: Tensor<4>, wt: Tensor<4>, key_max: Tensor<4>) -> Tensor<4> 
     let k_shift = key_max.clone() - key_max.max_dim(3);
     let log_q = q.matmul(wt) + k_shift; // [b, h, n_q, m]
     let q_stab = log_q.clone().max_dim(3).detach();
-    flash::exp(log_q - q_stab)
+    kernels::exp(log_q - q_stab)
 }
 
 /// One decoding step of causal FAVOR+: the running per-feature key maximum replaces the maximum

@@ -30,17 +30,17 @@
 //! hold; a query's own key still counts only when nothing else is left). No causal form (which keys share a query's chunk
 //! depends on where later positions hash; LRA's Reformer has none either), no cross-attention.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::Distribution;
 
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::key_slots::KeySlots;
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     GatheredOutput, gathered_attention, merge_by_log_sum_exp, padding_flags,
 };
 

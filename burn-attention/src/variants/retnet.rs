@@ -12,7 +12,7 @@
 //! (a real position's decay counts the real positions between, and its rotation its index
 //! among them).
 //!
-//! Computed as linear attention with a decaying state ([`crate::core::decay`]): the causal form
+//! Computed as linear attention with a decaying state ([`crate::engines::decay`]): the causal form
 //! in chunks of 64 positions, decoding with the `[d, d + 1]` state per head (the last column
 //! carries `Σ_j D_ij k_j`, which gives `Σ_j R_ij`), O(d²) a token whatever the position.
 //!
@@ -24,19 +24,19 @@
 //! paper widens them to `2 d_model` and narrows the feed-forward layer to keep the parameter
 //! count). No cross-attention (retention is defined on one sequence), attention mask or weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Linear, LinearConfig};
 
-use crate::core::contract::DecayedState;
-use crate::core::decay::{
+use crate::contract::DecayedState;
+use crate::engines::decay::{
     DECAY_CHUNK, decayed_bidirectional, decayed_causal, decayed_state, decayed_step, real_tokens,
     without_padding,
 };
 
-use crate::core::flash::silu;
+use crate::kernels::silu;
 
-use crate::core::heads::merge_heads;
-use crate::core::rotary::{real_positions, rotate};
+use crate::engines::heads::merge_heads;
+use crate::engines::rotary::{real_positions, rotate};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

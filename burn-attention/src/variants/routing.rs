@@ -27,18 +27,18 @@
 //! (a position mask inside each cluster) still lets later positions decide what an earlier one
 //! sees (Reformer's case too); no cross-attention, attention mask or weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::RunningState;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Distribution, IndexingUpdateOp};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::flash;
-use crate::core::input::MASK_FILL;
-use crate::core::key_slots::KeySlots;
+use crate::contract::input::MASK_FILL;
+use crate::kernels;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::sparse::{gathered_attention, padding_flags};
+use crate::engines::gathered_softmax::{gathered_attention, padding_flags};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -280,7 +280,7 @@ impl RoutingAttention {
             .matmul(k_sel.swap_dims(3, 4))
             .mul_scalar(1.0 / (d as f32).sqrt())
             .mask_fill(hidden, MASK_FILL);
-        let weights = dropout(&self.dropout, flash::softmax(scores));
+        let weights = dropout(&self.dropout, kernels::softmax(scores));
         let keep = valid.float().reshape([batch, 1, 1, w, 1]);
         let out = (weights.matmul(v_sel) * keep.clone()).reshape([batch, heads, clusters * w, d]);
         let index = q_index.unsqueeze_dim::<4>(3);

@@ -16,15 +16,15 @@
 //! passes through LayerNorms and a feed-forward layer over all heads), no attention mask, no
 //! weights.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::Distribution;
 use burn::tensor::activation::relu;
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
-use crate::core::softmax::exact_softmax_attention;
+use crate::engines::softmax::exact_softmax_attention;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

@@ -27,16 +27,16 @@
 //! blocks, which a mask over query-key pairs cannot address (it refuses one). No causal form,
 //! no cross-attention; sequences up to `n_max`.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::softmax;
 
-use crate::core::input::MASK_FILL;
-use crate::core::key_slots::KeySlots;
+use crate::contract::input::MASK_FILL;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::sparse::{gathered_attention, padding_flags, real_lengths};
+use crate::engines::gathered_softmax::{gathered_attention, padding_flags, real_lengths};
 
-use crate::core::variant::check_iterations;
+use crate::contract::variant::check_iterations;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

@@ -6,10 +6,10 @@
 //! arbitrary `[batch, n_q, n_k]` attention mask (on the composed steps, which keep the `n × n`
 //! weights); cross-attention; its weights on request; decoding with a key/value cache.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 
-use crate::core::softmax::{exact_softmax_attention, softmax_attention_with_weights};
+use crate::engines::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {

@@ -24,17 +24,17 @@
 //! The strided pattern is computed as two attentions merged by their log-sum-exp: the band over
 //! blocks of consecutive queries, and the stride over queries grouped by their residue mod `l`.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 
-use crate::core::softmax::exact_softmax_attention;
+use crate::engines::softmax::exact_softmax_attention;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     cache_positions, flags_tensor, gathered_attention, merge_by_log_sum_exp, padding_flags,
     pattern_weights, suffix_lengths,
 };

@@ -27,22 +27,22 @@
 //! queries too, and the dense form reads its queries as the hidden layer `W₁ x` split into heads,
 //! before the ReLU.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::Distribution;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::flash;
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::params::lazy_param;
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::params::lazy_param;
+use crate::kernels;
 
-use crate::core::softmax::{exact_softmax_attention, masked_softmax};
+use crate::engines::softmax::{exact_softmax_attention, masked_softmax};
 
-use crate::core::sparse::{padding_flags, suffix_lengths};
+use crate::engines::gathered_softmax::{padding_flags, suffix_lengths};
 
 const CAPABILITIES: Capabilities = Capabilities {
     attention_mask: true,
@@ -346,7 +346,7 @@ impl SynthesizerAttention {
             let scores = self
                 .scores(hidden, seen - 1..seen, seen)
                 .expand([1, heads, 1, seen]);
-            outputs.push(flash::softmax(scores).matmul(own));
+            outputs.push(kernels::softmax(scores).matmul(own));
         }
         let o: Tensor<4> = Tensor::cat(outputs, 0);
         debug_assert_eq!(o.dims(), [batch, heads, 1, d_head]);
@@ -480,7 +480,7 @@ impl AttentionModule for SynthesizerAttention {
         let scores = self
             .scores(hidden, t..t + 1, seen)
             .expand([batch, self.n_heads, 1, seen]);
-        let weights = flash::softmax(scores);
+        let weights = kernels::softmax(scores);
         let o = weights.matmul(values.clone());
         let out = self.output.forward(merge_heads(o));
         Ok((

@@ -31,19 +31,19 @@
 //! projections learn from the own segment only there; the forward pass stops it at the layer's
 //! input, as the paper.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 
-use crate::core::contract::SegmentMemory;
-use crate::core::flash;
-use crate::core::heads::split_heads;
-use crate::core::input::MASK_FILL;
-use crate::core::segments::{
+use crate::contract::SegmentMemory;
+use crate::contract::input::MASK_FILL;
+use crate::engines::heads::split_heads;
+use crate::engines::segments::{
     RelativeScore, SegmentLayout, relative_score_params, segment_attention,
 };
+use crate::kernels;
 
-use crate::core::sparse::{
+use crate::engines::gathered_softmax::{
     cache_positions, flags_tensor, padding_flags, suffix_lengths, trimmed_cache,
 };
 
@@ -309,7 +309,7 @@ impl TransformerXlAttention {
         );
         let scores =
             (content + position).mask_fill(hidden.reshape([batch, 1, 1, columns]), MASK_FILL);
-        flash::softmax(scores).matmul(values)
+        kernels::softmax(scores).matmul(values)
     }
 }
 

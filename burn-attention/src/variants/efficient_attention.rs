@@ -8,10 +8,10 @@
 //! Masks: padding (padded keys get a large negative score before `ρ_k`); cross-attention.
 //! Causal: not defined (`ρ_k` normalises over the whole sequence), so asking for it is an error.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 
-use crate::core::flash;
-use crate::core::input::MASK_FILL;
+use crate::contract::input::MASK_FILL;
+use crate::kernels;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -108,7 +108,7 @@ pub fn efficient_attention(
     };
     // ρ_q over each query's features; ρ_k over the positions, as rows of the transposed keys
     // (the layout the product `ρ_k(K)ᵀ V` takes).
-    let q = flash::softmax(q);
-    let k_t = flash::softmax(k.swap_dims(2, 3));
+    let q = kernels::softmax(q);
+    let k_t = kernels::softmax(k.swap_dims(2, 3));
     q.matmul(k_t.matmul(v))
 }

@@ -1,19 +1,19 @@
 //! What every variant file imports: the contract it implements, the facts and configuration glue
 //! it states, the projections most variants are built on, and the checks and errors of its
-//! inputs and configuration. `use crate::core::prelude::*;` in a variant file; the rest of the
+//! inputs and configuration. `use crate::variants::prelude::*;` in a variant file; the rest of the
 //! ground floor (the engines) is imported by name where it is used.
 
 pub(crate) use burn::prelude::*;
 
-pub(crate) use super::contract::{AttentionModule, Capabilities, DecodingState};
-pub(crate) use super::error::{AttentionError, check_at_least_one};
-pub(crate) use super::heads::{QkvoProjection, projection_shape};
-pub(crate) use super::input::{AttentionInput, HeadMasks};
-pub(crate) use super::variant::{
+pub(crate) use crate::contract::error::{AttentionError, check_at_least_one};
+pub(crate) use crate::contract::input::{AttentionInput, HeadMasks};
+pub(crate) use crate::contract::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities,
     check_head_input, check_within_max_len, forward_through_projections, inherent_config_methods,
     prefill_through, recurrent_module, variant_facts, variant_glue,
 };
+pub(crate) use crate::contract::{AttentionModule, Capabilities, DecodingState};
+pub(crate) use crate::engines::heads::{QkvoProjection, projection_shape};
 
 /// What [`AttentionModule::attend`] returns: the per-head outputs `[batch, heads, n_q, d_head]`,
 /// or why the variant cannot take its input. Its signature then fits on one line in each

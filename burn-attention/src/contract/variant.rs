@@ -2,9 +2,9 @@
 
 use burn::prelude::*;
 
-use super::contract::{AttentionModule, Capabilities};
-use super::error::AttentionError;
-use super::input::{AttentionInput, HeadMasks};
+use crate::contract::error::AttentionError;
+use crate::contract::input::{AttentionInput, HeadMasks};
+use crate::contract::{AttentionModule, Capabilities};
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
 #[derive(Debug, Clone, Copy)]
@@ -76,10 +76,10 @@ pub trait VariantConfig: Config + Clone {
     fn n_heads(&self) -> usize;
 
     /// Checks the configuration, the error naming the offending field: the shape and dropout
-    /// every variant has ([`check_heads`](crate::check_heads)), then the variant's own fields
+    /// every variant has ([`check_heads`](crate::contract::error::check_heads)), then the variant's own fields
     /// ([`check_fields`](Self::check_fields)).
     fn check(&self) -> Result<(), AttentionError> {
-        super::error::check_heads(
+        crate::contract::error::check_heads(
             self.info().name,
             self.d_model(),
             self.n_heads(),
@@ -302,8 +302,8 @@ macro_rules! inherent_config_methods {
     ($config:ty) => {
         impl $config {
             /// Checks the configuration; the error names the offending field.
-            pub fn validate(&self) -> Result<(), $crate::core::error::AttentionError> {
-                <Self as $crate::core::variant::VariantConfig>::check(self)
+            pub fn validate(&self) -> Result<(), $crate::contract::error::AttentionError> {
+                <Self as $crate::contract::variant::VariantConfig>::check(self)
             }
 
             /// Creates the module.
@@ -313,8 +313,8 @@ macro_rules! inherent_config_methods {
             pub fn init(
                 &self,
                 device: &Device,
-            ) -> <Self as $crate::core::variant::VariantConfig>::Module {
-                <Self as $crate::core::variant::VariantConfig>::init(self, device)
+            ) -> <Self as $crate::contract::variant::VariantConfig>::Module {
+                <Self as $crate::contract::variant::VariantConfig>::init(self, device)
             }
         }
     };
@@ -331,7 +331,7 @@ macro_rules! variant_facts {
             self.$field.info().name
         }
 
-        fn capabilities(&self) -> $crate::core::contract::Capabilities {
+        fn capabilities(&self) -> $crate::contract::Capabilities {
             self.$field.info().capabilities
         }
     };
@@ -340,7 +340,7 @@ macro_rules! variant_facts {
             $info.name
         }
 
-        fn capabilities(&self) -> $crate::core::contract::Capabilities {
+        fn capabilities(&self) -> $crate::contract::Capabilities {
             $info.capabilities
         }
     };
@@ -348,16 +348,16 @@ macro_rules! variant_facts {
 pub(crate) use variant_facts;
 
 /// The [`AttentionModule::try_forward`] of a variant built on a
-/// [`QkvoProjection`](crate::core::heads::QkvoProjection) in its `proj` field: the projections
+/// [`QkvoProjection`](crate::engines::heads::QkvoProjection) in its `proj` field: the projections
 /// around the variant's own [`attend`](AttentionModule::attend) on per-head tensors.
 macro_rules! forward_through_projections {
     () => {
         fn try_forward(
             &self,
-            input: $crate::core::input::AttentionInput,
-        ) -> Result<Tensor<3>, $crate::core::error::AttentionError> {
+            input: $crate::contract::input::AttentionInput,
+        ) -> Result<Tensor<3>, $crate::contract::error::AttentionError> {
             self.proj.apply(input, |q, k, v, masks| {
-                $crate::core::contract::AttentionModule::attend(self, q, k, v, masks)
+                $crate::contract::AttentionModule::attend(self, q, k, v, masks)
             })
         }
     };
@@ -375,8 +375,8 @@ macro_rules! prefill_through {
             &self,
             x: Tensor<3>,
         ) -> Result<
-            (Tensor<3>, $crate::core::contract::DecodingState),
-            $crate::core::error::AttentionError,
+            (Tensor<3>, $crate::contract::DecodingState),
+            $crate::contract::error::AttentionError,
         > {
             self.$method(x, None)
         }
@@ -386,8 +386,8 @@ macro_rules! prefill_through {
             x: Tensor<3>,
             mask_pad: Tensor<2, Bool>,
         ) -> Result<
-            (Tensor<3>, $crate::core::contract::DecodingState),
-            $crate::core::error::AttentionError,
+            (Tensor<3>, $crate::contract::DecodingState),
+            $crate::contract::error::AttentionError,
         > {
             self.$method(x, Some(mask_pad))
         }
@@ -425,7 +425,7 @@ pub fn check_self_attention(
     Ok(masks)
 }
 
-/// The [`AttentionModule`](crate::core::contract::AttentionModule) of a variant defined on one
+/// The [`AttentionModule`](crate::contract::AttentionModule) of a variant defined on one
 /// sequence that decodes from a state it carries (the decaying, gated and delta-rule
 /// attentions), from three inherent methods of the module:
 /// `fn info(&self) -> &'static VariantInfo`;
@@ -437,20 +437,20 @@ pub fn check_self_attention(
 /// by [`check_self_attention`].
 macro_rules! recurrent_module {
     ($module:ty) => {
-        impl $crate::core::contract::AttentionModule for $module {
+        impl $crate::contract::AttentionModule for $module {
             fn name(&self) -> &'static str {
                 self.info().name
             }
 
-            fn capabilities(&self) -> $crate::core::contract::Capabilities {
+            fn capabilities(&self) -> $crate::contract::Capabilities {
                 self.info().capabilities
             }
 
             fn try_forward(
                 &self,
-                input: $crate::core::input::AttentionInput,
-            ) -> Result<Tensor<3>, $crate::core::error::AttentionError> {
-                let masks = $crate::core::variant::check_self_attention(self.info(), &input)?;
+                input: $crate::contract::input::AttentionInput,
+            ) -> Result<Tensor<3>, $crate::contract::error::AttentionError> {
+                let masks = $crate::contract::variant::check_self_attention(self.info(), &input)?;
                 let x = input.query().clone();
                 Ok(self.mix(x, masks.key_pad, masks.causal).0)
             }
@@ -460,8 +460,8 @@ macro_rules! recurrent_module {
                 &self,
                 x: Tensor<3>,
             ) -> Result<
-                (Tensor<3>, $crate::core::contract::DecodingState),
-                $crate::core::error::AttentionError,
+                (Tensor<3>, $crate::contract::DecodingState),
+                $crate::contract::error::AttentionError,
             > {
                 let (y, state) = self.mix(x, None, true);
                 Ok((y, state.expect("the causal form returns its state")))
@@ -474,8 +474,8 @@ macro_rules! recurrent_module {
                 x: Tensor<3>,
                 mask_pad: Tensor<2, Bool>,
             ) -> Result<
-                (Tensor<3>, $crate::core::contract::DecodingState),
-                $crate::core::error::AttentionError,
+                (Tensor<3>, $crate::contract::DecodingState),
+                $crate::contract::error::AttentionError,
             > {
                 let (y, state) = self.mix(x, Some(mask_pad), true);
                 Ok((y, state.expect("the causal form returns its state")))
@@ -484,10 +484,10 @@ macro_rules! recurrent_module {
             fn decode(
                 &self,
                 x: Tensor<3>,
-                state: $crate::core::contract::DecodingState,
+                state: $crate::contract::DecodingState,
             ) -> Result<
-                (Tensor<3>, $crate::core::contract::DecodingState),
-                $crate::core::error::AttentionError,
+                (Tensor<3>, $crate::contract::DecodingState),
+                $crate::contract::error::AttentionError,
             > {
                 self.step(x, state)
             }

@@ -11,7 +11,7 @@ use burn::backend::tensor::FloatTensor;
 
 use super::DropMask;
 use super::{FlashAttention, KeyPadding};
-use crate::core::input::MASK_FILL;
+use crate::contract::input::MASK_FILL;
 
 /// The key-padding flags as an additive mask `[batch, 1, 1, n_k]`: `MASK_FILL` on padding.
 /// A row with at least one real key gets the same weights as replacing its padded scores;

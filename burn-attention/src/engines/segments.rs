@@ -15,11 +15,11 @@ use burn::nn::{Dropout, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
-use super::dropout::dropout;
-use super::flash;
-use super::heads::split_heads;
-use super::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
-use super::params::lazy_param;
+use crate::contract::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
+use crate::engines::dropout::dropout;
+use crate::engines::heads::split_heads;
+use crate::engines::params::lazy_param;
+use crate::kernels;
 
 /// Transformer-XL's relative score's parameters.
 #[derive(Debug, Clone, Copy)]
@@ -237,7 +237,7 @@ pub fn segment_attention(
             hidden.push(too_old || (causal && delta < 0));
         }
     }
-    let position = flash::gather_shared(
+    let position = kernels::gather_shared(
         score
             .position_scores(q, first, count)
             .reshape([batch, heads, nb, s, count]),
@@ -265,7 +265,7 @@ pub fn segment_attention(
         .expand([batch, 1, nb, s, width])
         .bool_or(hidden.expand([batch, 1, nb, s, width]));
     let scores = (content + position).mask_fill(masked, MASK_FILL);
-    let weights = dropout(weight_dropout, flash::softmax(scores));
+    let weights = dropout(weight_dropout, kernels::softmax(scores));
     weights
         .matmul(values)
         .reshape([batch, heads, np, d])

@@ -1,4 +1,4 @@
-//! The counter-based dropout mask (see [`crate::core::dropout`]): whether an element is kept is
+//! The counter-based dropout mask (see [`crate::engines::dropout`]): whether an element is kept is
 //! a pure function of a per-call seed and its (row, column), so the fused kernels regenerate in
 //! their backward pass the mask their forward pass applied, and the composed steps given the
 //! same seed drop the same elements.

@@ -36,9 +36,9 @@
 
 use burn::prelude::*;
 
-use super::contract::{DecodingState, RecurrentState};
-use super::error::AttentionError;
-use super::input::{causal_mask, zero_padded};
+use crate::contract::error::AttentionError;
+use crate::contract::input::{causal_mask, zero_padded};
+use crate::contract::{DecodingState, RecurrentState};
 
 /// Chunk length of the causal form (see the module docs): large enough that the intra-chunk
 /// products are efficient matrix products, small enough that the `c × c` weights per chunk stay

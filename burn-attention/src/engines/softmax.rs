@@ -8,9 +8,9 @@ use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
-use super::dropout::WeightDropout;
-use super::flash;
-use super::input::{HeadMasks, MASK_FILL, causal_mask};
+use crate::contract::input::{HeadMasks, MASK_FILL, causal_mask};
+use crate::engines::dropout::WeightDropout;
+use crate::kernels;
 
 /// Softmax attention with optional dropout on the weights. The softmax runs over the keys (the
 /// last axis of the scores); padded keys and, with `causal`, keys `j > i` get [`MASK_FILL`].
@@ -18,7 +18,7 @@ use super::input::{HeadMasks, MASK_FILL, causal_mask};
 /// On `flex` (f32), and `tch` on a CPU (f32, no active weight dropout), it runs the fused
 /// operation of the `flash` module, whose backward recomputes the weights tile by tile; on
 /// `flex` the fused kernel applies the weight dropout itself, from a counter-based mask it
-/// regenerates in the backward pass ([`dropout`](super::dropout)), so training with dropout
+/// regenerates in the backward pass ([`dropout`](crate::engines::dropout)), so training with dropout
 /// keeps `O(n)` memory per head. Elsewhere, without autodiff and without a padding mask, Burn's
 /// fused attention operation; otherwise the composed steps, whose backward Burn derives and
 /// which store the `n × n` weights (on `tch` with active weight dropout, for one).
@@ -39,7 +39,7 @@ pub fn exact_softmax_attention(
     let dropout = WeightDropout::new(&q, dropout);
     if !matches!(dropout, WeightDropout::Layer(_))
         && let Some(out) =
-            flash::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale, dropout.mask())
+            kernels::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale, dropout.mask())
     {
         return out;
     }
@@ -139,8 +139,9 @@ mod tests {
     use burn::prelude::*;
     use burn::tensor::Distribution;
 
-    use super::{WeightDropout, composed_softmax_attention, flash};
-    use crate::core::flash::DropMask;
+    use super::{WeightDropout, composed_softmax_attention};
+    use crate::kernels;
+    use crate::kernels::DropMask;
 
     fn max_rel_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
         let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
@@ -176,7 +177,7 @@ mod tests {
                 let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
                 let scale = 0.25;
                 let out = if fused {
-                    flash::try_attention(&q, &k, &v, pad.as_ref(), causal, scale, Some(mask))
+                    kernels::try_attention(&q, &k, &v, pad.as_ref(), causal, scale, Some(mask))
                         .expect("flex has the fused kernel")
                 } else {
                     composed_softmax_attention(
@@ -221,7 +222,7 @@ mod tests {
         // One-hot values: output column j is the (dropped) weight of key j.
         let v = Tensor::<2>::eye(n, &device).reshape([1, 1, n, n]);
         let attend = |mask: Option<DropMask>| {
-            flash::try_attention(&q, &k, &v, None, false, 0.35, mask)
+            kernels::try_attention(&q, &k, &v, None, false, 0.35, mask)
                 .expect("flex has the fused kernel")
         };
         let plain: Vec<f32> = attend(None).into_data().iter::<f32>().collect();

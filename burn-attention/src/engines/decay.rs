@@ -16,7 +16,7 @@
 //! and the state before chunk `c` is `Σ_{c' < c} exp(C_{c−1} − C_{c'}) U_{c'}`, with `C` the
 //! cumulative log-decay at the chunks' ends: one product with a `chunks × chunks` matrix of
 //! decays, no sequential loop (with gates per key channel that matrix would hold `(n / c)² d_k`
-//! decays, and the chunks' maps are composed by a parallel scan instead, `core/scan.rs`).
+//! decays, and the chunks' maps are composed by a parallel scan instead, `engines/scan.rs`).
 //! Every decay is taken as `exp` of a sum of log-decays that is at most 0, each sum accumulated
 //! from the terms of its own span: never as a product of factors (hundreds of factors below one
 //! underflow in `f32`), nor as `exp(G_i) / exp(G_j)`
@@ -31,7 +31,7 @@
 //! whatever the position.
 //!
 //! **On `flex`** (`f32`) the causal and non-causal forms run the recurrence itself, token by
-//! token, in a fused kernel with its own backward (`core/flash/recurrence.rs`): with the head
+//! token, in a fused kernel with its own backward (`kernels/recurrence.rs`): with the head
 //! sizes the presets train, `2 d_k d_v` multiply-adds a token forward beat the chunked form's
 //! `c × c` weights and its dozens of tensor operations, each a pass over memory under autodiff.
 //! The two forms agree to round-off (checked on padded batches, gradients included); every other
@@ -42,11 +42,11 @@
 
 use burn::prelude::*;
 
-use super::contract::DecodingState;
-use super::error::AttentionError;
-use super::flash::{self, RecurrenceForm};
-use super::input::causal_mask;
-use super::scan::{ChunkMaps, states_before};
+use crate::contract::DecodingState;
+use crate::contract::error::AttentionError;
+use crate::contract::input::causal_mask;
+use crate::engines::scan::{ChunkMaps, states_before};
+use crate::kernels::{self, RecurrenceForm};
 
 /// Chunk length of the causal form: large enough that the intra-chunk products are efficient
 /// matrix products, small enough that the `c × c` weights stay below the values in memory.
@@ -93,7 +93,7 @@ pub fn without_padding(
 /// - outputs `[batch, heads, n, d_v]`; state `[batch, heads, d_k, d_v]`
 ///
 /// On `flex` (`f32`) the recurrence runs token by token instead, in a fused kernel with its own
-/// backward (`core/flash/recurrence.rs`; `chunk` unused): the same values to round-off.
+/// backward (`kernels/recurrence.rs`; `chunk` unused): the same values to round-off.
 ///
 /// # Panics
 /// If `chunk` is 0, or `log_decay`'s width is neither 1 nor `d_k`.
@@ -105,7 +105,7 @@ pub fn decayed_causal(
     chunk: usize,
 ) -> (Tensor<4>, Tensor<4>) {
     check_chunk_and_width(chunk, &q, &log_decay);
-    match flash::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::CAUSAL) {
+    match kernels::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::CAUSAL) {
         Some((out, Some(state))) => (out, state),
         _ => decayed_chunked(q, k, v, log_decay, chunk),
     }
@@ -285,8 +285,8 @@ pub fn decayed_bidirectional(
 ) -> Tensor<4> {
     // On `flex`, the recurrence run from each end in place, no reversed copies.
     if let (Some((forward, _)), Some((backward, _))) = (
-        flash::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::FORWARD),
-        flash::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::BACKWARD),
+        kernels::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::FORWARD),
+        kernels::try_decayed_recurrence(&q, &k, &v, &log_decay, RecurrenceForm::BACKWARD),
     ) {
         let diagonal = (q * k).sum_dim(3) * v;
         return forward + backward - diagonal;

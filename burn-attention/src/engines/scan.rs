@@ -1,7 +1,7 @@
 //! The states between chunks of a chunked recurrence, by a parallel prefix scan.
 //!
-//! The chunked causal forms ([`crate::core::decay`] with gates per key channel,
-//! [`crate::core::delta`]) carry a state `S` (`[d_k, d_v]` per head) from one chunk to the next
+//! The chunked causal forms ([`crate::engines::decay`] with gates per key channel,
+//! [`crate::engines::delta`]) carry a state `S` (`[d_k, d_v]` per head) from one chunk to the next
 //! through an affine map per chunk, `S ↦ A_i(S) + B_i`: `A_i` a decay per key channel (gated
 //! linear attention) or a `d_k × d_k` matrix (the delta rule), `B_i` the chunk's write. Each
 //! chunk needs the state before it.

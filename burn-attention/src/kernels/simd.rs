@@ -267,7 +267,7 @@ fn level() -> Level {
 
 macro_rules! dispatch {
     ($name:ident => $impl_name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
-        pub(in crate::core::flash) fn $name($($arg: $ty),*) -> $ret {
+        pub(in crate::kernels) fn $name($($arg: $ty),*) -> $ret {
             match level() {
                 // SAFETY: `level` checked that the CPU has the features each build enables.
                 #[cfg(target_arch = "x86_64")]

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use burn::nn::Dropout;
 use burn::prelude::*;
 
-use super::contract::DecodingState;
-use super::dropout::WeightDropout;
-use super::error::AttentionError;
-use super::flash;
-use super::input::{HeadMasks, MASK_FILL};
-use super::key_slots::KeySlots;
+use crate::contract::DecodingState;
+use crate::contract::error::AttentionError;
+use crate::contract::input::{HeadMasks, MASK_FILL};
+use crate::engines::dropout::WeightDropout;
+use crate::kernels;
+use crate::kernels::key_slots::KeySlots;
 
 /// The output and log-sum-exp of softmax attention over gathered keys.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub struct GatheredOutput {
 /// `softmax(scale · q kᵀ + bias + masks) v`, each query block scoring only its slots' keys.
 ///
 /// A query whose slots are all masked gets the mean of its slots' values, finite (as a fully
-/// masked row of [`exact_softmax_attention`](super::softmax::exact_softmax_attention)).
+/// masked row of [`exact_softmax_attention`](crate::engines::softmax::exact_softmax_attention)).
 ///
 /// On `flex` (f32) it runs a fused kernel whose backward recomputes the weights block by block
 /// from the log-sum-exp, weight dropout included (a counter-based mask regenerated in the
@@ -62,7 +62,7 @@ pub fn gathered_attention(
     let dropout = WeightDropout::new(&q, dropout);
     if !matches!(dropout, WeightDropout::Layer(_))
         && let Some((out, lse)) =
-            flash::try_gathered_attention(&q, &k, &v, &slots, scale, dropout.mask())
+            kernels::try_gathered_attention(&q, &k, &v, &slots, scale, dropout.mask())
     {
         return GatheredOutput { out, lse };
     }
@@ -261,7 +261,7 @@ pub fn with_full_rows(
     let len = back.len();
     let back = Tensor::<1, Int>::from_data(TensorData::new(back, [len]), &device);
     let full = match &masks.attn {
-        None => super::softmax::exact_softmax_attention(
+        None => crate::engines::softmax::exact_softmax_attention(
             q_rows,
             k,
             v,
@@ -280,7 +280,10 @@ pub fn with_full_rows(
                 attn: Some(picked),
                 ..HeadMasks::default()
             };
-            super::softmax::softmax_attention_with_weights(q_rows, k, v, &row_masks, dropout).0
+            crate::engines::softmax::softmax_attention_with_weights(
+                q_rows, k, v, &row_masks, dropout,
+            )
+            .0
         }
     };
     let spread = full
@@ -330,7 +333,7 @@ pub fn pattern_weights(
     let dropped =
         Tensor::<4, Bool>::from_data(TensorData::new(kept, shape), &q.device()).bool_not();
     let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-    super::flash::softmax(scores.mask_fill(dropped, MASK_FILL))
+    crate::kernels::softmax(scores.mask_fill(dropped, MASK_FILL))
 }
 
 /// Per batch element, one past the last real (unpadded) position of its padding flags (see
@@ -431,8 +434,9 @@ mod tests {
 
     use burn::prelude::*;
 
-    use super::{KeySlots, WeightDropout, composed_gathered_attention, flash};
-    use crate::core::flash::DropMask;
+    use super::{KeySlots, WeightDropout, composed_gathered_attention};
+    use crate::kernels;
+    use crate::kernels::DropMask;
 
     /// A small deterministic generator (SplitMix64) for patterns and inputs.
     struct Draws(u64);
@@ -551,7 +555,7 @@ mod tests {
                 let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
                 let (out, lse) = if fused {
                     let slots = Arc::new(slots.clone());
-                    flash::try_gathered_attention(&q, &k, &v, &slots, 0.5, dropout)
+                    kernels::try_gathered_attention(&q, &k, &v, &slots, 0.5, dropout)
                         .expect("flex has the fused kernel")
                 } else {
                     let o = composed_gathered_attention(

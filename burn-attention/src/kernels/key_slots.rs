@@ -1,5 +1,5 @@
 //! Which keys each block of queries scores: the pattern a sparse attention hands to
-//! [`gathered_attention`](super::sparse::gathered_attention), built on the host.
+//! [`gathered_attention`](crate::engines::gathered_softmax::gathered_attention), built on the host.
 
 /// Which keys each block of queries scores, built on the host by a pattern.
 ///
@@ -121,7 +121,8 @@ impl KeySlots {
     }
 
     /// The offsets in `mask` and `bias` of every (query, slot) pair of block `beta` of group
-    /// `g`, query by query.
+    /// `g`, query by query (read by the `flex` kernels).
+    #[cfg_attr(not(feature = "flex"), allow(dead_code))]
     pub fn block_pairs(&self, g: usize, beta: usize) -> std::ops::Range<usize> {
         let first = self.pair(g, beta, 0, 0);
         first..first + self.block * self.slots
@@ -189,11 +190,6 @@ impl KeySlots {
         self.bias = self.bias.as_ref().map(|b| repeat(b, batch));
         self.query_order = self.query_order.as_ref().map(|o| repeat(o, batch));
         self.groups[0] = batch;
-    }
-
-    /// Number of (query, key) pairs left unmasked, over all groups.
-    pub fn attended_pairs(&self) -> usize {
-        self.mask.iter().filter(|&&m| !m).count()
     }
 }
 

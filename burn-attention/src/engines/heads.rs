@@ -3,9 +3,9 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
-use super::contract::DecodingState;
-use super::error::AttentionError;
-use super::input::{AttentionInput, HeadMasks};
+use crate::contract::DecodingState;
+use crate::contract::error::AttentionError;
+use crate::contract::input::{AttentionInput, HeadMasks};
 
 /// Splits `[batch, n, d_model]` into heads `[batch, n_heads, n, d_head]`.
 pub fn split_heads(x: Tensor<3>, n_heads: usize) -> Tensor<4> {
@@ -36,7 +36,7 @@ pub fn merge_heads(x: Tensor<4>) -> Tensor<3> {
 /// operands themselves; they get the tensor unchanged.
 fn dense(x: Tensor<4>) -> Tensor<4> {
     #[cfg(feature = "flex")]
-    if super::flash::is_flex(&x.device()) {
+    if crate::kernels::is_flex(&x.device()) {
         let [batch, heads, n, d] = x.dims();
         return x
             .reshape([batch, heads, n * d])

@@ -28,18 +28,18 @@
 //! pieces relate positions), no attention mask, no weights, and no per-head form (the global
 //! tokens pass through the output projection over all heads).
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::core::dropout::dropout;
+use crate::engines::dropout::dropout;
 
-use crate::core::flash;
-use crate::core::heads::{merge_heads, split_heads};
-use crate::core::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
-use crate::core::params::lazy_param;
+use crate::contract::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
+use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::params::lazy_param;
+use crate::kernels;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -213,7 +213,7 @@ impl EtcAttention {
     /// `[rows, cols]` (row-major) read from `by_label` (`[batch, heads, rows, 2k + 3]`).
     fn add_labels(scores: Tensor<4>, by_label: Tensor<4>, labels: Vec<i64>) -> Tensor<4> {
         let cols = scores.dims()[3];
-        scores + flash::gather_shared(by_label, &labels, cols)
+        scores + kernels::gather_shared(by_label, &labels, cols)
     }
 
     /// The global input `[batch, g, d_model]` and its padding `[batch, g]` (`true` = a segment
@@ -300,7 +300,7 @@ impl EtcAttention {
             1,
         );
         scores = scores.mask_fill(pad.reshape([batch, 1, 1, g + n]), MASK_FILL);
-        let weights = dropout(&self.dropout, flash::softmax(scores));
+        let weights = dropout(&self.dropout, kernels::softmax(scores));
         self.proj.output.forward(merge_heads(weights.matmul(v)))
     }
 
@@ -372,7 +372,7 @@ impl EtcAttention {
             }
         }
         let local = local
-            + flash::gather_shared(
+            + kernels::gather_shared(
                 by_label.reshape([batch, heads, nb, b, 2 * self.max_distance + 3]),
                 &labels,
                 width,
@@ -401,7 +401,7 @@ impl EtcAttention {
             .mask_fill(far, MASK_FILL)
             .mask_fill(missing, MASK_FILL);
         let scores = Tensor::cat(vec![to_global.reshape([batch, heads, nb, b, g]), local], 4);
-        let weights = dropout(&self.dropout, flash::softmax(scores));
+        let weights = dropout(&self.dropout, kernels::softmax(scores));
         let from_global = weights
             .clone()
             .slice(s![.., .., .., .., 0..g])

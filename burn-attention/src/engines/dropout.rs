@@ -10,12 +10,12 @@
 //! reseeded at a checkpoint) as before drops the same elements on every replay. Elsewhere
 //! [`dropout`] is Burn's own layer.
 //!
-//! The mask itself, shared with the fused kernels, lives beside them (`core/flash/mask.rs`).
+//! The mask itself, shared with the fused kernels, lives beside them (`kernels/mask.rs`).
 
 use burn::nn::Dropout;
 use burn::prelude::*;
 
-use super::flash::DropMask;
+use crate::kernels::DropMask;
 
 /// Whether `layer` drops anything on `x`'s device: only while training (autodiff, the layer
 /// not frozen) with a non-zero rate, as Burn's `Dropout::forward` decides.
@@ -43,7 +43,7 @@ pub fn dropout<const D: usize>(layer: &Dropout, x: Tensor<D>) -> Tensor<D> {
 pub(crate) fn is_flex_f32<const D: usize>(x: &Tensor<D>) -> bool {
     #[cfg(feature = "flex")]
     {
-        super::flash::is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32
+        crate::kernels::is_flex(&x.device()) && x.dtype() == burn::tensor::DType::F32
     }
     #[cfg(not(feature = "flex"))]
     {

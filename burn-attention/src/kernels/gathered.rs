@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use super::DropMask;
 use super::kernel::{Dims, matmul};
 use super::simd;
-use crate::core::input::MASK_FILL;
-use crate::core::key_slots::KeySlots;
+use crate::contract::input::MASK_FILL;
+use crate::kernels::key_slots::KeySlots;
 
 /// The rows of a `[batch, heads, n, width]` tensor read where they lie: row `i` of head `h` of
 /// batch element `b` is the `width` values from `start + b·s₀ + h·s₁ + i·s₂`. Per-head views of

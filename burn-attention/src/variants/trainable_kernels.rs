@@ -18,22 +18,22 @@
 //! Cost: O(n d²) time; O(n d + d²) memory per head (O(n d²) in the causal form). Masks:
 //! padding; causal through prefix sums.
 
-use crate::core::prelude::*;
+use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::Initializer;
 use burn::tensor::module::linear;
 use serde::{Deserialize, Serialize};
 
-use crate::core::features::random_orthogonal;
+use crate::engines::features::random_orthogonal;
 
-use crate::core::flash::{sigmoid, softplus};
+use crate::kernels::{sigmoid, softplus};
 
-use crate::core::input::zero_padded;
-use crate::core::kernelized::{
+use crate::contract::input::zero_padded;
+use crate::engines::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
 };
 
-use crate::core::params::lazy_param;
+use crate::engines::params::lazy_param;
 
 const CAPABILITIES: Capabilities = Capabilities {
     causal: true,

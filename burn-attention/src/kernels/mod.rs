@@ -1,3 +1,5 @@
+//! The kernels floor: backend extensions with their own backward passes, behind the engines.
+//!
 //! Fused softmax attention with its own backward pass, for training on `flex` and on `tch` (CPU).
 //!
 //! Burn's fused `attention` operation has no backward of its own: under autodiff Burn derives
@@ -19,6 +21,7 @@ mod hash;
 #[cfg(feature = "flex")]
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
 mod kernel;
+pub(crate) mod key_slots;
 mod mask;
 #[cfg(feature = "flex")]
 #[cfg_attr(not(feature = "train"), allow(dead_code))]
@@ -33,17 +36,18 @@ use std::sync::Arc;
 
 use burn::prelude::*;
 
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 pub(crate) use mask::DropMask;
 
 /// Key-padding flags shared between the forward and backward passes (`[batch, n_k]`,
 /// `true` = padding).
+#[cfg_attr(not(any(feature = "flex", feature = "tch")), allow(dead_code))]
 pub(crate) type KeyPadding = Option<Arc<[bool]>>;
 
 /// Fused softmax attention `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors
 /// when the backend has the fused kernel, `None` otherwise (the caller then composes the steps).
 ///
-/// Masked scores are replaced by [`MASK_FILL`](crate::core::input::MASK_FILL), as in the composed
+/// Masked scores are replaced by [`MASK_FILL`](crate::contract::input::MASK_FILL), as in the composed
 /// path, so the two agree to rounding, masks included; a dropout mask drops the weights the
 /// composed path given the same mask drops (`flex` only: libtorch's CPU kernel has no dropout).
 pub(crate) fn try_attention(
@@ -96,7 +100,7 @@ pub(crate) fn try_attention(
     }
 }
 
-/// Fused softmax attention over gathered keys (see [`gathered_attention`](crate::core::sparse::gathered_attention)):
+/// Fused softmax attention over gathered keys (see [`gathered_attention`](crate::engines::gathered_softmax::gathered_attention)):
 /// the output `[batch, heads, n_q, d_v]` and log-sum-exp `[batch, heads, n_q, 1]`, both
 /// differentiable, when the backend has the kernel (`flex`, `f32`), `None` otherwise. Its
 /// backward recomputes the weights block by block: memory beyond inputs and outputs is one
@@ -141,7 +145,7 @@ pub(crate) fn try_gathered_attention(
     }
 }
 
-/// The decaying core's causal recurrence (see [`crate::core::decay`]) on `flex` (`f32`), token
+/// The decaying core's causal recurrence (see [`crate::engines::decay`]) on `flex` (`f32`), token
 /// by token with its own backward ([`recurrence`]): the outputs `[batch, heads, n, d_v]` and the
 /// state after the last position `[batch, heads, d_k, d_v]`, both differentiable; `None`
 /// elsewhere (the caller runs the chunked form).
@@ -172,7 +176,7 @@ pub(crate) fn try_decayed_recurrence(
     None
 }
 
-/// The delta-rule core's causal recurrence from a zero state (see [`crate::core::delta`]) on
+/// The delta-rule core's causal recurrence from a zero state (see [`crate::engines::delta`]) on
 /// `flex` (`f32`), token by token with its own backward ([`recurrence`]): the outputs
 /// `[batch, heads, n, d_v]` and the final state `[batch, heads, d_k, d_v]`; `None` elsewhere.
 ///
@@ -360,6 +364,7 @@ pub(crate) fn softmax<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// The fewest elements for which [`layer_norm`] takes the fused path: measured on a 2-core
 /// VM (docs/benchmarks.md), the fused LayerNorm made the ListOps `small` step (64,000 rows of
 /// 64) 12% faster, and the `tiny` step (2,048 rows of 64) 12% slower than Burn's composed one.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 const FUSED_LAYER_NORM_MIN: usize = 1 << 18;
 
 /// LayerNorm over the last axis with `norm`'s scale and bias and `epsilon` (the value `norm`
@@ -597,7 +602,7 @@ mod gathered_extension {
     use burn::backend::{Backend, backend_extension};
 
     use super::DropMask;
-    use crate::core::key_slots::KeySlots;
+    use crate::kernels::key_slots::KeySlots;
 
     /// The backend extension: fused attention over gathered keys, with a handwritten backward.
     #[backend_extension(Flex: cfg(feature = "flex"), Autodiff: cfg(feature = "train"))]

@@ -21,7 +21,7 @@ use super::{
     FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
     gathered, recurrence,
 };
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 
 /// Hands the gradients of `q`, `k` and `v` (contiguous, shaped by `dims`) to the parents
 /// that track one.

@@ -15,7 +15,7 @@ use super::{
     FlashAttention, GatheredAttention, KeyPadding, LinearRecurrence, RecurrenceForm, RowGather,
     gathered,
 };
-use crate::core::key_slots::KeySlots;
+use crate::kernels::key_slots::KeySlots;
 
 /// A `flex` tensor as a contiguous `f32` vector and its shape. Per-head views
 /// (`[batch, n, heads, d]` storage seen as `[batch, heads, n, d]`) are gathered a row of `d`

@@ -1,12 +1,18 @@
-//! The contract every attention meets: the [`AttentionModule`] trait and the [`Capabilities`] it
-//! declares that the encoder blocks
-//! accept (the registry's [`Attention`](crate::Attention) and any module of the user's), and
-//! the state a causal attention carries from token to token ([`DecodingState`]).
+//! The API floor: what every attention meets and what a user or a variant names. The
+//! [`AttentionModule`] trait and the [`Capabilities`] it declares that the encoder blocks accept
+//! (the registry's [`Attention`](crate::Attention) and any module of the user's), the state a
+//! causal attention carries from token to token ([`DecodingState`]); the inputs and their masks
+//! ([`input`]), the errors ([`error`]), and what a variant states about itself ([`variant`]).
+//! It imports nothing else of the crate.
+
+pub mod error;
+pub mod input;
+pub mod variant;
 
 use burn::prelude::*;
 
-use super::error::AttentionError;
-use super::input::{AttentionInput, HeadMasks};
+use crate::contract::error::AttentionError;
+use crate::contract::input::{AttentionInput, HeadMasks};
 
 /// An attention layer: `[batch, n_q, d_model]` queries (and keys and values, see
 /// [`AttentionInput`]) in, `[batch, n_q, d_model]` out.
@@ -413,7 +419,7 @@ impl DecodingState {
 }
 
 /// The state of linear attention with a decaying state after the tokens so far
-/// ([`crate::core::decay`]): `S = Σ_j exp(G_t − G_j) k_j v_jᵀ` and how many real tokens each
+/// ([`crate::engines::decay`]): `S = Σ_j exp(G_t − G_j) k_j v_jᵀ` and how many real tokens each
 /// sequence has seen (which gives the next token's position).
 #[derive(Debug, Clone)]
 pub struct DecayedState {

@@ -21,15 +21,15 @@
 //! mask, and the state after the chunk `e^{G_c} S₀ + Σ_j e^{G_c − G_j} k_j u_jᵀ`. The
 //! transition between chunks, `S ↦ (e^{G_c} I − Kᵀ diag(e^{G_c − G}) W) S + …`, is a `d_k × d_k`
 //! matrix that depends on the chunk; where the paper's kernels loop over the chunks, the maps
-//! are composed here by a parallel scan (`core/scan.rs`: a loop's slices would make the
+//! are composed here by a parallel scan (`engines/scan.rs`: a loop's slices would make the
 //! backward quadratic in `n` under autodiff), and everything within a chunk is batched over all
 //! chunks at once. Every decay is a
-//! span summed over its own terms, as in [`crate::core::decay`].
+//! span summed over its own terms, as in [`crate::engines::decay`].
 //!
 //! **Recurrent form.** [`delta_step`], O(d_k d_v) a token.
 //!
 //! **On `flex`** (`f32`, from a zero state) the causal and non-causal forms run the recurrence
-//! token by token in a fused kernel with its own backward (`core/flash/recurrence.rs`), as the
+//! token by token in a fused kernel with its own backward (`kernels/recurrence.rs`), as the
 //! decaying core does; every other backend runs the chunked WY form.
 //!
 //! **Non-causal form.** [`delta_bidirectional`]: the forward recurrence's output plus that of
@@ -39,10 +39,10 @@
 
 use burn::prelude::*;
 
-use super::decay::{into_chunks, segment_sums};
-use super::flash::{self, RecurrenceForm};
-use super::input::causal_mask;
-use super::scan::{ChunkMaps, states_before};
+use crate::contract::input::causal_mask;
+use crate::engines::decay::{into_chunks, segment_sums};
+use crate::engines::scan::{ChunkMaps, states_before};
+use crate::kernels::{self, RecurrenceForm};
 
 /// Chunk length of the causal form: the inversion within chunks takes `log₂ c` rounds (all
 /// chunks at once), the scan over chunks `2 log₂(n / c)` levels.
@@ -58,7 +58,7 @@ pub const DELTA_CHUNK: usize = 32;
 /// - outputs `[batch, heads, n, d_v]`; state `[batch, heads, d_k, d_v]`
 ///
 /// On `flex` (`f32`), from a zero state, the recurrence runs token by token instead, in a fused
-/// kernel with its own backward (`core/flash/recurrence.rs`; `chunk` unused): the same values
+/// kernel with its own backward (`kernels/recurrence.rs`; `chunk` unused): the same values
 /// to round-off.
 ///
 /// # Panics
@@ -79,7 +79,7 @@ pub fn delta_causal(
             None => Tensor::zeros([batch, heads, n, 1], &q.device()),
         };
         if let Some((out, Some(state))) =
-            flash::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::CAUSAL)
+            kernels::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::CAUSAL)
         {
             return (out, state);
         }
@@ -234,7 +234,7 @@ pub fn delta_bidirectional(
         None => Tensor::zeros([batch, heads, n, 1], &device),
     };
     let Some((forward, _)) =
-        flash::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::FORWARD)
+        kernels::try_delta_recurrence(&q, &k, &v, &beta, &g, RecurrenceForm::FORWARD)
     else {
         return delta_bidirectional_chunked(q, k, v, (beta, log_decay), chunk);
     };
@@ -246,7 +246,7 @@ pub fn delta_bidirectional(
     // step earlier; the first query unused, the last position reading nothing).
     let q_late = shifted(q * g.clone().exp(), Shift::Later);
     let (backward, _) =
-        flash::try_delta_recurrence(&q_late, &k, &v, &beta, &g, RecurrenceForm::BACKWARD)
+        kernels::try_delta_recurrence(&q_late, &k, &v, &beta, &g, RecurrenceForm::BACKWARD)
             .expect("the kernel that ran forwards runs backwards");
     forward + shifted(backward, Shift::Earlier)
 }
@@ -351,7 +351,7 @@ mod tests {
     use burn::prelude::*;
     use burn::tensor::Distribution;
 
-    use crate::core::decay::tests::{assert_close, padding};
+    use crate::engines::decay::tests::{assert_close, padding};
 
     /// The fused delta rule (flex) against the chunked WY form composed of Burn's operations:
     /// outputs, final state and the gradients of queries, keys, values, writing strengths and

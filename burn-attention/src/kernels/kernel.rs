@@ -5,7 +5,7 @@
 //! Tensors are contiguous row-major `f32` slices: `q` `[bh, n_q, d]`, `k` `[bh, n_k, d]`,
 //! `v` `[bh, n_k, d_v]`, where `bh` runs over batch × heads. A key-padding mask holds one flag
 //! per batch row and key (`[batch, n_k]`, `true` = padding). Masked scores are *replaced* by
-//! [`MASK_FILL`] after scaling, exactly as the composed [`exact_softmax_attention`](crate::core::softmax::exact_softmax_attention)
+//! [`MASK_FILL`] after scaling, exactly as the composed [`exact_softmax_attention`](crate::engines::softmax::exact_softmax_attention)
 //! does, and pass no gradient. With a causal mask and no padding mask, tiles that lie wholly in
 //! the future are skipped; every row keeps its own key 0, so the skipped weights are exactly
 //! zero in `f32` as well.
@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use super::simd;
 
 use super::DropMask;
-use crate::core::input::MASK_FILL;
+use crate::contract::input::MASK_FILL;
 
 /// Query rows per tile.
 const BLOCK_Q: usize = 128;
