@@ -24,7 +24,7 @@ use crate::variants::extended_transformer::{EtcAttention, EtcConfig};
 use crate::variants::gla::{GlaAttention, GlaConfig};
 use crate::variants::hedgehog::{HedgehogAttention, HedgehogConfig};
 use crate::variants::linear::{LinearAttention, LinearAttentionConfig};
-use crate::variants::linformer::{LinformerAttention, LinformerConfig, LinformerSharing};
+use crate::variants::linformer::{LinformerAttention, LinformerConfig};
 use crate::variants::local::{LocalAttention, LocalAttentionConfig};
 use crate::variants::longformer::{LongformerAttention, LongformerConfig};
 use crate::variants::mamba2::{Mamba2Attention, Mamba2Config};
@@ -138,6 +138,23 @@ macro_rules! registry {
                 let config = match self { $(Self::$arm(c) => Self::$arm(merge_params(c, params)?),)* };
                 config.validate()?;
                 Ok(config)
+            }
+
+            /// Whether the layers of an encoder share a projection of this attention's
+            /// (Linformer's `layerwise` sharing; see [`VariantConfig::shares_projection`]).
+            pub fn shares_projection(&self) -> bool {
+                match self { $(Self::$arm(c) => c.shares_projection(),)* }
+            }
+
+            /// The projection shared by every layer of an encoder, where the attention has one
+            /// (see [`VariantConfig::layer_shared_projection`]).
+            pub fn init_shared_projection(&self, device: &Device) -> Option<Param<Tensor<3>>> {
+                match self { $(Self::$arm(c) => c.layer_shared_projection(device),)* }
+            }
+
+            /// This configuration cut down to small inputs (see [`VariantConfig::small`]).
+            pub fn small(self) -> Self {
+                match self { $(Self::$arm(c) => Self::$arm(c.small()),)* }
             }
 
             /// Scalars in the frozen parameters of one module (see
@@ -374,23 +391,6 @@ impl AttentionConfig {
     /// The registry name.
     pub fn name(&self) -> &'static str {
         self.info().name
-    }
-
-    /// Whether the layers of an encoder share a projection of this attention's (Linformer's
-    /// `layerwise` sharing).
-    pub fn shares_projection(&self) -> bool {
-        matches!(self, Self::Linformer(c) if c.sharing == LinformerSharing::Layerwise)
-    }
-
-    /// The projection shared by every layer of an encoder, for Linformer's `layerwise` sharing;
-    /// `None` for everything else.
-    pub fn init_shared_projection(&self, device: &Device) -> Option<Param<Tensor<3>>> {
-        match self {
-            Self::Linformer(c) if c.sharing == LinformerSharing::Layerwise => {
-                Some(c.init_shared_projection(device))
-            }
-            _ => None,
-        }
     }
 }
 

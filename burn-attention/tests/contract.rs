@@ -66,17 +66,18 @@ fn first_projection(p: Tensor<3>) -> Vec<Vec<f64>> {
 }
 
 /// One head of cross-attention in float64, from each variant's formula and the module's own
-/// parameters: `q_len` real queries over `k_len` real keys.
+/// parameters: `q_len` real queries over `k_len` real keys; `None` for a variant this file has
+/// no formula for (a new variant checks its formula in its own tests).
 fn cross_f64(
     attention: &Attention,
     (name, head): (&str, usize),
     [q, k, v]: [&[Vec<f64>]; 3],
     (q_len, k_len): (usize, usize),
-) -> Vec<Vec<f64>> {
+) -> Option<Vec<Vec<f64>>> {
     let (q, k, v) = (&q[..q_len], &k[..k_len], &v[..k_len]);
     let d = q[0].len() as f64;
     let all = |_: usize, _: usize| false;
-    match (name, attention) {
+    Some(match (name, attention) {
         ("softmax", _) => softmax_head(q, k, v, all),
         ("efficient", _) => efficient_head(q, k, v),
         ("linear", _) => kernelized_head(
@@ -118,8 +119,8 @@ fn cross_f64(
             }
         }
         ("nystrom", _) => nystrom_cross_f64(q, k, v, (q_len, k_len), 4, 6),
-        _ => panic!("no float64 reference for {name}"),
-    }
+        _ => return None,
+    })
 }
 
 /// Cross-attention against each variant's float64 formula, on per-head tensors with the
@@ -129,6 +130,8 @@ fn cross_f64(
 /// per-head form (`Capabilities::per_head_form`), which must refuse it and are checked whole in
 /// their own float64 tests (tests/set_transformer.rs, tests/memory_compressed.rs, tests/etc.rs,
 /// tests/compressive.rs, tests/retnet.rs, tests/mamba2.rs, tests/gla.rs, tests/deltanet.rs).
+/// A variant `cross_f64` has no formula for (one added since) is named on stderr and checked
+/// by the invariants below only; the 13 this file knows are always checked.
 #[test]
 fn cross_attention_matches_float64_reference() {
     let device = device();
@@ -140,7 +143,7 @@ fn cross_attention_matches_float64_reference() {
         Some(padding_mask_from_lengths(&q_lens, n_q, &device)),
     );
     let names = names_with(|c| c.cross_attention);
-    assert!(names.len() >= 13, "{names:?}");
+    let (mut referenced, mut unreferenced) = (Vec::new(), Vec::new());
     for name in names {
         let attention = config_for(name).init(&device);
         let q = random([2, N_HEADS, n_q, d], &device);
@@ -155,21 +158,36 @@ fn cross_attention_matches_float64_reference() {
             .unwrap();
         assert_eq!(out.dims(), [2, N_HEADS, n_q, d], "{name}");
         let (q, k, v, out) = (to_heads(&q), to_heads(&k), to_heads(&v), to_heads(&out));
-        for b in 0..2 {
-            for h in 0..N_HEADS {
-                let expected = cross_f64(
-                    &attention,
-                    (name, h),
-                    [&q[b][h], &k[b][h], &v[b][h]],
-                    (q_lens[b], k_lens[b]),
-                );
-                let err = max_rel_err(&out[b][h][..q_lens[b]], &expected, 1e-2);
+        let reference = |b: usize, h: usize| {
+            cross_f64(
+                &attention,
+                (name, h),
+                [&q[b][h], &k[b][h], &v[b][h]],
+                (q_lens[b], k_lens[b]),
+            )
+        };
+        if reference(0, 0).is_none() {
+            unreferenced.push(name);
+            continue;
+        }
+        referenced.push(name);
+        for (b, heads) in out.iter().enumerate() {
+            for (h, head) in heads.iter().enumerate() {
+                let expected = reference(b, h).unwrap();
+                let err = max_rel_err(&head[..q_lens[b]], &expected, 1e-2);
                 assert!(
                     err < 1e-4,
                     "{name} batch {b} head {h}: relative error {err}"
                 );
             }
         }
+    }
+    assert!(referenced.len() >= 13, "{referenced:?}");
+    if !unreferenced.is_empty() {
+        eprintln!(
+            "cross_attention_matches_float64_reference: no float64 formula here for \
+             {unreferenced:?}; their cross-attention is checked by the invariants only"
+        );
     }
 }
 
@@ -493,12 +511,18 @@ fn decoding_equals_causal_forward() {
                     // The Compressive Transformer: per sequence, at most c − 1 + mem_len + s
                     // inputs and cmem_len compressed slots (the small configuration's c, mem_len,
                     // s and cmem_len below), whatever the position.
-                    let small::CompressiveSizes {
-                        compression: c,
-                        mem_len,
-                        segment_len: s,
-                        cmem_len,
-                    } = small::COMPRESSIVE;
+                    let AttentionConfig::Compressive(sizes) = config_for(config.name()) else {
+                        panic!(
+                            "{}: a compressive state from another variant",
+                            config.name()
+                        );
+                    };
+                    let (c, mem_len, s, cmem_len) = (
+                        sizes.compression,
+                        sizes.mem_len,
+                        sizes.segment_len,
+                        sizes.cmem_len,
+                    );
                     for memory in memories {
                         assert_eq!(memory.seen, n, "{}", config.name());
                         let inputs = memory.recent.expect("inputs")[0].dims()[0];

@@ -135,6 +135,28 @@ pub trait VariantConfig: Config + Clone {
         Some(0)
     }
 
+    /// Whether the layers of an encoder share a projection of this attention's, one parameter
+    /// for all (Linformer's `layerwise` sharing); `false` by default.
+    fn shares_projection(&self) -> bool {
+        false
+    }
+
+    /// The projection every layer of an encoder shares where
+    /// [`shares_projection`](Self::shares_projection) says so: the encoder creates it once
+    /// and hands it to each layer's input ([`AttentionInput::shared`]). `None` by default.
+    fn layer_shared_projection(&self, device: &Device) -> Option<burn::module::Param<Tensor<3>>> {
+        let _ = device;
+        None
+    }
+
+    /// This configuration cut down to small inputs: the shared test suites run every variant
+    /// at width 16 on sequences of up to 96 positions with it, so its blocks, windows, features,
+    /// landmarks and segments are a few positions long and the checks cross their boundaries.
+    /// Unchanged by default (a variant whose defaults are already small).
+    fn small(self) -> Self {
+        self
+    }
+
     /// Sets the dropout on the attention weights, where the variant has a weight matrix.
     fn with_weight_dropout(self, dropout: f64) -> Self {
         let _ = dropout;

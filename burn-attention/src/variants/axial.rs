@@ -96,6 +96,11 @@ pub struct AxialConfig {
 impl VariantConfig for AxialConfig {
     variant_glue!(AxialAttention, &[INFO], new(d_model, n_heads), dropout);
 
+    /// Rows of 4: sequences of 1 to 96 positions are grids with a partial last row.
+    fn small(self) -> Self {
+        self.with_width(Some(4))
+    }
+
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_capabilities(&INFO, n_q, n_k, causal)?;
         let width = grid_width(self.width, n_k)?;

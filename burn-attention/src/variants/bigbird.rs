@@ -84,9 +84,20 @@ impl VariantConfig for BigBirdConfig {
         dropout
     );
 
+    /// Blocks of 2 with 1 random block; a table for at least 96 positions.
+    fn small(self) -> Self {
+        Self {
+            n_max: self.n_max.max(96),
+            ..self
+        }
+        .with_block_size(2)
+        .with_random_blocks(1)
+    }
+
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }
+
     fn frozen_params(&self) -> Option<usize> {
         // The random blocks' priorities, `[n_heads, blocks, blocks]`.
         let blocks = self.n_max.div_ceil(self.block_size);

@@ -117,6 +117,15 @@ impl VariantConfig for CompressiveConfig {
         dropout
     );
 
+    /// Segments of 4, 2 positions of memory, slots of 2 positions, 3 of them: a sequence of 7
+    /// already compresses a block, longer ones fill the compressed memory.
+    fn small(self) -> Self {
+        self.with_segment_len(4)
+            .with_mem_len(2)
+            .with_compression(2)
+            .with_cmem_len(3)
+    }
+
     fn check_fields(&self) -> Result<(), AttentionError> {
         let field = |name, message: String| Err(INFO.field_error(name, message));
         if !self.d_model.is_multiple_of(2) {

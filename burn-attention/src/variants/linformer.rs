@@ -163,6 +163,11 @@ impl LinformerConfig {
 impl VariantConfig for LinformerConfig {
     variant_glue!(LinformerAttention, &[INFO, INFO_LINEAR], dropout);
 
+    /// Linformer k = 5 projected positions.
+    fn small(self) -> Self {
+        self.with_k(5)
+    }
+
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let scoring = if name == INFO_LINEAR.name {
             LinformerScoring::Linear
@@ -171,9 +176,11 @@ impl VariantConfig for LinformerConfig {
         };
         Self::new(model.d_model, model.n_heads, model.n_max).with_scoring(scoring)
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.scoring.info()
     }
+
     fn warnings(&self) -> Vec<String> {
         if self.k < self.n_max {
             return Vec::new();
@@ -186,6 +193,7 @@ impl VariantConfig for LinformerConfig {
             self.n_max
         )]
     }
+
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_input(self.scoring.info(), self.n_max, n_q, n_k, causal)
     }
@@ -222,6 +230,15 @@ impl VariantConfig for LinformerConfig {
             sharing: self.sharing,
             scoring: self.scoring,
         }
+    }
+
+    fn shares_projection(&self) -> bool {
+        self.sharing == LinformerSharing::Layerwise
+    }
+
+    fn layer_shared_projection(&self, device: &Device) -> Option<Param<Tensor<3>>> {
+        self.shares_projection()
+            .then(|| self.init_shared_projection(device))
     }
 }
 

@@ -115,6 +115,11 @@ impl LocalAttentionConfig {
 impl VariantConfig for LocalAttentionConfig {
     variant_glue!(LocalAttention, &[INFO, INFO_WINDOW], dropout);
 
+    /// Blocks of 4, windows of 2 positions on each side.
+    fn small(self) -> Self {
+        self.with_block_size(4).with_window(2)
+    }
+
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let form = if name == INFO_WINDOW.name {
             LocalForm::SlidingWindow
@@ -123,6 +128,7 @@ impl VariantConfig for LocalAttentionConfig {
         };
         Self::new(model.d_model, model.n_heads).with_form(form)
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.form.info()
     }

@@ -74,6 +74,11 @@ pub struct LongformerConfig {
 impl VariantConfig for LongformerConfig {
     variant_glue!(LongformerAttention, &[INFO], new(d_model, n_heads), dropout);
 
+    /// Windows of 4.
+    fn small(self) -> Self {
+        self.with_window(4)
+    }
+
     fn check_fields(&self) -> Result<(), AttentionError> {
         check_at_least_one(INFO.name, "window", self.window)?;
         Ok(())

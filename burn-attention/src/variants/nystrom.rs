@@ -86,6 +86,11 @@ pub struct NystromConfig {
 impl VariantConfig for NystromConfig {
     variant_glue!(NystromAttention, &[INFO], new(d_model, n_heads));
 
+    /// 4 landmarks.
+    fn small(self) -> Self {
+        self.with_n_landmarks(4)
+    }
+
     /// The variant's input check, and more landmarks than the longest sequence has positions
     /// refused: a configuration checked against its longest input (as the LRA harness checks
     /// it) cannot ask for segment means of nothing, sized by the count asked for. (The forward

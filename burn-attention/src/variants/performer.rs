@@ -135,6 +135,11 @@ impl PerformerConfig {
 impl VariantConfig for PerformerConfig {
     variant_glue!(PerformerAttention, &[INFO, INFO_RELU]);
 
+    /// 24 features.
+    fn small(self) -> Self {
+        self.with_n_features(24)
+    }
+
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let kernel = if name == INFO_RELU.name {
             PerformerKernel::Relu
@@ -143,9 +148,11 @@ impl VariantConfig for PerformerConfig {
         };
         Self::new(model.d_model, model.n_heads).with_kernel(kernel)
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.kernel.info()
     }
+
     fn frozen_params(&self) -> Option<usize> {
         match self.kernel {
             PerformerKernel::Softmax => self.n_features.checked_mul(self.d_model / self.n_heads),

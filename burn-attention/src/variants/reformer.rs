@@ -89,6 +89,11 @@ pub struct ReformerConfig {
 impl VariantConfig for ReformerConfig {
     variant_glue!(ReformerAttention, &[INFO], new(d_model, n_heads), dropout);
 
+    /// Chunks of 3 and 4 buckets.
+    fn small(self) -> Self {
+        self.with_chunk_len(3).with_n_buckets(4)
+    }
+
     fn frozen_params(&self) -> Option<usize> {
         // The random rotations, `[n_heads, d_head, n_hashes · n_buckets / 2]`.
         (self.n_hashes.checked_mul(self.n_buckets)? / 2).checked_mul(self.d_model)

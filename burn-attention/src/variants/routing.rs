@@ -94,6 +94,11 @@ impl RoutingConfig {
 impl VariantConfig for RoutingConfig {
     variant_glue!(RoutingAttention, &[INFO], new(d_model, n_heads), dropout);
 
+    /// Three clusters (so that short sequences fill several) and windows of 2 for the local heads.
+    fn small(self) -> Self {
+        self.with_n_clusters(3).with_window(2)
+    }
+
     /// The variant's input check, and more clusters than the longest sequence has positions
     /// refused: k-means cannot give each centroid a position to gather, and the centroids
     /// (`routing heads × n_clusters × d_head`, allocated when the module is built) would be
@@ -112,6 +117,7 @@ impl VariantConfig for RoutingConfig {
         }
         check_capabilities(&INFO, n_q, n_k, causal)
     }
+
     /// The centroids: moved by moving averages, never by the optimiser.
     fn frozen_params(&self) -> Option<usize> {
         (self.n_heads.checked_sub(self.local_heads())?)

@@ -86,6 +86,15 @@ impl VariantConfig for SinkhornConfig {
         dropout
     );
 
+    /// Blocks of 3; a sorting table for at least 96 positions.
+    fn small(self) -> Self {
+        Self {
+            n_max: self.n_max.max(96),
+            ..self
+        }
+        .with_block_size(3)
+    }
+
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(&INFO, self.n_max, n_q, n_k, causal)
     }

@@ -121,6 +121,11 @@ impl SparseAttentionConfig {
 impl VariantConfig for SparseAttentionConfig {
     variant_glue!(SparseAttention, &[INFO, INFO_STRIDED], dropout);
 
+    /// Blocks of 4 with 1 summary position.
+    fn small(self) -> Self {
+        self.with_block_size(4).with_summary(1)
+    }
+
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let pattern = if name == INFO_STRIDED.name {
             SparsePattern::Strided
@@ -129,6 +134,7 @@ impl VariantConfig for SparseAttentionConfig {
         };
         Self::new(model.d_model, model.n_heads).with_pattern(pattern)
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.pattern.info()
     }

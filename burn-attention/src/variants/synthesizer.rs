@@ -137,6 +137,15 @@ impl SynthesizerConfig {
 impl VariantConfig for SynthesizerConfig {
     variant_glue!(SynthesizerAttention, &[INFO, INFO_DENSE], dropout);
 
+    /// k = 4 for the factorized forms; synthesized rows for at least 96 positions.
+    fn small(self) -> Self {
+        Self {
+            n_max: self.n_max.max(96),
+            ..self
+        }
+        .with_k(4)
+    }
+
     fn for_variant(name: &str, model: ModelShape) -> Self {
         let mode = if name == INFO_DENSE.name {
             SynthesizerMode::Dense
@@ -147,9 +156,11 @@ impl VariantConfig for SynthesizerConfig {
         // LRA's Synthesizer is the factorised random one; the dense row is the paper's plain one.
         config.with_factorized(mode == SynthesizerMode::Random)
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.mode.info()
     }
+
     fn check_input(&self, n_q: usize, n_k: usize, causal: bool) -> Result<(), AttentionError> {
         check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, causal)
     }

@@ -182,6 +182,7 @@ impl VariantConfig for FeedForwardKernelConfig {
             _ => config,
         }
     }
+
     fn info(&self) -> &'static VariantInfo {
         self.kernel.info()
     }

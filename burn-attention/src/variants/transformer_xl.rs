@@ -92,6 +92,12 @@ impl VariantConfig for TransformerXlConfig {
         dropout
     );
 
+    /// Segments of 8 with 6 positions of memory (less than a segment, so that the oldest memory
+    /// positions are masked).
+    fn small(self) -> Self {
+        self.with_segment_len(8).with_mem_len(6)
+    }
+
     /// The variant's input check, and a memory longer than the sequence refused where the
     /// sequence is cut into several segments: within one sequence a segment's memory never holds
     /// more than the positions before it, while the segments' layout is sized by `mem_len`.
