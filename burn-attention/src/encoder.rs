@@ -593,6 +593,21 @@ impl<A: Module + AttentionModule> Encoder<A> {
         self.norm.gamma.lazy_shape()[0]
     }
 
+    /// This encoder with rotary positions on in every block's attention (see
+    /// [`AttentionModule::with_rotary`]); the first layer whose attention refuses them is the
+    /// error.
+    pub fn with_rotary(mut self) -> Result<Self, AttentionError> {
+        self.blocks = self
+            .blocks
+            .into_iter()
+            .map(|mut block| {
+                block.attention = block.attention.with_rotary()?;
+                Ok(block)
+            })
+            .collect::<Result<_, AttentionError>>()?;
+        Ok(self)
+    }
+
     /// Redraws the random features of every block's attention (see [`Attention::redraw`]).
     pub fn redraw(mut self) -> Self {
         self.blocks = self

@@ -204,6 +204,10 @@ macro_rules! registry {
                 match self { $(Self::$arm(m) => m.try_forward_with_loss(input),)* }
             }
 
+            fn with_rotary(self) -> Result<Self, AttentionError> {
+                match self { $(Self::$arm(m) => m.with_rotary().map(Self::$arm),)* }
+            }
+
             fn attend(
                 &self,
                 q: Tensor<4>,

@@ -96,6 +96,7 @@ fn axial_matches_float64_reference() {
                     query_pad: pad.clone(),
                     attn: with_mask.then(|| mask.clone()),
                     causal,
+                    positions: None,
                 };
                 let out = to_heads(&m.attend(q.clone(), k.clone(), v.clone(), masks).unwrap());
                 let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));

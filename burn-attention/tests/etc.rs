@@ -15,7 +15,7 @@ use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, EtcAttention, EtcConfig, EtcGlobal, padding_mask_from_lengths,
 };
-use reference::{linear_f64, matrix, max_rel_err, normal_tensor, softmax_rows, to_rows};
+use reference::{linear_f64, matrix, max_err_of_scale, normal_tensor, softmax_rows, to_rows};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -181,7 +181,10 @@ fn etc_matches_float64_reference() {
             );
             for (b, len) in lengths.into_iter().enumerate() {
                 let expected = etc_f64(&m, &rows_of(&x, b, len));
-                let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
+                // Judged against the outputs' scale (5% of their RMS, as routing's and the
+                // Compressive Transformer's tests are): a fixed floor of 0.01 read f32 rounding
+                // of an output near zero as relative errors of 7e-4 to 1e-3 in 2 of 60 runs.
+                let err = max_err_of_scale(&rows_of(&out, b, len), &expected, 0.05);
                 assert!(
                     err < TOLERANCE,
                     "case {case}, scale {scale}, batch {b}: relative error {err}"

@@ -50,6 +50,10 @@ pub struct LraClassifier {
     /// Whether the encoder masks the future (see [`ClassifierSpec::causal`]).
     #[module(skip)]
     pub causal: bool,
+    /// Whether positions are added to the embeddings (learned or sinusoidal); `false` with
+    /// rotary positions, which the attentions apply.
+    #[module(skip)]
+    pub additive_positions: bool,
     /// Model width.
     pub d_model: usize,
 }
@@ -148,7 +152,13 @@ impl LraClassifier {
                     .init(device)
             }),
             dropout: DropoutConfig::new(m.dropout).init(),
-            encoder: spec.encoder.init(device),
+            encoder: match m.positions {
+                Positions::Rotary => spec.encoder.init(device).with_rotary().expect(
+                    "the configuration's check refuses rotary positions an attention does not take",
+                ),
+                Positions::Sinusoidal | Positions::Learned => spec.encoder.init(device),
+            },
+            additive_positions: m.positions != Positions::Rotary,
             head_hidden: dense(head_in, m.d_mlp),
             head_mid: pair_features.map(|_| dense(m.d_mlp, m.d_mlp / 2)),
             head_out: dense(
@@ -235,7 +245,11 @@ impl LraClassifier {
                 let ids = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n]);
                 x + positions.forward(ids)
             }
-            None => x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>(),
+            None if self.additive_positions => {
+                x + sinusoidal(n, self.d_model, &device).unsqueeze::<3>()
+            }
+            // Rotary positions: the attentions rotate their queries and keys.
+            None => x,
         };
         let x = dropout(&self.dropout, x);
         let input = AttentionInput::new(x)
@@ -380,6 +394,7 @@ mod tests {
     use super::*;
     use crate::data::{Batch, Example};
     use burn::tensor::Tolerance;
+    use burn_attention_zoo::Attention;
 
     /// The classifier of `config`'s task with `attention`.
     fn classifier(config: &RunConfig, attention: &str, device: &Device) -> LraClassifier {
@@ -466,6 +481,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// With `model.positions = "rotary"` nothing is added to the embeddings, every layer's
+    /// attention rotates its queries and keys, extra padding leaves the logits as they were, and
+    /// the positions reach the output (reversing a sequence changes its logits, which a model
+    /// without positions and mean pooling could not tell apart). An attention that takes no rotary
+    /// positions is refused when the configuration is read, the error naming it and the key.
+    #[test]
+    fn rotary_positions_rotate_in_every_layer() {
+        let device = Device::flex();
+        let forward = Example::new(vec![12, 3, 4, 15, 7, 9], 1);
+        let reversed = Example::new(vec![9, 7, 15, 4, 3, 12], 1);
+        let long = Example::new(vec![14; 40], 3);
+        let mut config = RunConfig::preset("listops", "tiny").unwrap();
+        config.model.pooling = Pooling::Mean;
+        config.model.positions = Positions::Rotary;
+        for attention in ["softmax", "linear"] {
+            let model = classifier(&config, attention, &device);
+            assert!(model.positions.is_none() && !model.additive_positions);
+            assert!(
+                model.encoder.blocks.iter().all(
+                    |block| matches!(&block.attention, Attention::Softmax(a) if a.proj.rotary)
+                        || matches!(&block.attention, Attention::Linear(a) if a.proj.rotary)
+                ),
+                "{attention}"
+            );
+            let logits = |examples: &[&Example]| {
+                let batch = Batch::new(examples, &device);
+                model.forward(batch.tokens, batch.pair, batch.positions)
+            };
+            let alone = logits(&[&forward, &reversed]);
+            logits(&[&forward, &reversed, &long])
+                .slice(s![0..2])
+                .into_data()
+                .assert_approx_eq::<f32>(
+                    &alone.clone().into_data(),
+                    Tolerance::absolute(1e-5).set_relative(1e-4),
+                );
+            let gap: f32 = (alone.clone().slice(s![0..1]) - alone.slice(s![1..2]))
+                .abs()
+                .max()
+                .into_scalar();
+            assert!(gap > 1e-4, "{attention}: reversing changed nothing ({gap})");
+        }
+        let err =
+            ClassifierSpec::resolve(&config, crate::tasks::find("listops").unwrap(), "linformer")
+                .unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("linformer") && message.contains("rotary"),
+            "{message}"
+        );
     }
 
     /// A token-level model predicts at the positions a batch lists, one row each, from the

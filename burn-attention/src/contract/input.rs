@@ -185,6 +185,7 @@ impl AttentionInput {
             query_pad,
             attn: self.attn_mask.clone(),
             causal: self.causal,
+            positions: None,
         }
     }
 }
@@ -203,6 +204,12 @@ pub struct HeadMasks {
     pub attn: Option<Tensor<3, Bool>>,
     /// Causal masking.
     pub causal: bool,
+    /// Rotary positions (RoFormer): each position's index among its sequence's real ones,
+    /// `[batch, n]` (self-attention), at which a variant that takes them
+    /// ([`Capabilities::rotary`](crate::Capabilities::rotary)) rotates its queries and keys;
+    /// `None`: no rotation. The projections fill it for a module with rotary positions on
+    /// ([`AttentionModule::with_rotary`](crate::AttentionModule::with_rotary)).
+    pub positions: Option<Tensor<2>>,
 }
 
 impl HeadMasks {
@@ -213,6 +220,7 @@ impl HeadMasks {
             query_pad: mask_pad,
             attn: None,
             causal,
+            positions: None,
         }
     }
 
@@ -223,6 +231,7 @@ impl HeadMasks {
             query_pad,
             attn: None,
             causal: false,
+            positions: None,
         }
     }
 

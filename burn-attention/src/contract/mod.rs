@@ -170,6 +170,19 @@ pub trait AttentionModule: Module {
         self.try_forward(input).map(|y| (y, None))
     }
 
+    /// This module with rotary positions on (Su et al. 2021, RoFormer, arXiv 2104.09864): its
+    /// queries and keys rotated by their positions inside attention, each position counted
+    /// among its sequence's real ones (so padding anywhere leaves the outputs unchanged), and
+    /// decoding rotating each token at its own position. For the variants whose capabilities
+    /// say so ([`Capabilities::rotary`]); the others return an error that says why rotating has
+    /// no meaning for them.
+    fn with_rotary(self) -> Result<Self, AttentionError>
+    where
+        Self: Sized,
+    {
+        Err(AttentionError::unsupported(self.name(), "rotary positions"))
+    }
+
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are
     /// returned unchanged. Training loops call this every N steps; `forward` never does.
     fn redraw(self) -> Self
@@ -212,6 +225,11 @@ pub struct Capabilities {
     /// Without one, keys and values pass through layers over all heads (a set's inducing
     /// points, a compression, a normalisation or gate over every head), and `attend` refuses.
     pub per_head_form: bool,
+    /// Takes rotary positions (RoFormer; [`AttentionModule::with_rotary`]): its queries and keys
+    /// rotated by their positions inside attention, so that its scores depend on positions
+    /// only through their differences. `false` where rotating has no meaning for the variant
+    /// (its `with_rotary` says why).
+    pub rotary: bool,
     /// A causal variant that reads a token's position from its index (windows, blocks, strides,
     /// segments, per-position weights): [`AttentionModule::prefill_padded`] takes padding only
     /// after each prompt's end, and refuses padding before it. `false` for the others.
@@ -231,6 +249,7 @@ impl Capabilities {
         fixed_max_len: false,
         weights_sum_to_one: false,
         per_head_form: false,
+        rotary: false,
         prefill_end_padding_only: false,
     };
 }
@@ -349,6 +368,32 @@ impl DecodingState {
         }
     }
 
+    /// The real tokens each sequence has seen, `[batch, 1]`: the next token's position, at
+    /// which rotary positions rotate it. A key/value cache counts its positions that are not
+    /// padding; a recurrent state with rotary positions keeps the count; nothing seen is 0. The
+    /// other states (which do not keep every position) are an error naming `variant`.
+    pub fn tokens_seen(
+        &self,
+        variant: &'static str,
+        batch: usize,
+        device: &Device,
+    ) -> Result<Tensor<2>, AttentionError> {
+        match self {
+            Self::Empty => Ok(Tensor::zeros([batch, 1], device)),
+            Self::KeyValueCache { keys, padding, .. } => Ok(match padding {
+                Some(pad) => pad.clone().bool_not().float().sum_dim(1),
+                None => Tensor::full([batch, 1], keys.dims()[2] as f32, device),
+            }),
+            Self::Recurrent(RecurrentState {
+                seen: Some(seen), ..
+            }) => Ok(seen.clone()),
+            _ => Err(AttentionError::unsupported(
+                variant,
+                "rotary positions from a state that does not count its tokens",
+            )),
+        }
+    }
+
     /// Whether this is the cache of prompts of different lengths (its padding marked), which
     /// the position-dependent patterns decode on from row by row.
     pub(crate) fn is_padded_cache(&self) -> bool {
@@ -441,4 +486,7 @@ pub struct RecurrentState {
     /// over the keys so far, `[batch, heads, 1, m]`, taken out of `S` and `z` (see
     /// [`favor_features`](crate::favor_features)).
     pub key_max: Option<Tensor<4>>,
+    /// With rotary positions: the real tokens seen per sequence, `[batch, 1]` (the next token's
+    /// position), `S` summed from rotated key features; `None` without.
+    pub seen: Option<Tensor<2>>,
 }

@@ -378,6 +378,11 @@ macro_rules! forward_through_projections {
             &self,
             input: $crate::contract::input::AttentionInput,
         ) -> Result<Tensor<3>, $crate::contract::error::AttentionError> {
+            if self.proj.rotary && input.is_cross() {
+                return Err($crate::contract::variant::rotary_cross_attention(
+                    self.name(),
+                ));
+            }
             self.proj.apply(input, |q, k, v, masks| {
                 $crate::contract::AttentionModule::attend(self, q, k, v, masks)
             })
@@ -417,6 +422,50 @@ macro_rules! prefill_through {
 }
 pub(crate) use prefill_through;
 
+/// [`AttentionModule::with_rotary`] for a variant built on a
+/// [`QkvoProjection`](crate::engines::heads::QkvoProjection) in its `proj` field: checked by
+/// [`check_rotary`], then the projections carry each position to `attend`.
+macro_rules! rotary_on_projections {
+    () => {
+        fn with_rotary(mut self) -> Result<Self, $crate::contract::error::AttentionError> {
+            let d_head = self.proj.d_model() / self.proj.n_heads();
+            $crate::contract::variant::check_rotary(self.name(), self.capabilities(), d_head)?;
+            self.proj.rotary = true;
+            Ok(self)
+        }
+    };
+}
+pub(crate) use rotary_on_projections;
+
+/// Refuses rotary positions where `capabilities` exclude them, or with an odd head width
+/// `d_head` (rotations turn pairs of channels).
+pub fn check_rotary(
+    variant: &'static str,
+    capabilities: Capabilities,
+    d_head: usize,
+) -> Result<(), AttentionError> {
+    if !capabilities.rotary {
+        return Err(AttentionError::unsupported(variant, "rotary positions"));
+    }
+    if !d_head.is_multiple_of(2) {
+        return Err(AttentionError::unsupported(
+            variant,
+            format!(
+                "rotary positions with an odd head width ({d_head}): they turn pairs of channels"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The error of rotary positions in cross-attention: they relate the positions of one sequence.
+pub fn rotary_cross_attention(variant: &'static str) -> AttentionError {
+    AttentionError::unsupported(
+        variant,
+        "rotary positions in cross-attention (they relate the positions of one sequence)",
+    )
+}
+
 /// [`check_capabilities`] and [`check_attention_mask`] for per-head queries `q` over keys `k`
 /// (`[batch, heads, n, d]`): the opening of a variant's [`AttentionModule::attend`].
 pub fn check_head_input(
@@ -427,7 +476,16 @@ pub fn check_head_input(
 ) -> Result<(), AttentionError> {
     let n_k = k.dims()[2];
     check_capabilities(info, q.dims()[2], n_k, masks.causal)?;
+    check_positions(info, masks)?;
     check_attention_mask(info, masks, q, n_k)
+}
+
+/// Refuses rotary positions in `masks` where `info`'s capabilities exclude them.
+pub fn check_positions(info: &VariantInfo, masks: &HeadMasks) -> Result<(), AttentionError> {
+    if masks.positions.is_some() && !info.capabilities.rotary {
+        return Err(AttentionError::unsupported(info.name, "rotary positions"));
+    }
+    Ok(())
 }
 
 /// The masks of an input to a variant defined on one sequence only (the decaying attentions):

@@ -6,6 +6,7 @@ use burn::prelude::*;
 use crate::contract::DecodingState;
 use crate::contract::error::AttentionError;
 use crate::contract::input::{AttentionInput, HeadMasks};
+use crate::engines::rotary::{real_positions, rotate_roformer};
 
 /// Splits `[batch, n, d_model]` into heads `[batch, n_heads, n, d_head]`.
 pub fn split_heads(x: Tensor<3>, n_heads: usize) -> Tensor<4> {
@@ -59,6 +60,10 @@ pub struct QkvoProjection {
     pub output: Linear,
     /// Number of heads the projections are split into.
     pub n_heads: usize,
+    /// Rotary positions on ([`AttentionModule::with_rotary`](crate::AttentionModule::with_rotary)):
+    /// the per-head masks carry each position, at which the attention rotates its queries and
+    /// keys, and decoding rotates each token at its own position.
+    pub rotary: bool,
 }
 
 impl QkvoProjection {
@@ -73,6 +78,7 @@ impl QkvoProjection {
             value: linear.init(device),
             output: linear.init(device),
             n_heads,
+            rotary: false,
         }
     }
 
@@ -127,9 +133,43 @@ impl QkvoProjection {
             HeadMasks,
         ) -> Result<Tensor<4>, AttentionError>,
     ) -> Result<Tensor<3>, AttentionError> {
-        let masks = input.head_masks();
+        let masks = self.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.project(input);
         Ok(self.out(attend(q, k, v, masks)?))
+    }
+
+    /// `masks` with each position among its sequence's real ones, where rotary positions are on
+    /// (self-attention over `x: [batch, n, d_model]`).
+    pub fn with_positions(&self, masks: HeadMasks, x: &Tensor<3>) -> HeadMasks {
+        if !self.rotary {
+            return masks;
+        }
+        let [batch, n, _] = x.dims();
+        let positions = real_positions(&masks.key_pad, batch, n, &x.device());
+        HeadMasks {
+            positions: Some(positions),
+            ..masks
+        }
+    }
+
+    /// [`qkv`](Self::qkv) for one decoded token `x: [batch, 1, d_model]` after those `state`
+    /// has seen: with rotary positions, its query and key rotated at its own position.
+    pub fn qkv_step(
+        &self,
+        x: Tensor<3>,
+        state: &DecodingState,
+        variant: &'static str,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), AttentionError> {
+        let (q, k, v) = self.qkv(x);
+        if !self.rotary {
+            return Ok((q, k, v));
+        }
+        let positions = state.tokens_seen(variant, q.dims()[0], &q.device())?;
+        Ok((
+            rotate_roformer(q, positions.clone()),
+            rotate_roformer(k, positions),
+            v,
+        ))
     }
 
     /// The prefill of the attentions that decode over a cache of every key: the causal forward
@@ -146,15 +186,16 @@ impl QkvoProjection {
             HeadMasks,
         ) -> Result<Tensor<4>, AttentionError>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        let masks = self.with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
         let (q, k, v) = self.qkv(x);
-        let o = attend(
-            q,
-            k.clone(),
-            v.clone(),
-            HeadMasks::new(mask_pad.clone(), true),
-        )?;
+        // The cache holds the keys as later tokens score them: rotated, with rotary positions.
+        let keys = match &masks.positions {
+            Some(positions) => rotate_roformer(k.clone(), positions.clone()),
+            None => k.clone(),
+        };
+        let o = attend(q, k, v.clone(), masks)?;
         let cache = DecodingState::KeyValueCache {
-            keys: k,
+            keys,
             values: v,
             padding: mask_pad,
         };

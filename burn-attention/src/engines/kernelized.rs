@@ -39,6 +39,7 @@ use burn::prelude::*;
 use crate::contract::error::AttentionError;
 use crate::contract::input::{causal_mask, zero_padded};
 use crate::contract::{DecodingState, RecurrentState};
+use crate::engines::rotary::rotate_roformer;
 
 /// Chunk length of the causal form (see the module docs): large enough that the intra-chunk
 /// products are efficient matrix products, small enough that the `c × c` weights per chunk stay
@@ -109,6 +110,19 @@ pub fn causal_kernelized_attention(
     mask_pad: Option<Tensor<2, Bool>>,
     chunk: usize,
 ) -> Tensor<4> {
+    let (num, den) = causal_sums(phi_q, phi_k, v, mask_pad, chunk);
+    normalise(num, den)
+}
+
+/// The causal numerator `Σ_{j≤i} (φ(Q_i)·φ(K_j)) V_j` (`[batch, heads, n, d]`) and denominator
+/// `Σ_{j≤i} φ(Q_i)·φ(K_j)` (`[batch, heads, n, 1]`), in chunks of `chunk` positions.
+fn causal_sums(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    chunk: usize,
+) -> (Tensor<4>, Tensor<4>) {
     assert!(chunk > 0, "the chunk length must be at least 1");
     let [batch, heads, n, _] = phi_q.dims();
     let d = v.dims()[3];
@@ -153,14 +167,46 @@ pub fn causal_kernelized_attention(
     };
     let s = earlier(k.clone().swap_dims(3, 4).matmul(v)); // [b, h, chunks, m, d]
     let z = earlier(k.sum_dim(3).swap_dims(3, 4)); // [b, h, chunks, m, 1]
-    let num = num + q.clone().matmul(s);
-    let den = den + q.matmul(z);
-    let out = normalise(num, den).reshape([batch, heads, chunks * c, d]);
+    let num = (num + q.clone().matmul(s)).reshape([batch, heads, chunks * c, d]);
+    let den = (den + q.matmul(z)).reshape([batch, heads, chunks * c, 1]);
     if fill == 0 {
-        out
+        (num, den)
     } else {
-        out.slice(s![.., .., 0..n])
+        (num.slice(s![.., .., 0..n]), den.slice(s![.., .., 0..n]))
     }
+}
+
+/// Kernelized attention with rotary positions, in RoFormer's form for linear attention (Su et
+/// al. 2021, arXiv 2104.09864, §3.4.3): the features rotated at their positions in the
+/// numerator only, `O_i = Σ_j (R_i φ(Q_i))·(R_j φ(K_j)) V_j / Σ_j φ(Q_i)·φ(K_j)`, so that the
+/// denominator stays a sum of positive terms. Causal attention takes both sums over `j ≤ i`
+/// in chunks of [`CAUSAL_CHUNK`].
+///
+/// # Shapes
+/// As [`kernelized_attention`]; `positions`: `[batch, n]`, each position's index among its
+/// sequence's real ones ([`real_positions`](crate::engines::rotary::real_positions)); `m` even.
+pub fn rotary_kernelized_attention(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    positions: Tensor<2>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    causal: bool,
+) -> Tensor<4> {
+    let rotated_q = rotate_roformer(phi_q.clone(), positions.clone());
+    let rotated_k = rotate_roformer(phi_k.clone(), positions);
+    if causal {
+        let (num, _) = causal_sums(rotated_q, rotated_k, v, mask_pad.clone(), CAUSAL_CHUNK);
+        let [batch, heads, n, _] = phi_q.dims();
+        let ones = Tensor::ones([batch, heads, n, 1], &phi_q.device());
+        let (den, _) = causal_sums(phi_q, phi_k, ones, mask_pad, CAUSAL_CHUNK);
+        return normalise(num, den);
+    }
+    let rotated_k = zero_padded(rotated_k, &mask_pad);
+    let phi_k = zero_padded(phi_k, &mask_pad);
+    let num = rotated_q.matmul(rotated_k.swap_dims(2, 3).matmul(v));
+    let den = phi_q.matmul(phi_k.sum_dim(2).swap_dims(2, 3));
+    normalise(num, den)
 }
 
 /// One step of causal kernelized attention: adds the new token's `φ(k) vᵀ` and `φ(k)` to the
@@ -185,7 +231,15 @@ pub fn kernelized_step(
     };
     let num = phi_q.clone().matmul(s.clone());
     let den = phi_q.matmul(z.clone());
-    (normalise(num, den), RecurrentState { s, z, key_max })
+    (
+        normalise(num, den),
+        RecurrentState {
+            s,
+            z,
+            key_max,
+            seen: None,
+        },
+    )
 }
 
 /// The recurrent state after a whole prompt, read at once from its key features and values:
@@ -200,7 +254,73 @@ pub fn prompt_state(phi_k: Tensor<4>, v: Tensor<4>, key_max: Option<Tensor<4>>) 
         s: phi_k.swap_dims(2, 3).matmul(v),
         z,
         key_max,
+        seen: None,
     }
+}
+
+/// The recurrent state after a whole prompt with rotary positions
+/// ([`rotary_kernelized_attention`]): `S = Σ_j R_j φ(K_j) V_jᵀ` over the rotated key features,
+/// `z = Σ_j φ(K_j)` over the plain ones, padded keys left out, and the real tokens seen per
+/// sequence.
+///
+/// # Shapes
+/// - `phi_k`: `[batch, heads, n, m]`; `v`: `[batch, heads, n, d]`; `positions`: `[batch, n]`
+pub fn rotary_prompt_state(
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    positions: Tensor<2>,
+    mask_pad: &Option<Tensor<2, Bool>>,
+) -> RecurrentState {
+    let [batch, _, n, _] = phi_k.dims();
+    let rotated = zero_padded(rotate_roformer(phi_k.clone(), positions), mask_pad);
+    let phi_k = zero_padded(phi_k, mask_pad);
+    let seen = match mask_pad {
+        Some(mask) => mask.clone().bool_not().float().sum_dim(1),
+        None => Tensor::full([batch, 1], n as f32, &v.device()),
+    };
+    RecurrentState {
+        s: rotated.swap_dims(2, 3).matmul(v),
+        z: phi_k.sum_dim(2).swap_dims(2, 3),
+        key_max: None,
+        seen: Some(seen),
+    }
+}
+
+/// One step of causal kernelized attention with rotary positions: the new token rotated at its
+/// own position (the real tokens the state has seen), its rotated `φ(k) vᵀ` and plain `φ(k)`
+/// added to the state (`None` = no token yet), and its output
+/// `(R φ(q))ᵀ S / φ(q)ᵀ z`.
+///
+/// # Shapes
+/// As [`kernelized_step`].
+pub fn rotary_kernelized_step(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    state: Option<RecurrentState>,
+) -> (Tensor<4>, RecurrentState) {
+    let batch = phi_q.dims()[0];
+    let seen = state
+        .as_ref()
+        .and_then(|state| state.seen.clone())
+        .unwrap_or_else(|| Tensor::zeros([batch, 1], &phi_q.device()));
+    let rotated_q = rotate_roformer(phi_q.clone(), seen.clone());
+    let rotated_k = rotate_roformer(phi_k.clone(), seen.clone());
+    let s_new = rotated_k.swap_dims(2, 3).matmul(v); // [b, h, m, d]
+    let z_new = phi_k.swap_dims(2, 3); // [b, h, m, 1]
+    let (s, z) = match state {
+        Some(state) => (state.s + s_new, state.z + z_new),
+        None => (s_new, z_new),
+    };
+    let num = rotated_q.matmul(s.clone());
+    let den = phi_q.matmul(z.clone());
+    let state = RecurrentState {
+        s,
+        z,
+        key_max: None,
+        seen: Some(seen + 1.0),
+    };
+    (normalise(num, den), state)
 }
 
 /// The recurrent state inside a decoding state: `None` before the first token; an error if the

@@ -1,17 +1,19 @@
 //! Rotary position encoding: each pair of channels `(x_{2i}, x_{2i+1})` of a query or key at
-//! position `p` rotated by the angle `p θ_i` (Su et al. 2021, arXiv 2104.09864), so that
-//! `q_i·k_j` depends on the positions only through `i − j`. The angles are RetNet's
-//! (Sun et al. 2023, arXiv 2307.08621: `θ_i = 10000^{−i / (d/2 − 1)}`, `i = 0..d/2`, from 1
-//! down to 1/10000), the `Θ` of its retention.
+//! position `p` rotated by the angle `p θ_i` (Su et al. 2021, RoFormer, arXiv 2104.09864), so
+//! that `q_i·k_j` depends on the positions only through `i − j`. Two sets of angles:
+//! RoFormer's, `θ_i = 10000^{−2i/d}` (`i = 0..d/2`; [`rotate_roformer`], the library's rotary
+//! positions for any attention that takes them), and RetNet's (Sun et al. 2023, arXiv
+//! 2307.08621: `θ_i = 10000^{−i / (d/2 − 1)}`, from 1 down to 1/10000; [`rotate`]), the `Θ` of
+//! its retention.
 //!
 //! Positions are given per sequence, so that a padded position need not count: the variants
-//! pass the index of each position among its sequence's real ones.
+//! pass the index of each position among its sequence's real ones ([`real_positions`]).
 
 use burn::prelude::*;
 
-/// The rotation angles of `d`-wide heads (`d` even), each `θ_i` twice (for channels `2i` and
-/// `2i + 1`), `[d]`.
-fn angles(d: usize, device: &Device) -> Tensor<1> {
+/// RetNet's rotation angles of `d`-wide heads (`d` even), each `θ_i` twice (for channels `2i`
+/// and `2i + 1`), `[d]`.
+fn retnet_angles(d: usize, device: &Device) -> Tensor<1> {
     let half = d / 2;
     let theta: Vec<f32> = (0..d)
         .map(|c| {
@@ -23,6 +25,15 @@ fn angles(d: usize, device: &Device) -> Tensor<1> {
             };
             10_000f64.powf(-t) as f32
         })
+        .collect();
+    Tensor::from_data(TensorData::new(theta, [d]), device)
+}
+
+/// RoFormer's rotation angles of `d`-wide heads (`d` even), `θ_i = 10000^{−2i/d}`, each twice
+/// (for channels `2i` and `2i + 1`), `[d]`.
+fn roformer_angles(d: usize, device: &Device) -> Tensor<1> {
+    let theta: Vec<f32> = (0..d)
+        .map(|c| 10_000f64.powf(-2.0 * (c / 2) as f64 / d as f64) as f32)
         .collect();
     Tensor::from_data(TensorData::new(theta, [d]), device)
 }
@@ -39,10 +50,10 @@ fn quarter_turn(d: usize, device: &Device) -> Tensor<2> {
     Tensor::from_data(TensorData::new(m, [d, d]), device)
 }
 
-/// `x` rotated at `positions`: `x cos + (x J) sin` channel by channel, with `J` the quarter
-/// turn of each pair, `(x_{2i}, x_{2i+1}) ↦ (−x_{2i+1}, x_{2i})`: one small product and three element-wise operations,
-/// where splitting the pairs apart and stacking them back would copy `x` several times, forward
-/// and backward.
+/// `x` rotated at `positions` by RetNet's angles (see the module docs): `x cos + (x J) sin`
+/// channel by channel, with `J` the quarter turn of each pair, `(x_{2i}, x_{2i+1}) ↦
+/// (−x_{2i+1}, x_{2i})`: one small product and three element-wise operations, where splitting
+/// the pairs apart and stacking them back would copy `x` several times, forward and backward.
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, n, d]`, `d` even
@@ -51,14 +62,58 @@ fn quarter_turn(d: usize, device: &Device) -> Tensor<2> {
 /// # Panics
 /// If `d` is odd (the variants refuse odd head widths when configured).
 pub fn rotate(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
-    let [batch, _, n, d] = x.dims();
+    let d = x.dims()[3];
+    check_even(d);
+    let theta = retnet_angles(d, &x.device());
+    rotate_by(x, positions, theta)
+}
+
+/// `x` rotated at `positions` by RoFormer's angles, `θ_i = 10000^{−2i/d}` (the library's rotary
+/// positions); computed as [`rotate`] is.
+///
+/// # Shapes
+/// As [`rotate`].
+///
+/// # Panics
+/// If `d` is odd (the variants refuse odd head widths when rotary positions are asked for).
+pub fn rotate_roformer(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
+    let d = x.dims()[3];
+    check_even(d);
+    let theta = roformer_angles(d, &x.device());
+    rotate_by(x, positions, theta)
+}
+
+/// Queries and keys rotated at `positions` by RoFormer's angles (the per-head masks' rotary
+/// positions, self-attention); unchanged without positions.
+///
+/// # Shapes
+/// - `q`, `k`: `[batch, heads, n, d]`; `positions`: `[batch, n]`
+pub fn rotate_queries_keys(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    positions: &Option<Tensor<2>>,
+) -> (Tensor<4>, Tensor<4>) {
+    match positions {
+        Some(positions) => (
+            rotate_roformer(q, positions.clone()),
+            rotate_roformer(k, positions.clone()),
+        ),
+        None => (q, k),
+    }
+}
+
+fn check_even(d: usize) {
     assert!(
-        d % 2 == 0,
+        d.is_multiple_of(2),
         "rotary position encoding needs an even head width, not {d}"
     );
+}
+
+/// `x cos(p θ) + (x J) sin(p θ)` for the angles `theta` (`[d]`, each twice).
+fn rotate_by(x: Tensor<4>, positions: Tensor<2>, theta: Tensor<1>) -> Tensor<4> {
+    let [batch, _, n, d] = x.dims();
     let device = x.device();
-    let theta = angles(d, &device).reshape([1, 1, 1, d]);
-    let phase = positions.reshape([batch, 1, n, 1]) * theta; // [b, 1, n, d]
+    let phase = positions.reshape([batch, 1, n, 1]) * theta.reshape([1, 1, 1, d]); // [b, 1, n, d]
     let (cos, sin) = (phase.clone().cos(), phase.sin());
     let turned = x
         .clone()

@@ -10,12 +10,16 @@
 //! x ≈ −17 in f32.
 //! Cost: O(n d²) time, O(n d + d²) memory per head (causal: O(n d) more for the chunks).
 //! Masks: padding and causal; cross-attention; decoding with the recurrent state (O(d²) a token).
+//! Rotary positions ([`AttentionModule::with_rotary`]): RoFormer's form for linear attention
+//! (Su et al. 2021, §3.4.3), the features rotated in the numerator only, so that the
+//! denominator stays positive; decoding carries the count of tokens seen.
 
 use crate::variants::prelude::*;
 
 use crate::contract::input::zero_padded;
 use crate::engines::kernelized::{
     kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+    rotary_kernelized_attention, rotary_kernelized_step, rotary_prompt_state,
 };
 use crate::kernels;
 
@@ -28,6 +32,7 @@ pub const INFO: VariantInfo = VariantInfo {
     capabilities: Capabilities {
         causal: true,
         cross_attention: true,
+        rotary: true,
         weights_sum_to_one: true,
         per_head_form: true,
         ..Capabilities::PADDING_ONLY
@@ -70,11 +75,19 @@ projection_shape!(LinearAttention);
 impl LinearAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
+    /// With rotary positions, the state's sums over the rotated key features.
     fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
+        let masks = self
+            .proj
+            .with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
+        let positions = masks.positions.clone();
         let (q, k, v) = self.proj.qkv(x);
-        let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
-        let state = prompt_state(zero_padded(elu_feature_map(k), &mask_pad), v, None);
+        let phi_k = elu_feature_map(k);
+        let state = match positions {
+            Some(positions) => rotary_prompt_state(phi_k, v, positions, &mask_pad),
+            None => prompt_state(zero_padded(phi_k, &mask_pad), v, None),
+        };
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }
@@ -84,9 +97,23 @@ impl AttentionModule for LinearAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, RoFormer's form for linear attention: the features
+    /// rotated in the numerator only ([`rotary_kernelized_attention`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(&INFO, &q, &k, &masks)?;
-        Ok(linear_attention(q, k, v, masks.key_pad, masks.causal))
+        Ok(match masks.positions {
+            Some(positions) => rotary_kernelized_attention(
+                elu_feature_map(q),
+                elu_feature_map(k),
+                v,
+                positions,
+                masks.key_pad,
+                masks.causal,
+            ),
+            None => linear_attention(q, k, v, masks.key_pad, masks.causal),
+        })
     }
 
     prefill_through!(prefill_with);
@@ -94,7 +121,12 @@ impl AttentionModule for LinearAttention {
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
-        let (o, state) = kernelized_step(elu_feature_map(q), elu_feature_map(k), v, state);
+        let step = if self.proj.rotary {
+            rotary_kernelized_step
+        } else {
+            kernelized_step
+        };
+        let (o, state) = step(elu_feature_map(q), elu_feature_map(k), v, state);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }

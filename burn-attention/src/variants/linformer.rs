@@ -34,16 +34,11 @@ use crate::kernels;
 use crate::engines::softmax::{exact_softmax_attention, softmax_attention_with_weights};
 
 const CAPABILITIES: Capabilities = Capabilities {
-    padding_mask: true,
-    attention_mask: false,
-    returns_weights: false,
-    causal: false,
     cross_attention: true,
     fixed_max_len: true,
-    // F mixes the values with weights of any sign and sum.
-    weights_sum_to_one: false,
     per_head_form: true,
-    prefill_end_padding_only: false,
+    // F mixes the values with weights of any sign and sum: weights_sum_to_one stays false.
+    ..Capabilities::PADDING_ONLY
 };
 
 /// The registry entry of Linformer.

@@ -405,6 +405,7 @@ fn favor_step(
             s,
             z,
             key_max: Some(old_max),
+            ..
         }) => {
             let key_max = old_max.clone().max_pair(log_k.clone());
             // S and z were summed with features divided by exp(old_max); bring them to the new
@@ -414,6 +415,7 @@ fn favor_step(
                 s: s * rescale.clone(),
                 z: z * rescale,
                 key_max: None,
+                seen: None,
             };
             (key_max, Some(state))
         }

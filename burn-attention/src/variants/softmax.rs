@@ -6,6 +6,7 @@
 //! arbitrary `[batch, n_q, n_k]` attention mask (on the composed steps, which keep the `n × n`
 //! weights); cross-attention; its weights on request; decoding with a key/value cache.
 
+use crate::engines::rotary::rotate_queries_keys;
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 
@@ -22,6 +23,7 @@ pub const INFO: VariantInfo = VariantInfo {
         returns_weights: true,
         causal: true,
         cross_attention: true,
+        rotary: true,
         weights_sum_to_one: true,
         per_head_form: true,
         ..Capabilities::PADDING_ONLY
@@ -75,10 +77,12 @@ impl AttentionModule for SoftmaxAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the queries and keys rotated at them first.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
-        let [n_q, n_k] = [q.dims()[2], k.dims()[2]];
-        check_capabilities(&INFO, n_q, n_k, masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        check_head_input(&INFO, &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         if masks.attn.is_some() {
             return Ok(softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout)).0);
         }
@@ -95,9 +99,13 @@ impl AttentionModule for SoftmaxAttention {
     /// The weights `[batch, heads, n_q, n_k]`, formed by the composed steps (which keep them;
     /// the output is the same as [`try_forward`](AttentionModule::try_forward)'s).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(INFO.name));
+        }
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
         check_head_input(&INFO, &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let (o, weights) = softmax_attention_with_weights(q, k, v, &masks, Some(&self.dropout));
         Ok((self.proj.out(o), weights))
     }
@@ -120,7 +128,7 @@ impl AttentionModule for SoftmaxAttention {
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
     /// position t.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
-        let (q, k, v) = self.proj.qkv(x);
+        let (q, k, v) = self.proj.qkv_step(x, &state, INFO.name)?;
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = exact_softmax_attention(
             q,

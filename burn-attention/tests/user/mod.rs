@@ -43,6 +43,7 @@ impl AttentionModule for UserAttention {
             fixed_max_len: false,
             weights_sum_to_one: true,
             per_head_form: true,
+            rotary: false,
             prefill_end_padding_only: false,
         }
     }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use burn_attention_zoo::contract::variant::check_rotary;
 use burn_attention_zoo::{
     AttentionConfig, EncoderBlockConfig, EncoderConfig, hybrid_pattern, repeat_pattern,
 };
@@ -245,6 +246,14 @@ impl RunConfig {
         }
         config.validate()?;
         config.check_input(self.encoder_len(), self.encoder_len(), false)?;
+        if m.positions == Positions::Rotary {
+            check_rotary(
+                config.name(),
+                config.info().capabilities,
+                m.d_model / m.n_heads,
+            )
+            .context("`model.positions = \"rotary\"`")?;
+        }
         Ok(config)
     }
 

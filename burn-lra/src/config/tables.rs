@@ -113,6 +113,10 @@ pub enum Positions {
     Sinusoidal,
     /// A learned embedding per position (the PyTorch re-runs).
     Learned,
+    /// Rotary positions (Su et al. 2021, RoFormer): nothing added to the embeddings; every
+    /// layer's attention rotates its queries and keys by their positions (for the attentions
+    /// that take them; the others are refused when the configuration is read).
+    Rotary,
 }
 
 /// Model settings.

@@ -1,0 +1,351 @@
+//! Rotary positions (Su et al. 2021, RoFormer, arXiv 2104.09864) against float64 references
+//! written from the paper: softmax over rotated queries and keys (eq. 16), and linear attention
+//! in the paper's linear form (§3.4.3: rotated features in the numerator, plain ones in the
+//! denominator); the relative-position property (shifting every position leaves the outputs
+//! unchanged); padding anywhere in a sequence (positions count real tokens); decoding equal to
+//! the causal forward pass; and the refusals (the variants without rotary positions, cross-
+//! attention, odd head widths).
+
+mod reference;
+mod small;
+
+use burn::prelude::*;
+use burn::tensor::Tolerance;
+use burn_attention_zoo::{
+    AttentionConfig, AttentionInput, AttentionModule, DecodingState, HeadMasks, VARIANTS,
+    padding_mask_from_lengths,
+};
+use reference::{elu_plus_one, max_rel_err, normal_tensor, softmax_head, to_heads};
+
+const D_MODEL: usize = 16;
+const N_HEADS: usize = 2;
+const N_MAX: usize = 96;
+
+fn device() -> Device {
+    Device::flex()
+}
+
+fn rotary(name: &str, device: &Device) -> burn_attention_zoo::Attention {
+    small::small_config(name, D_MODEL, N_HEADS, N_MAX)
+        .init(device)
+        .with_rotary()
+        .unwrap()
+}
+
+/// RoFormer's rotation of one row at position `p` (eq. 34): channel pair `(x_{2i}, x_{2i+1})`
+/// turned by `p θ_i`, `θ_i = 10000^{−2i/d}`.
+fn rotate_f64(x: &[f64], p: f64) -> Vec<f64> {
+    let d = x.len();
+    let mut out = vec![0.0; d];
+    for i in 0..d / 2 {
+        let theta = 10_000f64.powf(-2.0 * i as f64 / d as f64);
+        let (c, s) = ((p * theta).cos(), (p * theta).sin());
+        out[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
+        out[2 * i + 1] = x[2 * i] * s + x[2 * i + 1] * c;
+    }
+    out
+}
+
+fn rotate_rows(x: &[Vec<f64>], positions: &[f64]) -> Vec<Vec<f64>> {
+    x.iter()
+        .zip(positions)
+        .map(|(row, &p)| rotate_f64(row, p))
+        .collect()
+}
+
+fn map_rows(x: &[Vec<f64>], f: impl Fn(f64) -> f64) -> Vec<Vec<f64>> {
+    x.iter()
+        .map(|r| r.iter().map(|&a| f(a)).collect())
+        .collect()
+}
+
+/// RoFormer's linear attention for one head: `Σ_j (R_i φ(q_i))·(R_j φ(k_j)) v_j / Σ_j
+/// φ(q_i)·φ(k_j)` over the keys `masked(i, j)` leaves.
+fn rotary_linear_head(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    positions: &[f64],
+    masked: impl Fn(usize, usize) -> bool,
+) -> Vec<Vec<f64>> {
+    let (fq, fk) = (map_rows(q, elu_plus_one), map_rows(k, elu_plus_one));
+    let (rq, rk) = (rotate_rows(&fq, positions), rotate_rows(&fk, positions));
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    (0..q.len())
+        .map(|i| {
+            let keys: Vec<usize> = (0..k.len()).filter(|&j| !masked(i, j)).collect();
+            let den: f64 = keys.iter().map(|&j| dot(&fq[i], &fk[j])).sum();
+            (0..v[0].len())
+                .map(|c| {
+                    keys.iter()
+                        .map(|&j| dot(&rq[i], &rk[j]) * v[j][c])
+                        .sum::<f64>()
+                        / den
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The positions of a sequence whose padding is `padded`: each real position's index among the
+/// real ones.
+fn real_positions(padded: &[bool]) -> Vec<f64> {
+    let mut seen = 0.0;
+    padded
+        .iter()
+        .map(|&pad| {
+            let p = seen;
+            if !pad {
+                seen += 1.0;
+            }
+            if pad { p - 1.0 } else { p }
+        })
+        .collect()
+}
+
+/// Per-head rotary attention of `softmax` and `linear` against the float64 formulas, with
+/// padding inside a sequence (positions counting real tokens only), causal and not: 1e-4
+/// relative (floor 0.01), at positions up to 40 and inputs of a trained model's scale.
+#[test]
+fn rotary_attention_matches_float64_reference() {
+    let device = device();
+    let (b, n, d) = (2, 41, D_MODEL / N_HEADS);
+    // Sequence 0 unpadded; sequence 1 with padding in the middle and at the end.
+    let padded: Vec<Vec<bool>> = vec![
+        vec![false; n],
+        (0..n).map(|j| (10..14).contains(&j) || j >= 37).collect(),
+    ];
+    let flags: Vec<bool> = padded.concat();
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [b, n]), &device);
+    let positions: Vec<Vec<f64>> = padded.iter().map(|p| real_positions(p)).collect();
+    let positions_tensor = Tensor::<2>::from_data(
+        TensorData::new(
+            positions
+                .concat()
+                .iter()
+                .map(|&p| p as f32)
+                .collect::<Vec<_>>(),
+            [b, n],
+        ),
+        &device,
+    );
+    let [q, k, v] = [1, 2, 3].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
+    let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
+    for name in ["softmax", "linear"] {
+        let attention = rotary(name, &device);
+        for causal in [false, true] {
+            let masks = HeadMasks {
+                positions: Some(positions_tensor.clone()),
+                ..HeadMasks::new(Some(mask.clone()), causal)
+            };
+            let out = to_heads(
+                &attention
+                    .attend(q.clone(), k.clone(), v.clone(), masks)
+                    .unwrap(),
+            );
+            for bi in 0..b {
+                for h in 0..N_HEADS {
+                    let pads = &padded[bi];
+                    let masked = |i: usize, j: usize| pads[j] || (causal && j > i);
+                    let expected = if name == "softmax" {
+                        let p = &positions[bi];
+                        let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
+                        softmax_head(&rq, &rk, &vh[bi][h], masked)
+                    } else {
+                        rotary_linear_head(
+                            &qh[bi][h],
+                            &kh[bi][h],
+                            &vh[bi][h],
+                            &positions[bi],
+                            masked,
+                        )
+                    };
+                    let real: Vec<usize> = (0..n).filter(|&i| !pads[i]).collect();
+                    let pick = |rows: &[Vec<f64>]| {
+                        real.iter().map(|&i| rows[i].clone()).collect::<Vec<_>>()
+                    };
+                    let err = max_rel_err(&pick(&out[bi][h]), &pick(&expected), 1e-2);
+                    assert!(
+                        err < 1e-4,
+                        "{name} causal {causal} batch {bi} head {h}: {err}"
+                    );
+                }
+            }
+        }
+    }
+    // The reference is not the plain attention: rotation changes the outputs.
+    let plain = to_heads(&burn_attention_zoo::softmax_attention(q, k, v, None, false));
+    let p = &positions[0];
+    let rotated = softmax_head(
+        &rotate_rows(&qh[0][0], p),
+        &rotate_rows(&kh[0][0], p),
+        &vh[0][0],
+        |_, _| false,
+    );
+    assert!(max_rel_err(&plain[0][0], &rotated, 1e-2) > 1e-2);
+}
+
+/// The relative-position property: shifting every position by the same amount leaves softmax's
+/// outputs unchanged (its scores depend on positions only through their differences), and so
+/// does linear attention's numerator and denominator.
+#[test]
+fn shifting_every_position_changes_nothing() {
+    let device = device();
+    let (b, n, d) = (2, 24, D_MODEL / N_HEADS);
+    let [q, k, v] = [4, 5, 6].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
+    let base = Tensor::<1, Int>::arange(0..n as i64, &device)
+        .float()
+        .reshape([1, n])
+        .expand([b, n]);
+    for name in ["softmax", "linear"] {
+        let attention = rotary(name, &device);
+        let at = |shift: f32| {
+            let masks = HeadMasks {
+                positions: Some(base.clone() + shift),
+                ..HeadMasks::new(None, false)
+            };
+            attention
+                .attend(q.clone(), k.clone(), v.clone(), masks)
+                .unwrap()
+        };
+        at(0.0)
+            .into_data()
+            .assert_approx_eq::<f32>(&at(37.0).into_data(), Tolerance::absolute(1e-4));
+    }
+}
+
+/// With rotary positions, padding anywhere in a sequence leaves its real outputs unchanged: the
+/// module's forward pass over a padded batch equals each sequence alone without padding.
+#[test]
+fn rotary_padding_anywhere_changes_nothing() {
+    let device = device();
+    let n = 20;
+    for name in ["softmax", "linear"] {
+        let attention = rotary(name, &device);
+        let x = normal_tensor([1, n, D_MODEL], 7, &device);
+        for causal in [false, true] {
+            let alone = attention.forward(AttentionInput::new(x.clone()).causal(causal));
+            // Junk inserted at 3..6 and appended after the end.
+            let junk = normal_tensor([1, 3, D_MODEL], 8, &device) * 50.0;
+            let tail = normal_tensor([1, 2, D_MODEL], 9, &device) * 50.0;
+            let padded_x = Tensor::cat(
+                vec![
+                    x.clone().slice(s![.., 0..3]),
+                    junk,
+                    x.clone().slice(s![.., 3..n]),
+                    tail,
+                ],
+                1,
+            );
+            let flags: Vec<bool> = (0..n + 5)
+                .map(|j| (3..6).contains(&j) || j >= n + 3)
+                .collect();
+            let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [1, n + 5]), &device);
+            let out =
+                attention.forward(AttentionInput::new(padded_x).mask_pad(mask).causal(causal));
+            let real = Tensor::cat(
+                vec![out.clone().slice(s![.., 0..3]), out.slice(s![.., 6..n + 3])],
+                1,
+            );
+            real.into_data().assert_approx_eq::<f32>(
+                &alone.into_data(),
+                Tolerance::absolute(1e-4).set_relative(1e-3),
+            );
+        }
+    }
+}
+
+/// Decoding token by token with rotary positions equals the causal forward pass, and so does
+/// prefilling a prompt then decoding on, padded prompts included.
+#[test]
+fn rotary_decoding_equals_the_causal_forward_pass() {
+    let device = device();
+    let n = 11;
+    for name in ["softmax", "linear"] {
+        let attention = rotary(name, &device);
+        let x = normal_tensor([2, n, D_MODEL], 10, &device);
+        let full = attention.forward(AttentionInput::new(x.clone()).causal(true));
+        let mut state = DecodingState::default();
+        let mut steps = Vec::new();
+        for t in 0..n {
+            let (y, next) = attention
+                .decode(x.clone().slice(s![.., t..t + 1]), state)
+                .unwrap();
+            steps.push(y);
+            state = next;
+        }
+        Tensor::cat(steps, 1).into_data().assert_approx_eq::<f32>(
+            &full.clone().into_data(),
+            Tolerance::absolute(1e-4).set_relative(1e-3),
+        );
+        // A prompt of 6 then 5 decoded tokens.
+        let (prompt_out, mut state) = attention.prefill(x.clone().slice(s![.., 0..6])).unwrap();
+        prompt_out.into_data().assert_approx_eq::<f32>(
+            &full.clone().slice(s![.., 0..6]).into_data(),
+            Tolerance::absolute(1e-4).set_relative(1e-3),
+        );
+        for t in 6..n {
+            let (y, next) = attention
+                .decode(x.clone().slice(s![.., t..t + 1]), state)
+                .unwrap();
+            y.into_data().assert_approx_eq::<f32>(
+                &full.clone().slice(s![.., t..t + 1]).into_data(),
+                Tolerance::absolute(1e-4).set_relative(1e-3),
+            );
+            state = next;
+        }
+        // Prompts of 4 and 6 tokens padded to 6; sequence 0 then goes on from its 5th token.
+        let mask = padding_mask_from_lengths(&[4, 6], 6, &device);
+        let (_, state) = attention
+            .prefill_padded(x.clone().slice(s![.., 0..6]), mask)
+            .unwrap();
+        let (y, _) = attention
+            .decode(x.clone().slice(s![.., 4..5]), state)
+            .unwrap();
+        y.slice(s![0..1]).into_data().assert_approx_eq::<f32>(
+            &full.slice(s![0..1, 4..5]).into_data(),
+            Tolerance::absolute(1e-4).set_relative(1e-3),
+        );
+    }
+}
+
+/// `with_rotary` succeeds exactly for the variants whose capabilities say so; the others, cross-
+/// attention with rotary positions and odd head widths are errors that say what.
+#[test]
+fn rotary_positions_are_refused_where_they_are_not_taken() {
+    let device = device();
+    let mut taken = Vec::new();
+    for info in VARIANTS {
+        let attention = small::small_config(info.name, D_MODEL, N_HEADS, N_MAX).init(&device);
+        match attention.with_rotary() {
+            Ok(_) => {
+                assert!(info.capabilities.rotary, "{}", info.name);
+                taken.push(info.name);
+            }
+            Err(err) => {
+                assert!(!info.capabilities.rotary, "{}: {err}", info.name);
+                assert!(err.to_string().contains("rotary"), "{}: {err}", info.name);
+            }
+        }
+    }
+    assert!(
+        taken.contains(&"softmax") && taken.contains(&"linear"),
+        "{taken:?}"
+    );
+
+    let attention = rotary("softmax", &device);
+    let x = normal_tensor([1, 5, D_MODEL], 11, &device);
+    let memory = normal_tensor([1, 7, D_MODEL], 12, &device);
+    let err = attention
+        .try_forward(AttentionInput::cross(x, memory.clone(), memory))
+        .unwrap_err();
+    assert!(err.to_string().contains("cross-attention"), "{err}");
+
+    // Heads of width 3 (6 = 2 × 3): rotations turn pairs of channels.
+    let odd = AttentionConfig::from_name("softmax", 6, 2, 8)
+        .unwrap()
+        .init(&device)
+        .with_rotary()
+        .unwrap_err();
+    assert!(odd.to_string().contains("odd head width"), "{odd}");
+}
