@@ -85,8 +85,11 @@ impl RunConfig {
             .replace('\r', "\n");
         let origin = path.display().to_string();
         if path.extension().is_some_and(|e| e == "json") {
-            let config: Self =
-                serde_json::from_str(&text).with_context(|| format!("config file {origin}"))?;
+            // serde_json quotes a misspelt key as it decoded it, a `\n` escape included: the
+            // message is kept on one line.
+            let config: Self = serde_json::from_str(&text).map_err(|e| {
+                anyhow::anyhow!("config file {origin}: {}", e.to_string().escape_debug())
+            })?;
             config
                 .validate()
                 .with_context(|| format!("config file {origin}"))?;
