@@ -51,15 +51,43 @@ fn scan(order: &[usize], h: usize, (q, k, v): (&Rows, &Rows, &Rows), gate: &Rows
     out
 }
 
-/// The module's output for the real rows `x` of one sequence.
+/// Each head's `D_K` channels of `row` (a query or key at position `p`) turned by RoFormer's
+/// rotation (Su et al. 2021, eq. 34): pair `(2i, 2i+1)` by `p θ_i`, `θ_i = 10000^{−2i/D_K}`.
+fn rotate_heads(row: &[f64], p: f64) -> Vec<f64> {
+    let mut out = row.to_vec();
+    for h in 0..HEADS {
+        for i in 0..D_K / 2 {
+            let theta = 10_000f64.powf(-2.0 * i as f64 / D_K as f64);
+            let (c, s) = ((p * theta).cos(), (p * theta).sin());
+            let (a, b) = (row[h * D_K + 2 * i], row[h * D_K + 2 * i + 1]);
+            out[h * D_K + 2 * i] = a * c - b * s;
+            out[h * D_K + 2 * i + 1] = a * s + b * c;
+        }
+    }
+    out
+}
+
+/// The module's output for the real rows `x` of one sequence (with rotary positions: queries
+/// and keys rotated at their positions among the real rows).
 fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
     let n = x.len();
     let scale = (D_K as f64).powf(-0.5);
-    let q: Rows = linear_f64(&m.query, x)
-        .iter()
-        .map(|r| r.iter().map(|a| a * scale).collect())
-        .collect();
-    let (k, v) = (linear_f64(&m.key, x), linear_f64(&m.value, x));
+    let rotated = |rows: Rows| -> Rows {
+        if !m.rotary {
+            return rows;
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(p, row)| rotate_heads(row, p as f64))
+            .collect()
+    };
+    let q: Rows = rotated(
+        linear_f64(&m.query, x)
+            .iter()
+            .map(|r| r.iter().map(|a| a * scale).collect())
+            .collect(),
+    );
+    let (k, v) = (rotated(linear_f64(&m.key, x)), linear_f64(&m.value, x));
     let tau = m.gate_temperature;
     // σ(z)^{1/τ}, from σ(z) = 1 / (1 + e^{−z}).
     let gate: Rows = linear_f64(&m.gate_up, &linear_f64(&m.gate_down, x))
@@ -121,14 +149,22 @@ fn module(device: &Device) -> GlaAttention {
     m
 }
 
+/// Without and with rotary positions (which must change the outputs).
 #[test]
 fn gla_matches_float64_reference() {
     let device = Device::flex();
-    let m = module(&device);
+    let plain = module(&device);
+    let rotary = plain.clone().with_rotary().unwrap();
+    for m in [plain, rotary] {
+        matches_float64_reference(&m, &device);
+    }
+}
+
+fn matches_float64_reference(m: &GlaAttention, device: &Device) {
     for (case, n) in [5usize, 16, 50, 300].into_iter().enumerate() {
         for scale in [1.0, 4.0] {
             let seed = 10 * case as u64 + scale as u64;
-            let (x, mask, real) = padded_pair([n, D_MODEL], seed, scale, &device);
+            let (x, mask, real) = padded_pair([n, D_MODEL], seed, scale, device);
             for causal in [true, false] {
                 let out = m.forward(
                     AttentionInput::new(x.clone())
@@ -136,12 +172,20 @@ fn gla_matches_float64_reference() {
                         .causal(causal),
                 );
                 for (b, keep) in real.iter().enumerate() {
-                    let expected = gla_f64(&m, &rows(&x, b, keep), causal);
+                    let expected = gla_f64(m, &rows(&x, b, keep), causal);
                     let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
                     assert!(
                         err < TOLERANCE,
-                        "n {n} scale {scale} causal {causal} batch {b}: relative error {err}"
+                        "rotary {} n {n} scale {scale} causal {causal} batch {b}: relative \
+                         error {err}",
+                        m.rotary
                     );
+                    if m.rotary && n >= 16 {
+                        let mut plain = m.clone();
+                        plain.rotary = false;
+                        let unrotated = gla_f64(&plain, &rows(&x, b, keep), causal);
+                        assert!(max_rel_err(&expected, &unrotated, 5e-2) > 1e-2);
+                    }
                 }
             }
         }
@@ -153,8 +197,13 @@ fn gla_matches_float64_reference() {
 #[test]
 fn decoding_equals_the_causal_forward() {
     let device = Device::flex();
-    let m = module(&device);
-    let x = normal_tensor([2, 70, D_MODEL], 7, &device);
+    for m in [module(&device), module(&device).with_rotary().unwrap()] {
+        decoding_equals_the_causal_forward_of(m, &device);
+    }
+}
+
+fn decoding_equals_the_causal_forward_of(m: GlaAttention, device: &Device) {
+    let x = normal_tensor([2, 70, D_MODEL], 7, device);
     let full = m.forward(AttentionInput::new(x.clone()).causal(true));
     let (_, mut state) = m.prefill(x.clone().slice(s![.., 0..37])).unwrap();
     for t in 37..70 {

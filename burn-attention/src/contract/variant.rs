@@ -517,7 +517,30 @@ pub fn check_self_attention(
 /// by [`check_self_attention`].
 macro_rules! recurrent_module {
     ($module:ty) => {
+        recurrent_module!($module, {});
+    };
+    // With `rotary`: `with_rotary` from a `rotary: bool` field and an inherent
+    // `fn rotary_head_width(&self) -> usize` (the width of a head's queries and keys), the
+    // module's `mix` and `step` rotating them when the field is set.
+    ($module:ty, rotary) => {
+        recurrent_module!($module, {
+            fn with_rotary(
+                mut self,
+            ) -> Result<Self, $crate::contract::error::AttentionError> {
+                $crate::contract::variant::check_rotary(
+                    self.info().name,
+                    self.info().capabilities,
+                    self.rotary_head_width(),
+                )?;
+                self.rotary = true;
+                Ok(self)
+            }
+        });
+    };
+    ($module:ty, { $($extra:item)* }) => {
         impl $crate::contract::AttentionModule for $module {
+            $($extra)*
+
             fn name(&self) -> &'static str {
                 self.info().name
             }

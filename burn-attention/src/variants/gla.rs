@@ -21,7 +21,12 @@
 //! reversed sequence, the diagonal counted once (as the bidirectional state-space models combine
 //! two scans, Hwang et al. 2024, arXiv 2407.09941): position `i` reads `j > i` through the gates
 //! of `i..j−1`. No cross-attention, attention mask or weights.
+//!
+//! Rotary positions ([`AttentionModule::with_rotary`]; not in the paper, offered as the harness
+//! offers them to every attention that takes them): queries and keys rotated at their positions
+//! among the real tokens (RoFormer's angles) before the recurrence, each decoded token at its own.
 
+use crate::engines::rotary::{real_positions, rotate_queries_keys};
 use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
@@ -46,6 +51,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n c d + (n / c) d²), c = 16",
     capabilities: Capabilities {
         causal: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -130,6 +136,7 @@ impl VariantConfig for GlaConfig {
             n_heads: self.n_heads,
             gate_temperature: self.gate_temperature,
             norm_eps: self.norm_eps,
+            rotary: false,
         }
     }
 }
@@ -161,6 +168,9 @@ pub struct GlaAttention {
     pub gate_temperature: f64,
     /// Epsilon of the per-head normalisation.
     pub norm_eps: f64,
+    /// Rotary positions on ([`AttentionModule::with_rotary`]): queries and keys rotated at
+    /// their positions before the recurrence (RoFormer's angles), each decoded token at its own.
+    pub rotary: bool,
 }
 
 impl GlaAttention {
@@ -207,6 +217,13 @@ impl GlaAttention {
     ) -> (Tensor<3>, Option<DecodingState>) {
         let [batch, n, _] = x.dims();
         let [q, k, v, log_gate] = self.project(x.clone());
+        let (q, k) = match self.rotary {
+            true => {
+                let positions = real_positions(&mask_pad, batch, n, &x.device());
+                rotate_queries_keys(q, k, &Some(positions))
+            }
+            false => (q, k),
+        };
         let (k, log_gate) = without_padding(k, log_gate, &mask_pad);
         if causal {
             let (o, s) = decayed_causal(q, k, v, log_gate, GATE_CHUNK);
@@ -226,11 +243,20 @@ impl GlaAttention {
         &INFO
     }
 
+    /// The width of a head's queries and keys, which rotary positions turn in pairs.
+    fn rotary_head_width(&self) -> usize {
+        self.query.weight.lazy_shape()[1] / self.n_heads
+    }
+
     /// One token from the decoding state.
     fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let [q, k, v, log_gate] = self.project(x.clone());
+        let (q, k) = match self.rotary {
+            true => rotate_queries_keys(q, k, &Some(seen.clone())),
+            false => (q, k),
+        };
         let (o, s) = decayed_step(q, k, v, log_gate, s);
         let state = DecayedState {
             s,
@@ -240,4 +266,4 @@ impl GlaAttention {
     }
 }
 
-recurrent_module!(GlaAttention);
+recurrent_module!(GlaAttention, rotary);
