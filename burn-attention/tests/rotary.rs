@@ -12,10 +12,10 @@ mod small;
 use burn::prelude::*;
 use burn::tensor::Tolerance;
 use burn_attention_zoo::{
-    AttentionConfig, AttentionInput, AttentionModule, DecodingState, HeadMasks, VARIANTS,
-    padding_mask_from_lengths,
+    Attention, AttentionConfig, AttentionInput, AttentionModule, DecodingState, HeadMasks,
+    VARIANTS, padding_mask_from_lengths,
 };
-use reference::{elu_plus_one, max_rel_err, normal_tensor, softmax_head, to_heads};
+use reference::{elu_plus_one, max_rel_err, normal_tensor, phi_f64, softmax_head, to_heads};
 
 const D_MODEL: usize = 16;
 const N_HEADS: usize = 2;
@@ -59,17 +59,17 @@ fn map_rows(x: &[Vec<f64>], f: impl Fn(f64) -> f64) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// RoFormer's linear attention for one head: `Σ_j (R_i φ(q_i))·(R_j φ(k_j)) v_j / Σ_j
-/// φ(q_i)·φ(k_j)` over the keys `masked(i, j)` leaves.
+/// RoFormer's linear attention for one head from the features `fq`, `fk`: `Σ_j (R_i φ(q_i))·(R_j
+/// φ(k_j)) v_j / Σ_j φ(q_i)·φ(k_j)` over the keys `masked(i, j)` leaves.
 fn rotary_linear_head(
-    q: &[Vec<f64>],
-    k: &[Vec<f64>],
+    fq: &[Vec<f64>],
+    fk: &[Vec<f64>],
     v: &[Vec<f64>],
     positions: &[f64],
     masked: impl Fn(usize, usize) -> bool,
 ) -> Vec<Vec<f64>> {
-    let (fq, fk) = (map_rows(q, elu_plus_one), map_rows(k, elu_plus_one));
-    let (rq, rk) = (rotate_rows(&fq, positions), rotate_rows(&fk, positions));
+    let (q, k) = (fq, fk);
+    let (rq, rk) = (rotate_rows(fq, positions), rotate_rows(fk, positions));
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     (0..q.len())
         .map(|i| {
@@ -131,7 +131,7 @@ fn rotary_attention_matches_float64_reference() {
     );
     let [q, k, v] = [1, 2, 3].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
     let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
-    for name in ["softmax", "linear"] {
+    for name in ["softmax", "linear", "ff-oglu"] {
         let attention = rotary(name, &device);
         for causal in [false, true] {
             let masks = HeadMasks {
@@ -147,18 +147,27 @@ fn rotary_attention_matches_float64_reference() {
                 for h in 0..N_HEADS {
                     let pads = &padded[bi];
                     let masked = |i: usize, j: usize| pads[j] || (causal && j > i);
-                    let expected = if name == "softmax" {
-                        let p = &positions[bi];
-                        let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
-                        softmax_head(&rq, &rk, &vh[bi][h], masked)
-                    } else {
-                        rotary_linear_head(
-                            &qh[bi][h],
-                            &kh[bi][h],
+                    let p = &positions[bi];
+                    let expected = match &attention {
+                        Attention::Softmax(_) => {
+                            let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
+                            softmax_head(&rq, &rk, &vh[bi][h], masked)
+                        }
+                        Attention::Linear(_) => rotary_linear_head(
+                            &map_rows(&qh[bi][h], elu_plus_one),
+                            &map_rows(&kh[bi][h], elu_plus_one),
                             &vh[bi][h],
-                            &positions[bi],
+                            p,
                             masked,
-                        )
+                        ),
+                        Attention::FeedForward(m) => rotary_linear_head(
+                            &phi_f64(m, &qh[bi][h]),
+                            &phi_f64(m, &kh[bi][h]),
+                            &vh[bi][h],
+                            p,
+                            masked,
+                        ),
+                        _ => unreachable!("{name}"),
                     };
                     let real: Vec<usize> = (0..n).filter(|&i| !pads[i]).collect();
                     let pick = |rows: &[Vec<f64>]| {
@@ -187,7 +196,8 @@ fn rotary_attention_matches_float64_reference() {
 
 /// The relative-position property: shifting every position by the same amount leaves softmax's
 /// outputs unchanged (its scores depend on positions only through their differences), and so
-/// does linear attention's numerator and denominator.
+/// does the kernelized form's numerator and denominator. (Not GLA's: its per-channel gates
+/// decay the two channels of a rotated pair differently.)
 #[test]
 fn shifting_every_position_changes_nothing() {
     let device = device();
@@ -197,7 +207,7 @@ fn shifting_every_position_changes_nothing() {
         .float()
         .reshape([1, n])
         .expand([b, n]);
-    for name in ["softmax", "linear"] {
+    for name in ["softmax", "linear", "ff-oglu"] {
         let attention = rotary(name, &device);
         let at = |shift: f32| {
             let masks = HeadMasks {
@@ -220,7 +230,7 @@ fn shifting_every_position_changes_nothing() {
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
     let n = 20;
-    for name in ["softmax", "linear"] {
+    for name in ["softmax", "linear", "ff-oglu", "gla"] {
         let attention = rotary(name, &device);
         let x = normal_tensor([1, n, D_MODEL], 7, &device);
         for causal in [false, true] {
@@ -261,7 +271,7 @@ fn rotary_padding_anywhere_changes_nothing() {
 fn rotary_decoding_equals_the_causal_forward_pass() {
     let device = device();
     let n = 11;
-    for name in ["softmax", "linear"] {
+    for name in ["softmax", "linear", "ff-oglu", "gla"] {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);
         let full = attention.forward(AttentionInput::new(x.clone()).causal(true));

@@ -37,7 +37,7 @@
 use burn::prelude::*;
 
 use crate::contract::error::AttentionError;
-use crate::contract::input::{causal_mask, zero_padded};
+use crate::contract::input::{HeadMasks, causal_mask, zero_padded};
 use crate::contract::{DecodingState, RecurrentState};
 use crate::engines::rotary::rotate_roformer;
 
@@ -321,6 +321,54 @@ pub fn rotary_kernelized_step(
         seen: Some(seen + 1.0),
     };
     (normalise(num, den), state)
+}
+
+/// A kernelized variant's attention on per-head features under `masks`: RoFormer's rotary form
+/// ([`rotary_kernelized_attention`]) where the masks carry positions, [`kernelized_attention`]
+/// otherwise.
+pub fn kernelized_heads(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    masks: HeadMasks,
+) -> Tensor<4> {
+    match masks.positions {
+        Some(positions) => {
+            rotary_kernelized_attention(phi_q, phi_k, v, positions, masks.key_pad, masks.causal)
+        }
+        None => kernelized_attention(phi_q, phi_k, v, masks.key_pad, masks.causal),
+    }
+}
+
+/// A kernelized variant's state after a prompt whose padding is `mask_pad`: summed from the
+/// rotated key features where `positions` are given ([`rotary_prompt_state`]), from the plain
+/// ones otherwise ([`prompt_state`]).
+pub fn kernelized_prompt_state(
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    positions: Option<Tensor<2>>,
+    mask_pad: &Option<Tensor<2, Bool>>,
+) -> RecurrentState {
+    match positions {
+        Some(positions) => rotary_prompt_state(phi_k, v, positions, mask_pad),
+        None => prompt_state(zero_padded(phi_k, mask_pad), v, None),
+    }
+}
+
+/// A kernelized variant's decoding step: [`rotary_kernelized_step`] with rotary positions on,
+/// [`kernelized_step`] otherwise.
+pub fn kernelized_decode(
+    phi_q: Tensor<4>,
+    phi_k: Tensor<4>,
+    v: Tensor<4>,
+    state: Option<RecurrentState>,
+    rotary: bool,
+) -> (Tensor<4>, RecurrentState) {
+    if rotary {
+        rotary_kernelized_step(phi_q, phi_k, v, state)
+    } else {
+        kernelized_step(phi_q, phi_k, v, state)
+    }
 }
 
 /// The recurrent state inside a decoding state: `None` before the first token; an error if the

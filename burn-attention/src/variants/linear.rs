@@ -16,10 +16,9 @@
 
 use crate::variants::prelude::*;
 
-use crate::contract::input::zero_padded;
 use crate::engines::kernelized::{
-    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
-    rotary_kernelized_attention, rotary_kernelized_step, rotary_prompt_state,
+    kernelized_attention, kernelized_decode, kernelized_heads, kernelized_prompt_state,
+    recurrent_state,
 };
 use crate::kernels;
 
@@ -83,11 +82,7 @@ impl LinearAttention {
         let positions = masks.positions.clone();
         let (q, k, v) = self.proj.qkv(x);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
-        let phi_k = elu_feature_map(k);
-        let state = match positions {
-            Some(positions) => rotary_prompt_state(phi_k, v, positions, &mask_pad),
-            None => prompt_state(zero_padded(phi_k, &mask_pad), v, None),
-        };
+        let state = kernelized_prompt_state(elu_feature_map(k), v, positions, &mask_pad);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }
@@ -100,20 +95,15 @@ impl AttentionModule for LinearAttention {
     rotary_on_projections!();
 
     /// With rotary positions in `masks`, RoFormer's form for linear attention: the features
-    /// rotated in the numerator only ([`rotary_kernelized_attention`]).
+    /// rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(&INFO, &q, &k, &masks)?;
-        Ok(match masks.positions {
-            Some(positions) => rotary_kernelized_attention(
-                elu_feature_map(q),
-                elu_feature_map(k),
-                v,
-                positions,
-                masks.key_pad,
-                masks.causal,
-            ),
-            None => linear_attention(q, k, v, masks.key_pad, masks.causal),
-        })
+        Ok(kernelized_heads(
+            elu_feature_map(q),
+            elu_feature_map(k),
+            v,
+            masks,
+        ))
     }
 
     prefill_through!(prefill_with);
@@ -121,12 +111,8 @@ impl AttentionModule for LinearAttention {
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
-        let step = if self.proj.rotary {
-            rotary_kernelized_step
-        } else {
-            kernelized_step
-        };
-        let (o, state) = step(elu_feature_map(q), elu_feature_map(k), v, state);
+        let (phi_q, phi_k) = (elu_feature_map(q), elu_feature_map(k));
+        let (o, state) = kernelized_decode(phi_q, phi_k, v, state, self.proj.rotary);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }

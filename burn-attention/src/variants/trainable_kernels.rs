@@ -2,8 +2,9 @@
 //! network, applied to queries and keys alike.
 //!
 //! Yorsh & Kovalenko 2022, "Linear Self-Attention Approximation via Trainable Feedforward
-//! Kernel", arXiv 2211.04076. `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z` as in [`kernelized_attention`]
-//! (every `φ` here is positive, so the normaliser needs no ε), with `φ` one of:
+//! Kernel", arXiv 2211.04076. `O_i = φ(Q_i)ᵀ S / φ(Q_i)ᵀ z` as in
+//! [`kernelized_attention`](crate::kernelized_attention) (every `φ` here is positive, so the
+//! normaliser needs no ε), with `φ` one of:
 //! - `ff-linear`: `φ(X) = Softplus(X W)`;
 //! - `ff-orth-linear`: the same with `W` orthogonally initialised and the orthogonality penalty
 //!   `λ ‖W Wᵀ − I‖²_F` ([`AttentionModule::penalty`]), which the training loss adds;
@@ -28,9 +29,8 @@ use crate::engines::features::random_orthogonal;
 
 use crate::kernels::{sigmoid, softplus};
 
-use crate::contract::input::zero_padded;
 use crate::engines::kernelized::{
-    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+    kernelized_decode, kernelized_heads, kernelized_prompt_state, recurrent_state,
 };
 
 use crate::engines::params::lazy_param;
@@ -38,6 +38,7 @@ use crate::engines::params::lazy_param;
 const CAPABILITIES: Capabilities = Capabilities {
     causal: true,
     cross_attention: true,
+    rotary: true,
     weights_sum_to_one: true,
     per_head_form: true,
     ..Capabilities::PADDING_ONLY
@@ -326,11 +327,15 @@ projection_shape!(FeedForwardKernelAttention);
 impl FeedForwardKernelAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
+    /// With rotary positions, the state's sums over the rotated key features.
     fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
+        let masks = self
+            .proj
+            .with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
+        let positions = masks.positions.clone();
         let (q, k, v) = self.proj.qkv(x);
-        let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
-        let state = prompt_state(zero_padded(self.feature_map(k), &mask_pad), v, None);
+        let state = kernelized_prompt_state(self.feature_map(k), v, positions, &mask_pad);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }
@@ -340,14 +345,17 @@ impl AttentionModule for FeedForwardKernelAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, RoFormer's form for linear attention: the learned
+    /// features rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(self.kernel.info(), &q, &k, &masks)?;
-        Ok(kernelized_attention(
+        Ok(kernelized_heads(
             self.feature_map(q),
             self.feature_map(k),
             v,
-            masks.key_pad,
-            masks.causal,
+            masks,
         ))
     }
 
@@ -356,7 +364,8 @@ impl AttentionModule for FeedForwardKernelAttention {
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let state = recurrent_state(state, self.kernel.name())?;
         let (q, k, v) = self.proj.qkv(x);
-        let (o, state) = kernelized_step(self.feature_map(q), self.feature_map(k), v, state);
+        let (phi_q, phi_k) = (self.feature_map(q), self.feature_map(k));
+        let (o, state) = kernelized_decode(phi_q, phi_k, v, state, self.proj.rotary);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 
