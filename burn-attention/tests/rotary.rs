@@ -342,6 +342,23 @@ fn rotary_positions_are_refused_where_they_are_not_taken() {
         taken.contains(&"softmax") && taken.contains(&"linear"),
         "{taken:?}"
     );
+    // Where rotating by position has no meaning, the error says why.
+    for name in [
+        "linformer",
+        "synthesizer",
+        "nystrom",
+        "transformer-xl",
+        "retnet",
+    ] {
+        let err = small::small_config(name, D_MODEL, N_HEADS, N_MAX)
+            .init(&device)
+            .with_rotary()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("no meaning for it: "),
+            "{name}: {err}"
+        );
+    }
 
     let attention = rotary("softmax", &device);
     let x = normal_tensor([1, 5, D_MODEL], 11, &device);

@@ -180,7 +180,10 @@ pub trait AttentionModule: Module {
     where
         Self: Sized,
     {
-        Err(AttentionError::unsupported(self.name(), "rotary positions"))
+        Err(AttentionError::unsupported(
+            self.name(),
+            "rotary positions (not implemented for it yet)",
+        ))
     }
 
     /// Draws new random features where the module has them (Performer's FAVOR+); the others are

@@ -458,6 +458,15 @@ pub fn check_rotary(
     Ok(())
 }
 
+/// The error of a variant for which rotating queries and keys by position has no meaning,
+/// `why` saying what in its form stands in the way.
+pub fn rotary_without_meaning(variant: &'static str, why: &str) -> AttentionError {
+    AttentionError::unsupported(
+        variant,
+        format!("rotary positions, which have no meaning for it: {why}"),
+    )
+}
+
 /// The error of rotary positions in cross-attention: they relate the positions of one sequence.
 pub fn rotary_cross_attention(variant: &'static str) -> AttentionError {
     AttentionError::unsupported(

@@ -78,6 +78,14 @@ projection_shape!(EfficientAttention);
 impl AttentionModule for EfficientAttention {
     variant_facts!(INFO);
 
+    /// Refused: its keys are normalised by a softmax over positions, feature by feature, not scored against each query.
+    fn with_rotary(self) -> Result<Self, AttentionError> {
+        Err(rotary_without_meaning(
+            self.name(),
+            "its keys are normalised by a softmax over positions, feature by feature, not scored against each query",
+        ))
+    }
+
     forward_through_projections!();
 
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {

@@ -245,4 +245,13 @@ impl RetNetAttention {
     }
 }
 
-recurrent_module!(RetNetAttention);
+recurrent_module!(RetNetAttention, {
+    /// Refused: it rotates its queries and keys already (RetNet's angles, the `Θ` of its
+    /// retention).
+    fn with_rotary(self) -> Result<Self, AttentionError> {
+        Err(rotary_without_meaning(
+            INFO.name,
+            "it rotates its queries and keys already (RetNet's angles, the Θ of its retention)",
+        ))
+    }
+});

@@ -135,6 +135,14 @@ impl SetTransformerAttention {
 impl AttentionModule for SetTransformerAttention {
     variant_facts!(INFO);
 
+    /// Refused: its keys reach the queries through inducing points, which have no position.
+    fn with_rotary(self) -> Result<Self, AttentionError> {
+        Err(rotary_without_meaning(
+            self.name(),
+            "its keys reach the queries through inducing points, which have no position",
+        ))
+    }
+
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();
         let n_k = input.key_len();
