@@ -56,10 +56,37 @@ fn scan(
 }
 
 /// The module's output for the real rows `x` of one sequence.
+/// Each head's channels of `row` (a `C` or `B` at position `p`) turned by RoFormer's rotation
+/// (Su et al. 2021, eq. 34): pair `(2i, 2i+1)` by `p θ_i`, `θ_i = 10000^{−2i/D_HEAD}`.
+fn rotate_heads(row: &[f64], p: f64) -> Vec<f64> {
+    let mut out = row.to_vec();
+    for h in 0..HEADS {
+        for i in 0..D_HEAD / 2 {
+            let theta = 10_000f64.powf(-2.0 * i as f64 / D_HEAD as f64);
+            let (cos, sin) = ((p * theta).cos(), (p * theta).sin());
+            let (a, b) = (row[h * D_HEAD + 2 * i], row[h * D_HEAD + 2 * i + 1]);
+            out[h * D_HEAD + 2 * i] = a * cos - b * sin;
+            out[h * D_HEAD + 2 * i + 1] = a * sin + b * cos;
+        }
+    }
+    out
+}
+
+/// The module's output for the real rows `x` of one sequence (with rotary positions: `C` and
+/// `B` rotated at their positions among the real rows).
 fn mamba2_f64(m: &Mamba2Attention, x: &[Vec<f64>], causal: bool) -> Rows {
     let n = x.len();
-    let c = linear_f64(&m.proj.query, x);
-    let b = linear_f64(&m.proj.key, x);
+    let rotated = |rows: Rows| -> Rows {
+        if !m.proj.rotary {
+            return rows;
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(p, row)| rotate_heads(row, p as f64))
+            .collect()
+    };
+    let c = rotated(linear_f64(&m.proj.query, x));
+    let b = rotated(linear_f64(&m.proj.key, x));
     let v = linear_f64(&m.proj.value, x);
     let bias = vector(&m.dt_bias);
     let dt: Rows = linear_f64(&m.dt_proj, x)
@@ -131,10 +158,18 @@ fn mamba2_matches_float64_reference() {
     // Step sizes near 1 (the initial ones are 0.001-0.1): over 700 positions the decays reach
     // far below f32's smallest normal number.
     m.dt_bias = m.dt_bias.map(|b| b.add_scalar(3.0));
+    let rotary = m.clone().with_rotary().unwrap();
+    for m in [m, rotary] {
+        matches_float64_reference(&m, &device);
+    }
+}
+
+/// The module against [`mamba2_f64`] at lengths of one chunk to eleven, padded, causal or not.
+fn matches_float64_reference(m: &Mamba2Attention, device: &Device) {
     for (case, n) in [5usize, 64, 150, 700].into_iter().enumerate() {
         for scale in [1.0, 4.0] {
             let seed = 10 * case as u64 + scale as u64;
-            let (x, mask, real) = padded_pair([n, D_MODEL], seed, scale, &device);
+            let (x, mask, real) = padded_pair([n, D_MODEL], seed, scale, device);
             for causal in [true, false] {
                 let out = m.forward(
                     AttentionInput::new(x.clone())
@@ -142,11 +177,13 @@ fn mamba2_matches_float64_reference() {
                         .causal(causal),
                 );
                 for (b, keep) in real.iter().enumerate() {
-                    let expected = mamba2_f64(&m, &rows(&x, b, keep), causal);
+                    let expected = mamba2_f64(m, &rows(&x, b, keep), causal);
                     let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
                     assert!(
                         err < TOLERANCE,
-                        "n {n} scale {scale} causal {causal} batch {b}: relative error {err}"
+                        "rotary {} n {n} scale {scale} causal {causal} batch {b}: relative \
+                         error {err}",
+                        m.proj.rotary
                     );
                 }
             }

@@ -230,7 +230,7 @@ fn shifting_every_position_changes_nothing() {
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
     let n = 20;
-    for name in ["softmax", "linear", "ff-oglu", "gla"] {
+    for name in ["softmax", "linear", "ff-oglu", "gla", "mamba2"] {
         let attention = rotary(name, &device);
         let x = normal_tensor([1, n, D_MODEL], 7, &device);
         for causal in [false, true] {
@@ -271,7 +271,7 @@ fn rotary_padding_anywhere_changes_nothing() {
 fn rotary_decoding_equals_the_causal_forward_pass() {
     let device = device();
     let n = 11;
-    for name in ["softmax", "linear", "ff-oglu", "gla"] {
+    for name in ["softmax", "linear", "ff-oglu", "gla", "mamba2"] {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);
         let full = attention.forward(AttentionInput::new(x.clone()).causal(true));

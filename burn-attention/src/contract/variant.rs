@@ -528,10 +528,10 @@ macro_rules! recurrent_module {
     ($module:ty) => {
         recurrent_module!($module, {});
     };
-    // With `rotary`: `with_rotary` from a `rotary: bool` field and an inherent
-    // `fn rotary_head_width(&self) -> usize` (the width of a head's queries and keys), the
-    // module's `mix` and `step` rotating them when the field is set.
-    ($module:ty, rotary) => {
+    // With `rotary: field`: `with_rotary` setting that `bool` field (`rotary`, `proj.rotary`)
+    // after checking an inherent `fn rotary_head_width(&self) -> usize` (the width of a head's
+    // queries and keys); the module's `mix` and `step` rotate them when the field is set.
+    ($module:ty, rotary: $($field:ident).+) => {
         recurrent_module!($module, {
             fn with_rotary(
                 mut self,
@@ -541,7 +541,7 @@ macro_rules! recurrent_module {
                     self.info().capabilities,
                     self.rotary_head_width(),
                 )?;
-                self.rotary = true;
+                self.$($field).+ = true;
                 Ok(self)
             }
         });

@@ -266,4 +266,4 @@ impl GlaAttention {
     }
 }
 
-recurrent_module!(GlaAttention, rotary);
+recurrent_module!(GlaAttention, rotary: rotary);

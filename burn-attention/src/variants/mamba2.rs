@@ -23,6 +23,7 @@
 //! counted once): position `i` reads `j > i` decayed by `exp(Σ_{l=i..j−1} Δ_l A_h)`. No
 //! cross-attention, attention mask or weights.
 
+use crate::engines::rotary::{real_positions, rotate_queries_keys};
 use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
@@ -48,6 +49,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (c + d) + (n / c) (d² + n / c)), c = 64",
     capabilities: Capabilities {
         causal: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -160,6 +162,13 @@ impl Mamba2Attention {
     ) -> (Tensor<3>, Option<DecodingState>) {
         let [batch, n, _] = x.dims();
         let (c, b, v) = self.proj.qkv(x.clone());
+        let (c, b) = match self.proj.rotary {
+            true => {
+                let positions = real_positions(&mask_pad, batch, n, &x.device());
+                rotate_queries_keys(c, b, &Some(positions))
+            }
+            false => (c, b),
+        };
         let (dt, log_decay) = self.steps(x.clone());
         let (b, log_decay) = without_padding(b * dt, log_decay, &mask_pad);
         if causal {
@@ -180,11 +189,20 @@ impl Mamba2Attention {
         &INFO
     }
 
+    /// The width of a head's `C` and `B`, which rotary positions turn in pairs.
+    fn rotary_head_width(&self) -> usize {
+        self.proj.d_model() / self.proj.n_heads()
+    }
+
     /// One token from the decoding state.
     fn step(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let (c, b, v) = self.proj.qkv(x.clone());
+        let (c, b) = match self.proj.rotary {
+            true => rotate_queries_keys(c, b, &Some(seen.clone())),
+            false => (c, b),
+        };
         let (dt, log_decay) = self.steps(x.clone());
         let (y, s) = decayed_step(c, b * dt, v.clone(), log_decay, s);
         let state = DecayedState {
@@ -195,4 +213,4 @@ impl Mamba2Attention {
     }
 }
 
-recurrent_module!(Mamba2Attention);
+recurrent_module!(Mamba2Attention, rotary: proj.rotary);
