@@ -163,10 +163,10 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
 
     /// Applies the block, or says why its attention cannot take this input.
     pub fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        let x = input.query().clone();
-        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
-        let attended = self.attention.try_forward(input.with_query(normed))?;
-        Ok(self.residual_then_feed_forward(x, attended))
+        self.around_input(input, |input| {
+            self.attention.try_forward(input).map(|y| (y, ()))
+        })
+        .map(|(y, ())| y)
     }
 
     /// Applies the block and returns its attention's auxiliary loss for this input, if any
@@ -175,12 +175,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         &self,
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
-        let x = input.query().clone();
-        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
-        let (attended, loss) = self
-            .attention
-            .try_forward_with_loss(input.with_query(normed))?;
-        Ok((self.residual_then_feed_forward(x, attended), loss))
+        self.around_input(input, |input| self.attention.try_forward_with_loss(input))
     }
 
     /// Applies the block to positions that follow those `memory` holds, its attention carrying
@@ -191,12 +186,9 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         input: AttentionInput,
         memory: Option<SegmentMemory>,
     ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
-        let x = input.query().clone();
-        let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
-        let (attended, memory) = self
-            .attention
-            .forward_with_memory(input.with_query(normed), memory)?;
-        Ok((self.residual_then_feed_forward(x, attended), memory))
+        self.around_input(input, |input| {
+            self.attention.forward_with_memory(input, memory)
+        })
     }
 
     /// One token through the block, its attention decoding from `state` (see
@@ -206,18 +198,14 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         state: DecodingState,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        let (attended, state) = self.attention.decode(
-            kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps),
-            state,
-        )?;
-        Ok((self.residual_then_feed_forward(x, attended), state))
+        self.around(x, |normed| self.attention.decode(normed, state))
     }
 
     /// A whole prompt `x: [batch, n, d_model]` through the block at once, its attention
     /// prefilling its decoding state (see [`AttentionModule::prefill`]): the causal output and
     /// the state from which [`decode`](Self::decode) goes on.
     pub fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, None)
+        self.around(x, |normed| self.attention.prefill(normed))
     }
 
     /// [`prefill`](Self::prefill) for prompts of different lengths, padded by `mask_pad`
@@ -227,21 +215,31 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         mask_pad: Tensor<2, Bool>,
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-        self.prefill_with(x, Some(mask_pad))
+        self.around(x, |normed| self.attention.prefill_padded(normed, mask_pad))
     }
 
-    /// The prompt through the block, its attention prefilling (padded prompts where `mask_pad`).
-    fn prefill_with(
+    /// The block around one call of its attention's contract: `attend` gets `LN(x)` and
+    /// returns the attention's output with whatever else the call returns (a state, a memory,
+    /// a loss); the block's output is `FF-half(x + Dropout(output))`, beside that.
+    fn around<T>(
         &self,
         x: Tensor<3>,
-        mask_pad: Option<Tensor<2, Bool>>,
-    ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        attend: impl FnOnce(Tensor<3>) -> Result<(Tensor<3>, T), AttentionError>,
+    ) -> Result<(Tensor<3>, T), AttentionError> {
         let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
-        let (attended, state) = match mask_pad {
-            None => self.attention.prefill(normed)?,
-            Some(mask_pad) => self.attention.prefill_padded(normed, mask_pad)?,
-        };
-        Ok((self.residual_then_feed_forward(x, attended), state))
+        let (attended, rest) = attend(normed)?;
+        Ok((self.residual_then_feed_forward(x, attended), rest))
+    }
+
+    /// [`around`](Self::around) for the calls that take an input: its queries normalised, its
+    /// masks and memory kept.
+    fn around_input<T>(
+        &self,
+        input: AttentionInput,
+        attend: impl FnOnce(AttentionInput) -> Result<(Tensor<3>, T), AttentionError>,
+    ) -> Result<(Tensor<3>, T), AttentionError> {
+        let x = input.query().clone();
+        self.around(x, |normed| attend(input.with_query(normed)))
     }
 
     /// The block's output from its input `x` and the attention's output on it:
@@ -729,7 +727,10 @@ impl<A: Module + AttentionModule> Encoder<A> {
     ) -> Result<(Tensor<3>, Vec<DecodingState>), AttentionError> {
         let mut states = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
-            let (y, state) = block.prefill_with(x, mask_pad.clone())?;
+            let (y, state) = match &mask_pad {
+                None => block.prefill(x)?,
+                Some(mask_pad) => block.prefill_padded(x, mask_pad.clone())?,
+            };
             x = y;
             states.push(state);
         }

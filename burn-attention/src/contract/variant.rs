@@ -467,6 +467,20 @@ pub fn rotary_without_meaning(variant: &'static str, why: &str) -> AttentionErro
     )
 }
 
+/// [`AttentionModule::with_rotary`] refused with `why` (see [`rotary_without_meaning`]): for a
+/// variant whose form gives rotating its queries and keys by position no meaning.
+macro_rules! rotary_refused {
+    ($why:literal) => {
+        fn with_rotary(self) -> Result<Self, $crate::contract::error::AttentionError> {
+            Err($crate::contract::variant::rotary_without_meaning(
+                self.name(),
+                $why,
+            ))
+        }
+    };
+}
+pub(crate) use rotary_refused;
+
 /// The error of rotary positions in cross-attention: they relate the positions of one sequence.
 pub fn rotary_cross_attention(variant: &'static str) -> AttentionError {
     AttentionError::unsupported(

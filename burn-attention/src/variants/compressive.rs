@@ -671,13 +671,7 @@ impl CompressiveAttention {
 impl AttentionModule for CompressiveAttention {
     variant_facts!(INFO);
 
-    /// Refused: it scores relative positions itself (Transformer-XL's relative terms).
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "it scores relative positions itself (Transformer-XL's relative terms)",
-        ))
-    }
+    rotary_refused!("it scores relative positions itself (Transformer-XL's relative terms)");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         self.try_forward_with_loss(input).map(|(y, _)| y)

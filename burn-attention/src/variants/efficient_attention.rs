@@ -78,13 +78,9 @@ projection_shape!(EfficientAttention);
 impl AttentionModule for EfficientAttention {
     variant_facts!(INFO);
 
-    /// Refused: its keys are normalised by a softmax over positions, feature by feature, not scored against each query.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its keys are normalised by a softmax over positions, feature by feature, not scored against each query",
-        ))
-    }
+    rotary_refused!(
+        "its keys are normalised by a softmax over positions, feature by feature, not scored against each query"
+    );
 
     forward_through_projections!();
 

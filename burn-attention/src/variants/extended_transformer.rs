@@ -419,13 +419,7 @@ impl EtcAttention {
 impl AttentionModule for EtcAttention {
     variant_facts!(INFO);
 
-    /// Refused: it scores relative positions itself (ETC's relative position labels).
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "it scores relative positions itself (ETC's relative position labels)",
-        ))
-    }
+    rotary_refused!("it scores relative positions itself (ETC's relative position labels)");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

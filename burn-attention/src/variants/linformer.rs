@@ -323,13 +323,9 @@ impl LinformerAttention {
 impl AttentionModule for LinformerAttention {
     variant_facts!(self.scoring);
 
-    /// Refused: its keys are projected along the sequence (E K), which mixes positions before any score.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its keys are projected along the sequence (E K), which mixes positions before any score",
-        ))
-    }
+    rotary_refused!(
+        "its keys are projected along the sequence (E K), which mixes positions before any score"
+    );
 
     /// The weights of the softmax over the `k` projected keys, `[batch, heads, n_q, k]` (the
     /// linear-complexity scoring forms none, and refuses).

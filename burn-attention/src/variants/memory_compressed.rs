@@ -250,13 +250,7 @@ impl MemoryCompressedAttention {
 impl AttentionModule for MemoryCompressedAttention {
     variant_facts!(INFO);
 
-    /// Refused: its keys and values are compressed by a strided convolution over positions.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its keys and values are compressed by a strided convolution over positions",
-        ))
-    }
+    rotary_refused!("its keys and values are compressed by a strided convolution over positions");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

@@ -163,13 +163,9 @@ projection_shape!(NystromAttention);
 impl AttentionModule for NystromAttention {
     variant_facts!(INFO);
 
-    /// Refused: its landmarks are means of segments of queries and keys, which have no single position.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its landmarks are means of segments of queries and keys, which have no single position",
-        ))
-    }
+    rotary_refused!(
+        "its landmarks are means of segments of queries and keys, which have no single position"
+    );
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         if input.is_cross() && self.conv.is_some() {

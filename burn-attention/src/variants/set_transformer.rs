@@ -135,13 +135,7 @@ impl SetTransformerAttention {
 impl AttentionModule for SetTransformerAttention {
     variant_facts!(INFO);
 
-    /// Refused: its keys reach the queries through inducing points, which have no position.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its keys reach the queries through inducing points, which have no position",
-        ))
-    }
+    rotary_refused!("its keys reach the queries through inducing points, which have no position");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let masks = input.head_masks();

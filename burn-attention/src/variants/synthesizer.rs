@@ -373,13 +373,9 @@ impl SynthesizerAttention {
 impl AttentionModule for SynthesizerAttention {
     variant_facts!(self.mode);
 
-    /// Refused: its weights are synthesized from each query alone or learned outright, not formed from query-key products a rotation would make relative.
-    fn with_rotary(self) -> Result<Self, AttentionError> {
-        Err(rotary_without_meaning(
-            self.name(),
-            "its weights are synthesized from each query alone or learned outright, not formed from query-key products a rotation would make relative",
-        ))
-    }
+    rotary_refused!(
+        "its weights are synthesized from each query alone or learned outright, not formed from query-key products a rotation would make relative"
+    );
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
