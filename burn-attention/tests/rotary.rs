@@ -225,7 +225,9 @@ fn shifting_every_position_changes_nothing() {
 }
 
 /// With rotary positions, padding anywhere in a sequence leaves its real outputs unchanged: the
-/// module's forward pass over a padded batch equals each sequence alone without padding.
+/// module's forward pass over a padded batch equals each sequence alone without padding. (For
+/// the attentions whose form reads no position from a token's index: a sparse pattern counts
+/// padding in its positions, and takes padding only after a prompt when decoding.)
 #[test]
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
@@ -271,7 +273,15 @@ fn rotary_padding_anywhere_changes_nothing() {
 fn rotary_decoding_equals_the_causal_forward_pass() {
     let device = device();
     let n = 11;
-    for name in ["softmax", "linear", "ff-oglu", "gla", "mamba2"] {
+    for name in [
+        "softmax",
+        "linear",
+        "ff-oglu",
+        "gla",
+        "mamba2",
+        "sparse",
+        "sparse-strided",
+    ] {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);
         let full = attention.forward(AttentionInput::new(x.clone()).causal(true));
@@ -375,4 +385,53 @@ fn rotary_positions_are_refused_where_they_are_not_taken() {
         .with_rotary()
         .unwrap_err();
     assert!(odd.to_string().contains("odd head width"), "{odd}");
+}
+
+/// The padding contract with rotary positions on, for every variant that takes them: junk (50
+/// times the inputs' scale) at padded positions, at the start, inside and at the end of a
+/// sequence, leaves every real output unchanged, causal or not.
+#[test]
+fn rotary_padding_junk_changes_nothing() {
+    let device = device();
+    let n = 12;
+    let padded = |b: usize, i: usize| match b {
+        0 => i < 3,
+        1 => (5..8).contains(&i),
+        _ => i >= 9,
+    };
+    let flags: Vec<bool> = (0..3)
+        .flat_map(|b| (0..n).map(move |i| padded(b, i)))
+        .collect();
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [3, n]), &device);
+    let real = mask
+        .clone()
+        .bool_not()
+        .reshape([3, n, 1])
+        .expand([3, n, D_MODEL]);
+    let x = normal_tensor([3, n, D_MODEL], 13, &device);
+    let [a, b] = [14, 15].map(|seed| {
+        (normal_tensor([3, n, D_MODEL], seed, &device) * 50.0).mask_where(real.clone(), x.clone())
+    });
+    for info in VARIANTS.iter().filter(|v| v.capabilities.rotary) {
+        let attention = rotary(info.name, &device);
+        for causal in [false, true] {
+            let run = |x: Tensor<3>| {
+                attention.forward(AttentionInput::new(x).mask_pad(mask.clone()).causal(causal))
+            };
+            let (out_a, out_b) = (run(a.clone()), run(b.clone()));
+            for batch in 0..3 {
+                for i in (0..n).filter(|&i| !padded(batch, i)) {
+                    let at = |o: &Tensor<3>| o.clone().slice(s![batch..batch + 1, i..i + 1]);
+                    let diff: f32 = (at(&out_a) - at(&out_b)).abs().max().into_scalar();
+                    let size: f32 = at(&out_a).abs().max().into_scalar();
+                    assert!(
+                        diff <= 1e-4 * size.max(1.0),
+                        "{} causal {causal}: padding moved position {i} of batch {batch} by \
+                         {diff}",
+                        info.name
+                    );
+                }
+            }
+        }
+    }
 }

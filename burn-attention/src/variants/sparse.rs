@@ -24,6 +24,7 @@
 //! The strided pattern is computed as two attentions merged by their log-sum-exp: the band over
 //! blocks of consecutive queries, and the stride over queries grouped by their residue mod `l`.
 
+use crate::engines::rotary::rotate_queries_keys;
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,7 @@ use crate::engines::gathered_softmax::{
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
+    rotary: true,
     attention_mask: true,
     returns_weights: true,
     causal: true,
@@ -220,10 +222,13 @@ impl AttentionModule for SparseAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the queries and keys rotated at them first.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, d] = q.dims();
-        check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
-        check_attention_mask(self.pattern.info(), &masks, &q, k.dims()[2])?;
+        check_head_input(self.pattern.info(), &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
         let mut parts = self.slots(batch, n, &masks).into_iter().map(|slots| {
@@ -238,11 +243,14 @@ impl AttentionModule for SparseAttention {
 
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(self.name()));
+        }
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
-        check_capabilities(self.pattern.info(), n, k.dims()[2], masks.causal)?;
-        check_attention_mask(self.pattern.info(), &masks, &q, k.dims()[2])?;
+        check_head_input(self.pattern.info(), &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let slots = self.slots(batch, n, &masks);
         let slots: Vec<&KeySlots> = slots.iter().collect();
         let weights = pattern_weights(q, k, &slots, &[], &masks, 1.0 / (d as f32).sqrt());
@@ -269,7 +277,7 @@ impl AttentionModule for SparseAttention {
     /// Appends the token's key and value to a cache of every key so far and attends over the
     /// cached keys its pattern keeps: O(|A(t)| d) at position t.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
-        let (q, k, v) = self.proj.qkv(x);
+        let (q, k, v) = self.proj.qkv_step(x, &state, self.name())?;
         if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;
             return Ok(self.decode_padded(q, keys, values, padding));
