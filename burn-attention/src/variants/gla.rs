@@ -217,13 +217,10 @@ impl GlaAttention {
     ) -> (Tensor<3>, Option<DecodingState>) {
         let [batch, n, _] = x.dims();
         let [q, k, v, log_gate] = self.project(x.clone());
-        let (q, k) = match self.rotary {
-            true => {
-                let positions = real_positions(&mask_pad, batch, n, &x.device());
-                rotate_queries_keys(q, k, &Some(positions))
-            }
-            false => (q, k),
-        };
+        let positions = self
+            .rotary
+            .then(|| real_positions(&mask_pad, batch, n, &x.device()));
+        let (q, k) = rotate_queries_keys(q, k, &positions);
         let (k, log_gate) = without_padding(k, log_gate, &mask_pad);
         if causal {
             let (o, s) = decayed_causal(q, k, v, log_gate, GATE_CHUNK);
@@ -253,10 +250,7 @@ impl GlaAttention {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let [q, k, v, log_gate] = self.project(x.clone());
-        let (q, k) = match self.rotary {
-            true => rotate_queries_keys(q, k, &Some(seen.clone())),
-            false => (q, k),
-        };
+        let (q, k) = rotate_queries_keys(q, k, &self.rotary.then(|| seen.clone()));
         let (o, s) = decayed_step(q, k, v, log_gate, s);
         let state = DecayedState {
             s,

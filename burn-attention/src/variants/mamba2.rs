@@ -162,13 +162,11 @@ impl Mamba2Attention {
     ) -> (Tensor<3>, Option<DecodingState>) {
         let [batch, n, _] = x.dims();
         let (c, b, v) = self.proj.qkv(x.clone());
-        let (c, b) = match self.proj.rotary {
-            true => {
-                let positions = real_positions(&mask_pad, batch, n, &x.device());
-                rotate_queries_keys(c, b, &Some(positions))
-            }
-            false => (c, b),
-        };
+        let positions = self
+            .proj
+            .rotary
+            .then(|| real_positions(&mask_pad, batch, n, &x.device()));
+        let (c, b) = rotate_queries_keys(c, b, &positions);
         let (dt, log_decay) = self.steps(x.clone());
         let (b, log_decay) = without_padding(b * dt, log_decay, &mask_pad);
         if causal {
@@ -199,10 +197,7 @@ impl Mamba2Attention {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, INFO.name, batch, &x.device())?;
         let (c, b, v) = self.proj.qkv(x.clone());
-        let (c, b) = match self.proj.rotary {
-            true => rotate_queries_keys(c, b, &Some(seen.clone())),
-            false => (c, b),
-        };
+        let (c, b) = rotate_queries_keys(c, b, &self.proj.rotary.then(|| seen.clone()));
         let (dt, log_decay) = self.steps(x.clone());
         let (y, s) = decayed_step(c, b * dt, v.clone(), log_decay, s);
         let state = DecayedState {
