@@ -281,6 +281,7 @@ fn rotary_decoding_equals_the_causal_forward_pass() {
         "mamba2",
         "sparse",
         "sparse-strided",
+        "axial",
     ] {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);

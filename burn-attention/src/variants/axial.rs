@@ -26,6 +26,7 @@
 //!
 //! Cost per head: O(n (w + n/w) d) time and O(n (w + n/w)) memory, O(n^1.5 d) for a square.
 
+use crate::engines::rotary::rotate_queries_keys;
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
 
@@ -48,6 +49,7 @@ pub const INFO: VariantInfo = VariantInfo {
         attention_mask: true,
         returns_weights: true,
         causal: true,
+        rotary: true,
         weights_sum_to_one: true,
         per_head_form: true,
         prefill_end_padding_only: true,
@@ -419,10 +421,14 @@ impl AttentionModule for AxialAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the queries and keys rotated at them first (by their
+    /// place in the sequence, whichever axis a head reads).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
-        let (heads, n, n_k) = (q.dims()[1], q.dims()[2], k.dims()[2]);
-        check_capabilities(&INFO, n, n_k, masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, n_k)?;
+        let (heads, n) = (q.dims()[1], q.dims()[2]);
+        check_head_input(&INFO, &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         if heads < 2 {
             return Err(
                 INFO.field_error("n_heads", "must be at least 2 (row heads and column heads)")
@@ -438,11 +444,14 @@ impl AttentionModule for AxialAttention {
 
     /// The weights over every key, `[batch, heads, n, n]`, 0 off each head's axis.
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(INFO.name));
+        }
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
-        let (n, n_k) = (q.dims()[2], k.dims()[2]);
-        check_capabilities(&INFO, n, n_k, masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, n_k)?;
+        let n = q.dims()[2];
+        check_head_input(&INFO, &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let width = grid_width(self.width, n)?;
         let weights = self.axis_weights(q, k, &masks, width);
         let o = dropout(&self.dropout, weights.clone()).matmul(v);
@@ -473,7 +482,7 @@ impl AttentionModule for AxialAttention {
     /// mask).
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
         let width = self.decoding_width()?;
-        let (q, k, v) = self.proj.qkv(x);
+        let (q, k, v) = self.proj.qkv_step(x, &state, INFO.name)?;
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = self.decode_step(q, keys.clone(), values.clone(), padding.clone(), width);
         Ok((
