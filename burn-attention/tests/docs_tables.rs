@@ -12,13 +12,13 @@ const END: &str = "<!-- end variants -->";
 fn table() -> String {
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let mut md = String::from(
-        "| name | paper | time | memory | padding mask | attention mask | causal | cross-attention | fixed max length | weights sum to one | returns weights |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| name | paper | time | memory | padding mask | attention mask | causal | cross-attention | rotary | fixed max length | weights sum to one | returns weights |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for v in VARIANTS {
         let c = &v.capabilities;
         md.push_str(&format!(
-            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             v.name,
             v.paper,
             v.time,
@@ -27,6 +27,7 @@ fn table() -> String {
             yes_no(c.attention_mask),
             yes_no(c.causal),
             yes_no(c.cross_attention),
+            yes_no(c.rotary),
             yes_no(c.fixed_max_len),
             yes_no(c.weights_sum_to_one),
             yes_no(c.returns_weights),

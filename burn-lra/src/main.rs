@@ -263,19 +263,20 @@ fn run(cli: Cli) -> Result<()> {
                 .unwrap_or(0)
                 .max(4);
             println!(
-                "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<10} paper",
-                "name", "time", "padding", "causal", "cross", "fixed n"
+                "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<7} {:<10} paper",
+                "name", "time", "padding", "causal", "cross", "rotary", "fixed n"
             );
             for v in variants {
                 let c = v.capabilities;
                 let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
-                    "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<10} {}",
+                    "{:<name_width$} {:<time_width$} {:<8} {:<8} {:<6} {:<7} {:<10} {}",
                     v.name,
                     v.time,
                     yes(c.padding_mask),
                     yes(c.causal),
                     yes(c.cross_attention),
+                    yes(c.rotary),
                     yes(c.fixed_max_len),
                     v.paper
                 );
