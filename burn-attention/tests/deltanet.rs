@@ -95,14 +95,43 @@ fn scan(
 }
 
 /// The module's output for the real rows `x` of one sequence.
+/// Each head's channels of `row` (a query or key at position `p`) turned by RoFormer's
+/// rotation (Su et al. 2021, eq. 34): pair `(2i, 2i+1)` by `p θ_i`, `θ_i = 10000^{−2i/D_HEAD}`.
+fn rotate_heads(row: &[f64], p: f64) -> Vec<f64> {
+    let mut out = row.to_vec();
+    for h in 0..HEADS {
+        for i in 0..D_HEAD / 2 {
+            let theta = 10_000f64.powf(-2.0 * i as f64 / D_HEAD as f64);
+            let (cos, sin) = ((p * theta).cos(), (p * theta).sin());
+            let (a, b) = (row[h * D_HEAD + 2 * i], row[h * D_HEAD + 2 * i + 1]);
+            out[h * D_HEAD + 2 * i] = a * cos - b * sin;
+            out[h * D_HEAD + 2 * i + 1] = a * sin + b * cos;
+        }
+    }
+    out
+}
+
+/// The module's output for the real rows `x` of one sequence (with rotary positions: the unit
+/// queries and keys rotated at their positions among the real rows).
 fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
     let n = x.len();
     let scale = (D_HEAD as f64).powf(-0.5);
-    let q: Rows = unit_heads(&linear_f64(&m.proj.query, x))
-        .iter()
-        .map(|r| r.iter().map(|a| a * scale).collect())
-        .collect();
-    let k = unit_heads(&linear_f64(&m.proj.key, x));
+    let rotated = |rows: Rows| -> Rows {
+        if !m.proj.rotary {
+            return rows;
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(p, row)| rotate_heads(row, p as f64))
+            .collect()
+    };
+    let q: Rows = rotated(
+        unit_heads(&linear_f64(&m.proj.query, x))
+            .iter()
+            .map(|r| r.iter().map(|a| a * scale).collect())
+            .collect(),
+    );
+    let k = rotated(unit_heads(&linear_f64(&m.proj.key, x)));
     let gated = m.decay.is_some();
     let v: Rows = linear_f64(&m.proj.value, x)
         .iter()
@@ -176,8 +205,9 @@ fn module(gated: bool, device: &Device) -> DeltaNetAttention {
 #[test]
 fn deltanet_matches_float64_reference() {
     let device = Device::flex();
-    for gated in [false, true] {
+    for (gated, rotary) in [(false, false), (true, false), (false, true), (true, true)] {
         let m = module(gated, &device);
+        let m = if rotary { m.with_rotary().unwrap() } else { m };
         for (case, n) in [5usize, 32, 75, 300].into_iter().enumerate() {
             for scale in [1.0, 4.0] {
                 let seed = 10 * case as u64 + scale as u64;
@@ -193,8 +223,8 @@ fn deltanet_matches_float64_reference() {
                         let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
                         assert!(
                             err < TOLERANCE,
-                            "gated {gated} n {n} scale {scale} causal {causal} batch {b}: \
-                             relative error {err}"
+                            "gated {gated} rotary {rotary} n {n} scale {scale} causal {causal} \
+                             batch {b}: relative error {err}"
                         );
                     }
                 }

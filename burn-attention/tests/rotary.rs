@@ -232,7 +232,15 @@ fn shifting_every_position_changes_nothing() {
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
     let n = 20;
-    for name in ["softmax", "linear", "ff-oglu", "gla", "mamba2"] {
+    for name in [
+        "softmax",
+        "linear",
+        "ff-oglu",
+        "gla",
+        "mamba2",
+        "deltanet",
+        "gated-deltanet",
+    ] {
         let attention = rotary(name, &device);
         let x = normal_tensor([1, n, D_MODEL], 7, &device);
         for causal in [false, true] {
@@ -282,6 +290,8 @@ fn rotary_decoding_equals_the_causal_forward_pass() {
         "sparse",
         "sparse-strided",
         "axial",
+        "deltanet",
+        "gated-deltanet",
     ] {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);

@@ -26,6 +26,7 @@
 //! output once (the two scans of the bidirectional state-space models, Hwang et al. 2024,
 //! arXiv 2407.09941). No cross-attention, attention mask or weights.
 
+use crate::engines::rotary::{real_positions, rotate_queries_keys};
 use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
@@ -46,6 +47,7 @@ use crate::engines::params::lazy_param;
 
 const CAPABILITIES: Capabilities = Capabilities {
     causal: true,
+    rotary: true,
     ..Capabilities::PADDING_ONLY
 };
 
@@ -179,6 +181,11 @@ pub struct DeltaNetAttention {
 projection_shape!(DeltaNetAttention);
 
 impl DeltaNetAttention {
+    /// The width of a head's queries and keys, which rotary positions turn in pairs.
+    fn rotary_head_width(&self) -> usize {
+        self.proj.d_model() / self.proj.n_heads()
+    }
+
     fn info(&self) -> &'static VariantInfo {
         if self.decay.is_some() {
             &GATED_DELTANET
@@ -242,6 +249,9 @@ impl DeltaNetAttention {
     ) -> (Tensor<3>, Option<DecodingState>) {
         let [batch, n, _] = x.dims();
         let (q, k, v, beta, log_decay) = self.project(x.clone());
+        let positions =
+            (self.proj.rotary).then(|| real_positions(&mask_pad, batch, n, &x.device()));
+        let (q, k) = rotate_queries_keys(q, k, &positions);
         let (k, beta, log_decay) = match &mask_pad {
             Some(mask) => {
                 let mask = mask.clone().reshape([batch, 1, n, 1]);
@@ -271,6 +281,7 @@ impl DeltaNetAttention {
         let batch = x.dims()[0];
         let (s, seen) = decayed_state(state, self.info().name, batch, &x.device())?;
         let (q, k, v, beta, log_decay) = self.project(x.clone());
+        let (q, k) = rotate_queries_keys(q, k, &self.proj.rotary.then(|| seen.clone()));
         let (o, s) = delta_step(q, k, v, (beta, log_decay), s);
         let state = DecayedState {
             s,
@@ -280,4 +291,4 @@ impl DeltaNetAttention {
     }
 }
 
-recurrent_module!(DeltaNetAttention);
+recurrent_module!(DeltaNetAttention, rotary: proj.rotary);
