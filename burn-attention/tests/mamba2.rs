@@ -149,12 +149,24 @@ fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
     keep.iter().map(|&i| all[i].clone()).collect()
 }
 
+/// Serialises the tests of this file that draw from the device's generator, so that a seeded
+/// module is the same in every run whatever else runs beside it.
+static DRAWS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// With fresh weights in every run, 1 run in 80 (with rotary positions) met an output whose
+/// RMS normalisation amplified f32 rounding past the tolerance (2.1e-3): the test draws its
+/// weights from seed 5, materialised while the generator is held (parameters are drawn on first
+/// use).
 #[test]
 fn mamba2_matches_float64_reference() {
     let device = Device::flex();
+    let held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
+    device.seed(5);
     let mut m = Mamba2Config::new(D_MODEL, HEADS)
         .with_bias(true)
         .init(&device);
+    let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], &device)));
+    drop(held);
     // Step sizes near 1 (the initial ones are 0.001-0.1): over 700 positions the decays reach
     // far below f32's smallest normal number.
     m.dt_bias = m.dt_bias.map(|b| b.add_scalar(3.0));
@@ -195,7 +207,12 @@ fn matches_float64_reference(m: &Mamba2Attention, device: &Device) {
 #[test]
 fn cross_attention_is_refused() {
     let device = Device::flex();
-    let m = Mamba2Config::new(D_MODEL, HEADS).init(&device);
+    let m = {
+        let _held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
+        let m = Mamba2Config::new(D_MODEL, HEADS).init(&device);
+        let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], &device)));
+        m
+    };
     let q = normal_tensor([1, 4, D_MODEL], 1, &device);
     let kv = normal_tensor([1, 6, D_MODEL], 2, &device);
     let err = m
