@@ -67,7 +67,7 @@ impl LayerArgs {
         let bytes = [self.batch, n, self.d_model]
             .iter()
             .try_fold(4 * copies, |total, &d| total.checked_mul(d as u64));
-        if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
+        if bytes.is_none_or(|b| b > crate::memory::available_memory().unwrap_or(u64::MAX)) {
             anyhow::bail!(
                 "`--batch` x `--n` x `--d-model` ({} x {n} x {}) is too large: {what} alone \
                  exceed the memory available",
@@ -432,7 +432,7 @@ pub fn run_train(args: &TrainBenchArgs) -> Result<TrainBenchResult> {
     check_sizes(&[("--steps", args.steps)])?;
     check_repetitions(args.steps, args.warmup, "--steps")?;
     let config = train_bench_config(args)?;
-    let available = crate::budget::available_memory().unwrap_or(u64::MAX);
+    let available = crate::memory::available_memory().unwrap_or(u64::MAX);
     crate::budget::check_activations(&config, available, ["--batch", "--n"])?;
     let task = crate::tasks::find(&args.task)?;
     let spec = crate::model::ClassifierSpec::resolve(&config, task, &args.attention)?;
@@ -580,7 +580,7 @@ pub fn run_gemm(args: &GemmBenchArgs) -> Result<GemmBenchResult> {
     let bytes = (args.n as u64)
         .checked_mul(args.n as u64)
         .and_then(|e| e.checked_mul(3 * 4));
-    if bytes.is_none_or(|b| b > crate::budget::available_memory().unwrap_or(u64::MAX)) {
+    if bytes.is_none_or(|b| b > crate::memory::available_memory().unwrap_or(u64::MAX)) {
         anyhow::bail!(
             "`--n` ({}) is too large: three n x n matrices exceed the memory available",
             args.n

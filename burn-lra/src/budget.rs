@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::config::RunConfig;
+use crate::memory::available_memory;
 use crate::model::{ClassifierSpec, LraClassifier};
 use crate::tasks::LraTask;
 
@@ -185,14 +186,6 @@ pub fn check_activations(
         );
     }
     Ok(())
-}
-
-/// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 #[cfg(test)]

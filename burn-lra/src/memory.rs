@@ -1,4 +1,6 @@
-//! Process-wide allocator setting for training and benchmark processes.
+//! The machine's memory as the processes see it: the allocator setting of training and
+//! benchmark processes, and the memory available to them (which the data readers, the memory
+//! check and the benchmarks read). Nothing here imports another module of the harness.
 
 /// Makes the C allocator keep freed memory for reuse instead of handing it back to the kernel.
 ///
@@ -18,4 +20,12 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
     }
+}
+
+/// The memory the kernel can give this process without swapping (`MemAvailable`), in bytes.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

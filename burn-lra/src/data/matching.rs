@@ -108,7 +108,7 @@ pub fn generate(dir: &Path, cfg: &PairGeneratorConfig) -> Result<()> {
     }
     // Each split is written from memory: refused, before anything is generated, where its
     // rows alone (at least 64 bytes a pair: two documents of 10 words or more) cannot fit.
-    let available = crate::budget::available_memory().unwrap_or(u64::MAX);
+    let available = crate::memory::available_memory().unwrap_or(u64::MAX);
     for (flag, n) in [
         ("--n-train", cfg.n_train),
         ("--n-val", cfg.n_val),
