@@ -249,14 +249,6 @@ impl RunConfig {
         }
         config.validate()?;
         config.check_input(self.encoder_len(), self.encoder_len(), false)?;
-        if m.positions == Positions::Rotary {
-            check_rotary(
-                config.name(),
-                config.info().capabilities,
-                m.d_model / m.n_heads,
-            )
-            .context("`model.positions = \"rotary\"`")?;
-        }
         Ok(config)
     }
 
@@ -269,6 +261,18 @@ impl RunConfig {
             .into_iter()
             .map(|part| self.attention_config(part))
             .collect::<Result<Vec<_>>>()?;
+        // Rotary positions are asked of the layers built, not of every `[attention.*]` table
+        // a configuration holds (a preset has one for attentions that take none).
+        if m.positions == Positions::Rotary {
+            for config in &pattern {
+                check_rotary(
+                    config.name(),
+                    config.info().capabilities,
+                    m.d_model / m.n_heads,
+                )
+                .context("`model.positions = \"rotary\"`")?;
+            }
+        }
         let block =
             EncoderBlockConfig::new(pattern[0].clone(), m.d_ff).with_residual_dropout(m.dropout);
         let encoder = EncoderConfig::new(block, m.n_layers);
