@@ -6,7 +6,7 @@ use burn::prelude::*;
 use crate::contract::DecodingState;
 use crate::contract::error::AttentionError;
 use crate::contract::input::{AttentionInput, HeadMasks};
-use crate::engines::rotary::{real_positions, rotate_roformer};
+use crate::engines::rotary::{real_positions, rotate_queries_keys};
 
 /// Splits `[batch, n, d_model]` into heads `[batch, n_heads, n, d_head]`.
 pub fn split_heads(x: Tensor<3>, n_heads: usize) -> Tensor<4> {
@@ -165,11 +165,8 @@ impl QkvoProjection {
             return Ok((q, k, v));
         }
         let positions = state.tokens_seen(variant, q.dims()[0], &q.device())?;
-        Ok((
-            rotate_roformer(q, positions.clone()),
-            rotate_roformer(k, positions),
-            v,
-        ))
+        let (q, k) = rotate_queries_keys(q, k, &Some(positions));
+        Ok((q, k, v))
     }
 
     /// The prefill of the attentions that decode over a cache of every key: the causal forward
@@ -188,14 +185,17 @@ impl QkvoProjection {
     ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
         let masks = self.with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
         let (q, k, v) = self.qkv(x);
-        // The cache holds the keys as later tokens score them: rotated, with rotary positions.
-        let keys = match &masks.positions {
-            Some(positions) => rotate_roformer(k.clone(), positions.clone()),
-            None => k.clone(),
+        // With rotary positions the queries and keys are rotated once, here: `attend` takes them
+        // rotated (its masks without positions), and the cache holds the keys as later tokens
+        // score them.
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
+        let masks = HeadMasks {
+            positions: None,
+            ..masks
         };
-        let o = attend(q, k, v.clone(), masks)?;
+        let o = attend(q, k.clone(), v.clone(), masks)?;
         let cache = DecodingState::KeyValueCache {
-            keys,
+            keys: k,
             values: v,
             padding: mask_pad,
         };

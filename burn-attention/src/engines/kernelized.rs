@@ -39,7 +39,7 @@ use burn::prelude::*;
 use crate::contract::error::AttentionError;
 use crate::contract::input::{HeadMasks, causal_mask, zero_padded};
 use crate::contract::{DecodingState, RecurrentState};
-use crate::engines::rotary::rotate_roformer;
+use crate::engines::rotary::{rotate_queries_keys, rotate_roformer};
 
 /// Chunk length of the causal form (see the module docs): large enough that the intra-chunk
 /// products are efficient matrix products, small enough that the `c × c` weights per chunk stay
@@ -193,8 +193,8 @@ pub fn rotary_kernelized_attention(
     mask_pad: Option<Tensor<2, Bool>>,
     causal: bool,
 ) -> Tensor<4> {
-    let rotated_q = rotate_roformer(phi_q.clone(), positions.clone());
-    let rotated_k = rotate_roformer(phi_k.clone(), positions);
+    let (rotated_q, rotated_k) =
+        rotate_queries_keys(phi_q.clone(), phi_k.clone(), &Some(positions));
     if causal {
         let (num, _) = causal_sums(rotated_q, rotated_k, v, mask_pad.clone(), CAUSAL_CHUNK);
         let [batch, heads, n, _] = phi_q.dims();
@@ -304,8 +304,8 @@ pub fn rotary_kernelized_step(
         .as_ref()
         .and_then(|state| state.seen.clone())
         .unwrap_or_else(|| Tensor::zeros([batch, 1], &phi_q.device()));
-    let rotated_q = rotate_roformer(phi_q.clone(), seen.clone());
-    let rotated_k = rotate_roformer(phi_k.clone(), seen.clone());
+    let (rotated_q, rotated_k) =
+        rotate_queries_keys(phi_q.clone(), phi_k.clone(), &Some(seen.clone()));
     let s_new = rotated_k.swap_dims(2, 3).matmul(v); // [b, h, m, d]
     let z_new = phi_k.swap_dims(2, 3); // [b, h, m, 1]
     let (s, z) = match state {

@@ -62,10 +62,18 @@ fn quarter_turn(d: usize, device: &Device) -> Tensor<2> {
 /// # Panics
 /// If `d` is odd (the variants refuse odd head widths when configured).
 pub fn rotate(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
-    let d = x.dims()[3];
-    check_even(d);
-    let theta = retnet_angles(d, &x.device());
-    rotate_by(x, positions, theta)
+    Rotation::new(Angles::RetNet, &positions, x.dims()[3]).apply(x)
+}
+
+/// Queries and keys rotated at `positions` by RetNet's angles, the rotation built once for both
+/// (see [`rotate`]).
+pub fn rotate_retnet_queries_keys(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    positions: Tensor<2>,
+) -> (Tensor<4>, Tensor<4>) {
+    let rotation = Rotation::new(Angles::RetNet, &positions, q.dims()[3]);
+    (rotation.apply(q), rotation.apply(k))
 }
 
 /// `x` rotated at `positions` by RoFormer's angles, `θ_i = 10000^{−2i/d}` (the library's rotary
@@ -77,14 +85,11 @@ pub fn rotate(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
 /// # Panics
 /// If `d` is odd (the variants refuse odd head widths when rotary positions are asked for).
 pub fn rotate_roformer(x: Tensor<4>, positions: Tensor<2>) -> Tensor<4> {
-    let d = x.dims()[3];
-    check_even(d);
-    let theta = roformer_angles(d, &x.device());
-    rotate_by(x, positions, theta)
+    Rotation::new(Angles::RoFormer, &positions, x.dims()[3]).apply(x)
 }
 
 /// Queries and keys rotated at `positions` by RoFormer's angles (the per-head masks' rotary
-/// positions, self-attention); unchanged without positions.
+/// positions, self-attention), the rotation built once for both; unchanged without positions.
 ///
 /// # Shapes
 /// - `q`, `k`: `[batch, heads, n, d]`; `positions`: `[batch, n]`
@@ -94,31 +99,58 @@ pub fn rotate_queries_keys(
     positions: &Option<Tensor<2>>,
 ) -> (Tensor<4>, Tensor<4>) {
     match positions {
-        Some(positions) => (
-            rotate_roformer(q, positions.clone()),
-            rotate_roformer(k, positions.clone()),
-        ),
+        Some(positions) => {
+            let rotation = Rotation::new(Angles::RoFormer, positions, q.dims()[3]);
+            (rotation.apply(q), rotation.apply(k))
+        }
         None => (q, k),
     }
 }
 
-fn check_even(d: usize) {
-    assert!(
-        d.is_multiple_of(2),
-        "rotary position encoding needs an even head width, not {d}"
-    );
+/// Which angles a rotation turns by.
+#[derive(Clone, Copy)]
+enum Angles {
+    RetNet,
+    RoFormer,
 }
 
-/// `x cos(p θ) + (x J) sin(p θ)` for the angles `theta` (`[d]`, each twice).
-fn rotate_by(x: Tensor<4>, positions: Tensor<2>, theta: Tensor<1>) -> Tensor<4> {
-    let [batch, _, n, d] = x.dims();
-    let device = x.device();
-    let phase = positions.reshape([batch, 1, n, 1]) * theta.reshape([1, 1, 1, d]); // [b, 1, n, d]
-    let (cos, sin) = (phase.clone().cos(), phase.sin());
-    let turned = x
-        .clone()
-        .matmul(quarter_turn(d, &device).reshape([1, 1, d, d]));
-    x * cos + turned * sin
+/// A rotation at given positions, built once (the angles' cosines and sines, `[batch, 1, n, d]`,
+/// and the quarter turn `J`) and applied to as many tensors of those positions as need it.
+struct Rotation {
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+    turn: Tensor<4>,
+}
+
+impl Rotation {
+    /// The rotation of `d`-wide heads at `positions` (`[batch, n]`).
+    ///
+    /// # Panics
+    /// If `d` is odd.
+    fn new(angles: Angles, positions: &Tensor<2>, d: usize) -> Self {
+        assert!(
+            d.is_multiple_of(2),
+            "rotary position encoding needs an even head width, not {d}"
+        );
+        let [batch, n] = positions.dims();
+        let device = positions.device();
+        let theta = match angles {
+            Angles::RetNet => retnet_angles(d, &device),
+            Angles::RoFormer => roformer_angles(d, &device),
+        };
+        let phase = positions.clone().reshape([batch, 1, n, 1]) * theta.reshape([1, 1, 1, d]);
+        Self {
+            cos: phase.clone().cos(),
+            sin: phase.sin(),
+            turn: quarter_turn(d, &device).reshape([1, 1, d, d]),
+        }
+    }
+
+    /// `x cos + (x J) sin`, `x`: `[batch, heads, n, d]`.
+    fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        let turned = x.clone().matmul(self.turn.clone());
+        x * self.cos.clone() + turned * self.sin.clone()
+    }
 }
 
 /// The index of each position among its sequence's real ones, `[batch, n]` (a padded

@@ -36,7 +36,7 @@ use crate::engines::decay::{
 use crate::kernels::silu;
 
 use crate::engines::heads::merge_heads;
-use crate::engines::rotary::{real_positions, rotate};
+use crate::engines::rotary::{real_positions, rotate_retnet_queries_keys};
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -146,8 +146,8 @@ impl RetNetAttention {
     /// The scaled, rotated queries and rotated keys at `positions` (`[batch, n]`).
     fn rotated(&self, q: Tensor<4>, k: Tensor<4>, positions: Tensor<2>) -> (Tensor<4>, Tensor<4>) {
         let d = q.dims()[3];
-        let q = rotate(q, positions.clone()).mul_scalar((d as f64).powf(-0.5));
-        (q, rotate(k, positions))
+        let (q, k) = rotate_retnet_queries_keys(q, k, positions);
+        (q.mul_scalar((d as f64).powf(-0.5)), k)
     }
 
     /// From the retention's sums `[Σ_j R_ij v_j, Σ_j R_ij]` (`[batch, heads, n, d + 1]`) and
