@@ -311,7 +311,8 @@ fn cross_attention_reads_its_values() {
 /// A padding mask is honoured wherever the padding sits: at the start of a sequence, inside it
 /// and at its end, other junk (50 times the inputs' scale) at the padded positions leaves every
 /// real position's output unchanged. For every variant that takes a padding mask, without and
-/// (where the variant has it) with causal masking.
+/// (where the variant has it) with causal masking, and again with rotary positions on where it
+/// takes them.
 #[test]
 fn padding_anywhere_leaves_real_outputs_unchanged() {
     let device = device();
@@ -338,27 +339,32 @@ fn padding_anywhere_leaves_real_outputs_unchanged() {
             .find(|v| v.name == name)
             .is_some_and(|v| v.capabilities.causal);
         let attention = config_for(name).init(&device);
+        let rotary = attention.clone().with_rotary().ok();
         let x = random([3, n, D_MODEL], &device);
         let [a, b] = [0, 1].map(|_| {
             random([3, n, D_MODEL], &device)
                 .mul_scalar(50.0)
                 .mask_where(real.clone(), x.clone())
         });
-        for causal in [false, true].into_iter().filter(|&c| !c || causal) {
-            let run = |x: Tensor<3>| {
-                attention.forward(AttentionInput::new(x).mask_pad(mask.clone()).causal(causal))
-            };
-            let (out_a, out_b) = (run(a.clone()), run(b.clone()));
-            for batch in 0..3 {
-                for i in (0..n).filter(|&i| !padded(batch, i)) {
-                    let at = |o: &Tensor<3>| o.clone().slice(s![batch..batch + 1, i..i + 1]);
-                    let diff: f32 = (at(&out_a) - at(&out_b)).abs().max().into_scalar();
-                    let size: f32 = at(&out_a).abs().max().into_scalar();
-                    assert!(
-                        diff <= 1e-4 * size.max(1.0),
-                        "{name} causal {causal}: padding {} moved position {i} by {diff}",
-                        ["at the start", "inside", "at the end"][batch]
-                    );
+        for (attention, positions) in [(Some(attention), "plain"), (rotary, "rotary")] {
+            let Some(attention) = attention else { continue };
+            for causal in [false, true].into_iter().filter(|&c| !c || causal) {
+                let run = |x: Tensor<3>| {
+                    attention.forward(AttentionInput::new(x).mask_pad(mask.clone()).causal(causal))
+                };
+                let (out_a, out_b) = (run(a.clone()), run(b.clone()));
+                for batch in 0..3 {
+                    for i in (0..n).filter(|&i| !padded(batch, i)) {
+                        let at = |o: &Tensor<3>| o.clone().slice(s![batch..batch + 1, i..i + 1]);
+                        let diff: f32 = (at(&out_a) - at(&out_b)).abs().max().into_scalar();
+                        let size: f32 = at(&out_a).abs().max().into_scalar();
+                        assert!(
+                            diff <= 1e-4 * size.max(1.0),
+                            "{name} ({positions}) causal {causal}: padding {} moved position {i} \
+                             by {diff}",
+                            ["at the start", "inside", "at the end"][batch]
+                        );
+                    }
                 }
             }
         }

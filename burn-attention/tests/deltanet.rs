@@ -19,7 +19,8 @@ use burn_attention_zoo::{
     AttentionInput, AttentionModule, DecodingState, DeltaNetAttention, DeltaNetConfig,
 };
 use reference::{
-    linear_f64, max_rel_err, normal_tensor, padded_pair, sigmoid, softplus, to_rows, vector,
+    linear_f64, max_rel_err, normal_tensor, padded_pair, rotate_heads_f64, sigmoid, softplus,
+    to_rows, vector,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -95,22 +96,6 @@ fn scan(
 }
 
 /// The module's output for the real rows `x` of one sequence.
-/// Each head's channels of `row` (a query or key at position `p`) turned by RoFormer's
-/// rotation (Su et al. 2021, eq. 34): pair `(2i, 2i+1)` by `p θ_i`, `θ_i = 10000^{−2i/D_HEAD}`.
-fn rotate_heads(row: &[f64], p: f64) -> Vec<f64> {
-    let mut out = row.to_vec();
-    for h in 0..HEADS {
-        for i in 0..D_HEAD / 2 {
-            let theta = 10_000f64.powf(-2.0 * i as f64 / D_HEAD as f64);
-            let (cos, sin) = ((p * theta).cos(), (p * theta).sin());
-            let (a, b) = (row[h * D_HEAD + 2 * i], row[h * D_HEAD + 2 * i + 1]);
-            out[h * D_HEAD + 2 * i] = a * cos - b * sin;
-            out[h * D_HEAD + 2 * i + 1] = a * sin + b * cos;
-        }
-    }
-    out
-}
-
 /// The module's output for the real rows `x` of one sequence (with rotary positions: the unit
 /// queries and keys rotated at their positions among the real rows).
 fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
@@ -122,7 +107,7 @@ fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
         }
         rows.iter()
             .enumerate()
-            .map(|(p, row)| rotate_heads(row, p as f64))
+            .map(|(p, row)| rotate_heads_f64(row, p as f64, HEADS, D_HEAD))
             .collect()
     };
     let q: Rows = rotated(

@@ -15,7 +15,10 @@ mod reference;
 
 use burn::prelude::*;
 use burn_attention_zoo::{AttentionInput, AttentionModule, GlaAttention, GlaConfig};
-use reference::{linear_f64, max_rel_err, normal_tensor, padded_pair, softplus, to_rows, vector};
+use reference::{
+    linear_f64, max_rel_err, normal_tensor, padded_pair, rotate_heads_f64, softplus, to_rows,
+    vector,
+};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -51,22 +54,6 @@ fn scan(order: &[usize], h: usize, (q, k, v): (&Rows, &Rows, &Rows), gate: &Rows
     out
 }
 
-/// Each head's `D_K` channels of `row` (a query or key at position `p`) turned by RoFormer's
-/// rotation (Su et al. 2021, eq. 34): pair `(2i, 2i+1)` by `p θ_i`, `θ_i = 10000^{−2i/D_K}`.
-fn rotate_heads(row: &[f64], p: f64) -> Vec<f64> {
-    let mut out = row.to_vec();
-    for h in 0..HEADS {
-        for i in 0..D_K / 2 {
-            let theta = 10_000f64.powf(-2.0 * i as f64 / D_K as f64);
-            let (c, s) = ((p * theta).cos(), (p * theta).sin());
-            let (a, b) = (row[h * D_K + 2 * i], row[h * D_K + 2 * i + 1]);
-            out[h * D_K + 2 * i] = a * c - b * s;
-            out[h * D_K + 2 * i + 1] = a * s + b * c;
-        }
-    }
-    out
-}
-
 /// The module's output for the real rows `x` of one sequence (with rotary positions: queries
 /// and keys rotated at their positions among the real rows).
 fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
@@ -78,7 +65,7 @@ fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
         }
         rows.iter()
             .enumerate()
-            .map(|(p, row)| rotate_heads(row, p as f64))
+            .map(|(p, row)| rotate_heads_f64(row, p as f64, HEADS, D_K))
             .collect()
     };
     let q: Rows = rotated(

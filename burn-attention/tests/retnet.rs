@@ -17,7 +17,7 @@ use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, DecodingState, RetNetAttention, RetNetConfig,
 };
-use reference::{linear_f64, max_rel_err, normal_tensor, padded_pair, to_rows};
+use reference::{draw_alone, linear_f64, max_rel_err, normal_tensor, padded_pair, to_rows};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -101,10 +101,6 @@ fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
     keep.iter().map(|&i| all[i].clone()).collect()
 }
 
-/// Serialises the tests of this file that draw from the device's generator, so that a seeded
-/// module is the same in every run whatever else runs beside it.
-static DRAWS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// The module with its weights drawn from seed 3, materialised while the generator is held
 /// (parameters are drawn on first use). With fresh weights in every run, 6 runs in 100 passed
 /// the tolerance (relative errors of 2e-4 to 2e-3 against float64, once 0.1 in 40 more runs),
@@ -112,13 +108,13 @@ static DRAWS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// per-head RMS normalisation of a near-zero head is the likely reading), so the test fixes its
 /// weights.
 fn seeded_module(device: &Device) -> RetNetAttention {
-    let _held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
-    device.seed(3);
-    let m = RetNetConfig::new(D_MODEL, HEADS)
-        .with_bias(true)
-        .init(device);
-    let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], device)));
-    m
+    draw_alone(device, Some(3), || {
+        let m = RetNetConfig::new(D_MODEL, HEADS)
+            .with_bias(true)
+            .init(device);
+        let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], device)));
+        m
+    })
 }
 
 #[test]
@@ -154,12 +150,11 @@ fn retnet_matches_float64_reference() {
 #[test]
 fn decoding_continues_the_prompt() {
     let device = Device::flex();
-    let m = {
-        let _held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
+    let m = draw_alone(&device, None, || {
         let m = RetNetConfig::new(D_MODEL, HEADS).init(&device);
         let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], &device)));
         m
-    };
+    });
     let x = normal_tensor([1, 131, D_MODEL], 7, &device);
     let full = m.forward(AttentionInput::new(x.clone()).causal(true));
     let (_, state) = m.prefill(x.clone().slice(s![.., 0..130])).unwrap();
@@ -182,12 +177,11 @@ fn refusals_name_the_reason() {
     let device = Device::flex();
     let err = RetNetConfig::new(12, 4).validate().unwrap_err().to_string();
     assert!(err.contains("even width per head"), "{err}");
-    let m = {
-        let _held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
+    let m = draw_alone(&device, None, || {
         let m = RetNetConfig::new(D_MODEL, HEADS).init(&device);
         let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], &device)));
         m
-    };
+    });
     let q = normal_tensor([1, 4, D_MODEL], 1, &device);
     let kv = normal_tensor([1, 6, D_MODEL], 2, &device);
     let err = m

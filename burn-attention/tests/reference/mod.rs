@@ -503,3 +503,34 @@ pub fn padded_pair(
     ];
     (x, mask, real)
 }
+
+/// RoFormer's rotation (Su et al. 2021, eq. 34) of a row at position `p`, head by head: in each
+/// of the `heads` blocks of `d_head` channels, pair `(2i, 2i+1)` turned by `p θ_i`,
+/// `θ_i = 10000^{−2i/d_head}`.
+pub fn rotate_heads_f64(row: &[f64], p: f64, heads: usize, d_head: usize) -> Vec<f64> {
+    let mut out = row.to_vec();
+    for h in 0..heads {
+        for i in 0..d_head / 2 {
+            let theta = 10_000f64.powf(-2.0 * i as f64 / d_head as f64);
+            let (cos, sin) = ((p * theta).cos(), (p * theta).sin());
+            let (a, b) = (row[h * d_head + 2 * i], row[h * d_head + 2 * i + 1]);
+            out[h * d_head + 2 * i] = a * cos - b * sin;
+            out[h * d_head + 2 * i + 1] = a * sin + b * cos;
+        }
+    }
+    out
+}
+
+/// Serialises the draws of [`draw_alone`] within one test binary.
+static DRAWS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `draw` while no other test of this binary draws through here, the device seeded with
+/// `seed` first where one is given: a module built and used once inside `draw` (parameters are
+/// drawn on first use) gets the same weights in every run, whatever runs beside it.
+pub fn draw_alone<T>(device: &Device, seed: Option<u64>, draw: impl FnOnce() -> T) -> T {
+    let _held = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(seed) = seed {
+        device.seed(seed);
+    }
+    draw()
+}
