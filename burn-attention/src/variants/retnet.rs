@@ -2,7 +2,7 @@
 //!
 //! Sun et al. 2023, "Retentive Network: A Successor to Transformer for Large Language Models",
 //! arXiv 2307.08621. Per head `h`, with queries and keys rotated by their positions (the
-//! paper's `Θ`, [`rotate`]) and queries scaled by `d^{-1/2}`:
+//! paper's `Θ`, [`rotate`](crate::engines::rotary::rotate)) and queries scaled by `d^{-1/2}`:
 //! `Retention(X) = (Q Kᵀ ⊙ D) V`, `D_ij = γ_h^{i−j}` for `j ≤ i` (0 otherwise), with the
 //! paper's fixed decays `γ_h = 1 − 2^{−5−h}`, one per head. The paper's normalisations follow:
 //! `D` divided row by row by `√(Σ_j D_ij)`, the scores `R = Q Kᵀ ⊙ D` divided by
