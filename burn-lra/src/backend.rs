@@ -31,7 +31,7 @@ pub trait BackendDevice {
     fn device(&self) -> Result<Device>;
 
     /// Its device number `index` (`burn-lra train --device`): the CUDA device for `cuda` and
-    /// `tch-cuda`, the discrete GPU for `wgpu`; `None` is the default device. CPU backends have
+    /// `tch-cuda`, the discrete GPU for `wgpu` and `wgpu-fused`; `None` is the default device. CPU backends have
     /// no numbered devices.
     fn device_at(&self, index: Option<usize>) -> Result<Device>;
 }
@@ -42,7 +42,8 @@ impl BackendDevice for BackendKind {
             Self::Flex => cfg!(feature = "flex"),
             Self::Ndarray => cfg!(feature = "ndarray"),
             Self::Tch | Self::TchCuda => cfg!(feature = "tch"),
-            Self::Wgpu => cfg!(feature = "wgpu"),
+            Self::Wgpu => cfg!(all(feature = "wgpu", not(feature = "wgpu-fused"))),
+            Self::WgpuFused => cfg!(feature = "wgpu-fused"),
             Self::Cuda => cfg!(feature = "cuda"),
         }
     }
@@ -79,7 +80,7 @@ impl BackendDevice for BackendKind {
             #[cfg(feature = "tch")]
             Self::TchCuda => Device::libtorch_cuda(index.unwrap_or(0)),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => Device::wgpu(match index {
+            Self::Wgpu | Self::WgpuFused => Device::wgpu(match index {
                 Some(i) => DeviceKind::DiscreteGpu(i),
                 None => DeviceKind::DefaultDevice,
             }),

@@ -14,6 +14,7 @@
 //! - [`backend`]: backends as cargo features, picked at run time.
 //! - [`limits`], [`checksum`]: the bound on sizes, and the SHA-256 files are checked by.
 
+pub mod agreement;
 pub mod backend;
 pub mod bench;
 pub mod budget;

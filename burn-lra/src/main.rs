@@ -47,6 +47,17 @@ enum Command {
     },
     /// List the backends and which are compiled in.
     Backends,
+    /// Check that a backend trains as flex does: every attention (or those named) trained three
+    /// steps from the same weights on both, logits compared after each step; exits with an
+    /// error if any step lies outside the tolerance.
+    CheckBackend {
+        /// The backend checked against flex.
+        #[arg(long, value_enum)]
+        backend: burn_lra::backend::BackendKind,
+        /// Registry names, comma-separated; all when left out.
+        #[arg(long, value_delimiter = ',')]
+        attention: Vec<String>,
+    },
     /// Time one attention at one length (forward, forward + backward, peak memory) and print a
     /// JSON line; `cargo xtask bench attention` drives it.
     BenchAttention(burn_lra::bench::BenchArgs),
@@ -306,6 +317,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train_command(args),
+        Command::CheckBackend { backend, attention } => check_backend(backend, &attention),
         Command::BenchAttention(args) => {
             println!("{}", serde_json::to_string(&burn_lra::bench::run(&args)?)?);
             Ok(())
@@ -583,5 +595,44 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
     for warning in &result.warnings {
         println!("  warning: {warning}");
     }
+    Ok(())
+}
+
+/// `check-backend`: one line per attention (the largest gap to flex over its steps), then a
+/// verdict; an error naming the attentions outside the tolerance.
+fn check_backend(backend: burn_lra::backend::BackendKind, names: &[String]) -> anyhow::Result<()> {
+    use burn_lra::agreement::{ABSOLUTE, RELATIVE, check};
+    let names: Vec<String> = if names.is_empty() {
+        burn_attention_zoo::VARIANTS
+            .iter()
+            .map(|v| v.name.to_string())
+            .collect()
+    } else {
+        names.to_vec()
+    };
+    println!(
+        "{backend} against flex: logits after 3 AdamW steps and in evaluation \
+         (tolerance {ABSOLUTE:e} + {RELATIVE:e} relative)"
+    );
+    let mut failed = Vec::new();
+    for name in &names {
+        let gaps = check(backend, name)?;
+        let largest = gaps.iter().map(|g| g.max_abs).fold(0.0f32, f32::max);
+        let agrees = gaps.iter().all(|g| g.agrees());
+        println!(
+            "{name:<22} max |Δ| {largest:.2e} {}",
+            if agrees { "agrees" } else { "DIFFERS" }
+        );
+        if !agrees {
+            failed.push(name.as_str());
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{backend} differs from flex beyond the tolerance for: {}",
+            failed.join(", ")
+        );
+    }
+    println!("{backend}: all {} attentions agree with flex", names.len());
     Ok(())
 }

@@ -254,18 +254,23 @@ pub enum BackendKind {
     TchCuda,
     /// wgpu: Vulkan, Metal or WebGPU, whichever the machine has (feature `wgpu`).
     Wgpu,
+    /// wgpu with Burn's operation fusion and kernel autotuning (feature `wgpu-fused`). Fusion is
+    /// a build-wide switch of Burn: a build with this feature runs every wgpu device fused, so it
+    /// has this backend instead of `wgpu`.
+    WgpuFused,
     /// CUDA through CubeCL (feature `cuda`).
     Cuda,
 }
 
 impl BackendKind {
     /// All backends, in the order listings show them.
-    pub const ALL: [BackendKind; 6] = [
+    pub const ALL: [BackendKind; 7] = [
         Self::Flex,
         Self::Ndarray,
         Self::Tch,
         Self::TchCuda,
         Self::Wgpu,
+        Self::WgpuFused,
         Self::Cuda,
     ];
 
@@ -277,6 +282,7 @@ impl BackendKind {
             Self::Tch => "tch",
             Self::TchCuda => "tch-cuda",
             Self::Wgpu => "wgpu",
+            Self::WgpuFused => "wgpu-fused",
             Self::Cuda => "cuda",
         }
     }

@@ -9,10 +9,16 @@ use lra_runs::BackendKind;
 
 /// The workspace's root folder.
 pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
-        .to_path_buf()
+        .to_path_buf();
+    if built.join("Cargo.toml").is_file() {
+        return built;
+    }
+    // An xtask binary carried to another machine (a GPU machine without Rust, given the
+    // binaries built here) runs from a copy of the workspace: its current folder.
+    std::env::current_dir().unwrap_or(built)
 }
 
 /// A private copy of the burn-lra binary. On Linux the copy is deleted as soon as it is open and

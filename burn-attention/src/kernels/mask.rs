@@ -39,6 +39,13 @@ impl DropMask {
         }
     }
 
+    /// The drop probability `p` (recovered from the scale of kept elements): what a kernel
+    /// that draws its own mask (libtorch's on CUDA) is given instead of the mask.
+    #[cfg_attr(not(feature = "tch"), allow(dead_code))]
+    pub(crate) fn prob(&self) -> f64 {
+        1.0 - 1.0 / f64::from(self.scale)
+    }
+
     /// A mask with a seed drawn from `device`'s random generator.
     pub(crate) fn draw(prob: f64, device: &Device) -> Self {
         // Four draws of 16 bits each, exact whatever the device's integer type.

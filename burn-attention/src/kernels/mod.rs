@@ -1,14 +1,16 @@
 //! The kernels floor: backend extensions with their own backward passes, behind the engines.
 //!
-//! Fused softmax attention with its own backward pass, for training on `flex` and on `tch` (CPU).
+//! Fused softmax attention with its own backward pass, for training on `flex` and on `tch` (CPU
+//! and CUDA).
 //!
 //! Burn's fused `attention` operation has no backward of its own: under autodiff Burn derives
 //! one from the composed steps, which stores the `n × n` weights and walks them several times.
 //! This module registers a Burn backend extension whose forward keeps only the log-sum-exp of
 //! each score row and whose backward recomputes the weights tile by tile ([`kernel`]), as
 //! FlashAttention does and as PyTorch's CPU `scaled_dot_product_attention` does. Time is the
-//! same `O(n² d)`; memory beyond the inputs drops from `O(n²)` to `O(n)` per head. On `tch`
-//! (CPU) the same extension calls libtorch's own flash-attention forward and backward.
+//! same `O(n² d)`; memory beyond the inputs drops from `O(n²)` to `O(n)` per head. On `tch` the
+//! same extension calls libtorch's own fused forward and backward (flash on the CPU,
+//! memory-efficient on CUDA).
 //!
 //! [`try_attention`] is the entry point: it answers `None` wherever the fused path does not
 //! apply (another backend, a dtype other than `f32`), and the caller composes the steps.
@@ -49,7 +51,8 @@ pub(crate) type KeyPadding = Option<Arc<[bool]>>;
 ///
 /// Masked scores are replaced by [`MASK_FILL`](crate::contract::input::MASK_FILL), as in the composed
 /// path, so the two agree to rounding, masks included; a dropout mask drops the weights the
-/// composed path given the same mask drops (`flex` only: libtorch's CPU kernel has no dropout).
+/// composed path given the same mask drops (`flex`; libtorch's CUDA kernel draws its own mask
+/// with the same probability, its CPU kernel takes none).
 pub(crate) fn try_attention(
     q: &Tensor<4>,
     k: &Tensor<4>,
@@ -70,11 +73,7 @@ pub(crate) fn try_attention(
         if !has_kernel(&q.device(), same_head_size) || !all_f32 || n_q == 0 || n_k == 0 {
             return None;
         }
-        #[cfg(feature = "flex")]
-        let has_dropout = dropout.is_some() && flex_kernels(&q.device());
-        #[cfg(not(feature = "flex"))]
-        let has_dropout = false;
-        if dropout.is_some() && !has_dropout {
+        if dropout.is_some() && !kernel_takes_dropout(&q.device()) {
             return None;
         }
         let key_padding: KeyPadding = mask_pad.map(|mask| {
@@ -445,7 +444,7 @@ pub(crate) fn elu_plus_one<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 }
 
 /// Whether `device` (or the device an autodiff device wraps) has the fused kernel: `flex`, and
-/// libtorch on the CPU (its own flash-attention kernels), which needs queries, keys and values
+/// libtorch on the CPU and on CUDA (its own fused kernels), which needs queries, keys and values
 /// of one head size (`same_head_size`; the factorised Synthesizer's are not).
 #[cfg(any(feature = "flex", feature = "tch"))]
 #[allow(deprecated)] // burn-tch's device, see the `libtorch` module
@@ -461,11 +460,36 @@ fn has_kernel(device: &Device, same_head_size: bool) -> bool {
         && extension_applies(device)
         && matches!(
             device.as_dispatch().clone().inner(),
-            burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cpu)
+            burn::backend::DispatchDevice::LibTorch(
+                burn::backend::libtorch::LibTorchDevice::Cpu
+                    | burn::backend::libtorch::LibTorchDevice::Cuda(_)
+            )
         )
     {
         return true;
     }
+    false
+}
+
+/// Whether the fused kernel on `device` applies attention dropout: flex's applies the mask it is
+/// given; libtorch's on CUDA draws its own with the same probability (its random-number state
+/// kept for its backward), as PyTorch's `scaled_dot_product_attention` does there; libtorch's
+/// CPU kernel has none.
+#[cfg(any(feature = "flex", feature = "tch"))]
+#[allow(deprecated)] // burn-tch's device is marked deprecated in Burn 0.22
+fn kernel_takes_dropout(device: &Device) -> bool {
+    #[cfg(feature = "flex")]
+    if flex_kernels(device) {
+        return true;
+    }
+    #[cfg(feature = "tch")]
+    if matches!(
+        device.as_dispatch().clone().inner(),
+        burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cuda(_))
+    ) {
+        return true;
+    }
+    let _ = device;
     false
 }
 

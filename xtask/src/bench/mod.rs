@@ -122,6 +122,10 @@ pub struct BenchFlags {
     /// an existing report is an error, raised before anything is measured).
     #[arg(long)]
     replace: bool,
+    /// A burn-lra binary built beforehand (with the backend's feature), instead of building one:
+    /// on a machine without Rust, such as a GPU machine given the binaries built elsewhere.
+    #[arg(long)]
+    harness: Option<PathBuf>,
 }
 
 impl BenchFlags {
@@ -179,6 +183,7 @@ impl BenchFlags {
             task: self.task,
             preset: self.preset,
             causal: self.causal,
+            harness: self.harness,
         })
     }
 }
@@ -211,6 +216,8 @@ pub(crate) struct Args {
     /// `bench attention` with causal masking (the variants that support it; PyTorch's side
     /// where bench/torch_attention.py has the causal form).
     pub(crate) causal: bool,
+    /// A burn-lra binary built beforehand; `None`: build one.
+    pub(crate) harness: Option<PathBuf>,
 }
 
 impl Args {
@@ -248,6 +255,7 @@ impl Args {
             task: "text".into(),
             preset: "lra".into(),
             causal: false,
+            harness: None,
         }
     }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::Args;
 use super::rounds::{Case, run_rounds};
-use crate::harness::{Harness, build_harness, resolve_attentions, workspace_root};
+use crate::harness::{Harness, harness, resolve_attentions, workspace_root};
 
 /// One benchmark: its cases and how they read; [`run`] does the rest.
 pub(crate) trait Benchmark {
@@ -83,9 +83,9 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Builds the harness and resolves the attentions `benchmark` measures.
+    /// Builds the harness (or copies the one given) and resolves the attentions `benchmark` measures.
     fn start(args: &Args, benchmark: &impl Benchmark) -> Result<Self> {
-        let harness = build_harness(args.backend)?;
+        let harness = harness(args.harness.as_deref(), args.backend)?;
         let names = resolve_attentions(&args.attentions, &harness, benchmark.causal_only())?;
         Ok(Session {
             harness,
