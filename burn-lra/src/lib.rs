@@ -25,6 +25,7 @@ pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod plan;
+pub mod pretraining;
 #[cfg(test)]
 mod properties;
 pub mod rng;

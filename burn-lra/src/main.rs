@@ -30,6 +30,19 @@ struct Cli {
 enum Command {
     /// Train one model and report its test accuracy.
     Train(TrainArgs),
+    /// Self-pretrain a model on the task's training inputs alone (no labels, no validation or
+    /// test inputs): `train` with `training.objective` set (masked-token denoising by default),
+    /// filed under `<preset>,training.objective=<objective>`; `train --init-from` fine-tunes
+    /// from it.
+    Pretrain {
+        /// What the model learns to predict: `masked-tokens` (bidirectional models) or
+        /// `next-token` (attentions with a causal form).
+        #[arg(long, default_value = "masked-tokens", value_parser = ["masked-tokens", "next-token"])]
+        objective: String,
+        /// Everything `train` takes.
+        #[command(flatten)]
+        train: TrainArgs,
+    },
     /// List the registered attentions and what each supports.
     List {
         /// Names only, one per line.
@@ -205,6 +218,13 @@ struct TrainArgs {
     /// Stop after this step as if killed, leaving the checkpoint (for testing --resume).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
+    /// Fine-tune from a finished self-pretraining run (`burn-lra pretrain`) of the same task,
+    /// attention and model: its best-validation embedding, positions and encoder, checked
+    /// against the SHA-256 its result.json recorded; the head starts fresh. The run is filed
+    /// under the preset's name followed by `,spt`, and its config.json and result.json name the
+    /// pretraining run (`init_from`).
+    #[arg(long)]
+    init_from: Option<PathBuf>,
 }
 
 /// `--task`: one of the registered tasks' names (a usage error lists them).
@@ -317,6 +337,20 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train_command(args),
+        Command::Pretrain {
+            objective,
+            mut train,
+        } => {
+            if train.init_from.is_some() {
+                anyhow::bail!("pretrain: --init-from is for fine-tuning (`train`)");
+            }
+            train.set.push(
+                format!("training.objective={objective}")
+                    .parse()
+                    .map_err(anyhow::Error::msg)?,
+            );
+            train_command(train)
+        }
         Command::CheckBackend { backend, attention } => check_backend(backend, &attention),
         Command::BenchAttention(args) => {
             println!("{}", serde_json::to_string(&burn_lra::bench::run(&args)?)?);
@@ -500,6 +534,16 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         [] => preset,
         given => lra_runs::point_name(&preset, given),
     };
+    // Fine-tuned runs are filed apart from runs from scratch.
+    let preset = match &args.init_from {
+        Some(_) => format!("{preset},spt"),
+        None => preset,
+    };
+    args.init_from = args
+        .init_from
+        .as_deref()
+        .map(lra_runs::absolute)
+        .transpose()?;
     let run_dir = args.run_dir.clone().unwrap_or_else(|| {
         lra_runs::run_dir(
             &lra_runs::sweep_dir(&args.out, &args.task, &preset),
@@ -527,6 +571,7 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
             },
             change_backend: args.change_backend,
             stop_after: args.stop_after,
+            init_from: args.init_from.clone(),
         },
     )?;
     // A folder that is not a run directory is refused before any data is loaded (`train` checks
@@ -552,12 +597,16 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         args.seed,
         args.backend
     );
-    let splits = load_splits(
+    let mut splits = load_splits(
         plan.task,
         &plan.config,
         args.data_dir.as_deref(),
         &cache_dir(&args.out),
     )?;
+    if plan.config.training.objective.is_pretraining() {
+        let vocab = burn_lra::tasks::vocab_size(plan.task, &plan.config)?;
+        splits = burn_lra::pretraining::pretraining_splits(splits, &plan.config, vocab, args.seed)?;
+    }
     let [n_train, n_val, n_test] = splits.sizes();
     eprintln!(
         "data: {n_train} train / {n_val} val / {n_test} test examples, longest {} tokens; \

@@ -5,7 +5,7 @@
 //! positions -> dropout -> pre-LN encoder with a final LayerNorm -> pooling ->
 //! `Dense(d_mlp) ReLU Dense(classes)` (the LRA JAX reference, docs/lra.md).
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::module::{Module, Param};
 use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig,
@@ -14,7 +14,7 @@ use burn::prelude::*;
 use burn_attention_zoo::engines::dropout::dropout;
 use burn_attention_zoo::{AttentionConfig, AttentionInput, Encoder, EncoderConfig};
 
-use crate::config::{ModelConfig, PairFeatures, Pooling, Positions, RunConfig};
+use crate::config::{ModelConfig, Objective, PairFeatures, Pooling, Positions, RunConfig};
 use crate::data::Tokens;
 use crate::tasks::{LraTask, Prediction};
 
@@ -87,21 +87,38 @@ impl ClassifierSpec {
     /// The classifier of `task` for `config` with the attention called `attention`; the error
     /// names the attention's field that does not fit.
     pub fn resolve(config: &RunConfig, task: &dyn LraTask, attention: &str) -> Result<Self> {
-        let per_position = task.prediction() == Prediction::Token;
+        let objective = config.training.objective;
+        let pretraining = objective.is_pretraining();
+        let per_position = pretraining || task.prediction() == Prediction::Token;
+        // Self-pretraining predicts the inputs' own tokens (the mask token among the inputs of
+        // masked-token denoising, never among the targets), one document at a time.
+        let vocab_size = crate::tasks::vocab_size(task, config)? + objective.extra_tokens();
         let mut spec = Self {
             model: config.model.clone(),
             encoder: config
                 .encoder_config(attention)
                 .with_context(|| format!("attention `{attention}`"))?,
             encoder_len: config.encoder_len(),
-            vocab_size: crate::tasks::vocab_size(task, config)?,
-            n_classes: crate::tasks::n_outputs(task, config)?,
-            pair_features: task.pairs().then_some(config.model.pair_features),
+            vocab_size,
+            n_classes: match pretraining {
+                true => vocab_size,
+                false => crate::tasks::n_outputs(task, config)?,
+            },
+            pair_features: (task.pairs() && !pretraining).then_some(config.model.pair_features),
             per_position,
             causal: false,
         };
-        spec.causal = per_position
-            && (spec.attentions().iter()).all(|attention| attention.info().capabilities.causal);
+        let all_causal =
+            (spec.attentions().iter()).all(|attention| attention.info().capabilities.causal);
+        spec.causal = match objective {
+            Objective::Task => per_position && all_causal,
+            Objective::MaskedTokens => false,
+            Objective::NextToken if all_causal => true,
+            Objective::NextToken => bail!(
+                "training.objective = \"next-token\": attention `{attention}` has no causal \
+                 form (each token would see the one it predicts); use \"masked-tokens\""
+            ),
+        };
         Ok(spec)
     }
 
@@ -324,6 +341,12 @@ impl LraClassifier {
             (true, Some(positions)) => {
                 let (h, _, loss) = self.encode_positions(tokens.ids, tokens.mask_pad, with_loss);
                 let [batch, n, d] = h.dims();
+                // `positions` index the tokens: the CLS vector, where there is one, is not one.
+                let h = match self.cls {
+                    Some(_) => h.slice([0..batch, 1..n]),
+                    None => h,
+                };
+                let n = h.dims()[1];
                 (h.reshape([batch * n, d]).select(0, positions), loss)
             }
             (false, None) => self.features(tokens, pair, with_loss),

@@ -93,6 +93,9 @@ pub struct TrainOptions {
     pub change_backend: bool,
     /// Stop after this step as if killed (no result written): for testing resumption.
     pub stop_after: Option<usize>,
+    /// A finished self-pretraining run to start from (`--init-from`): its embedding, positions
+    /// and encoder.
+    pub init_from: Option<PathBuf>,
 }
 
 /// The configuration from `--config` or else the preset `preset` of `task`, checked to be a

@@ -28,6 +28,10 @@ pub struct RunRecord<Run = Value> {
     pub config_changes: Vec<ConfigChange>,
     /// The SHA-256 of every example of every split: the data the run trains and is measured on.
     pub data_sha256: String,
+    /// The self-pretraining run whose embedding and encoder the run started from (`train
+    /// --init-from`); absent for a run from scratch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
     /// Trainable parameters of the model.
     pub n_params: usize,
     /// Trainable parameters of the softmax model of the same configuration.
@@ -49,15 +53,37 @@ pub struct RunRecord<Run = Value> {
     pub tokenizer_sha256: Option<String>,
 }
 
+/// Where a fine-tuned run's starting weights came from: a finished self-pretraining run (fields
+/// in alphabetical order, as the file's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InitFrom {
+    /// The harness builds that trained the pretraining run.
+    pub commits: Vec<String>,
+    /// Its objective (`masked-tokens`, `next-token`).
+    pub objective: String,
+    /// The pretraining run's directory (absolute).
+    pub run_dir: std::path::PathBuf,
+    /// The weight file read (`model-best.bpk`).
+    pub weights: String,
+    /// That file's SHA-256, as the pretraining run's `result.json` recorded it and as it was
+    /// checked when read.
+    pub weights_sha256: String,
+}
+
 impl<Run> RunRecord<Run> {
     /// What a run is, by field name: its attention, seed and backend, and what it reads (its
     /// data and tokenizer, by fingerprint). A resume must find every one unchanged.
-    pub fn identity(&self) -> [(&'static str, Value); 5] {
+    pub fn identity(&self) -> [(&'static str, Value); 6] {
         [
             ("attention_name", Value::from(self.attention_name.name())),
             ("seed", Value::from(self.seed)),
             ("backend", Value::from(self.backend.name())),
             ("data_sha256", Value::from(self.data_sha256.as_str())),
+            (
+                "init_from",
+                (self.init_from.as_ref())
+                    .map_or(Value::Null, |i| Value::from(i.weights_sha256.as_str())),
+            ),
             (
                 "tokenizer_sha256",
                 self.tokenizer_sha256
@@ -104,6 +130,7 @@ mod tests {
             backend: BackendKind::Flex,
             config_changes: Vec::new(),
             data_sha256: "ab".into(),
+            init_from: None,
             n_params: 10,
             n_params_softmax: 10,
             param_increase: 0.0,

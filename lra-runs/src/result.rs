@@ -112,6 +112,10 @@ pub struct RunResult {
     /// built outside a git checkout; `unrecorded`: steps trained by a harness that did not record its build). Empty in results written before they were recorded.
     #[serde(default)]
     pub commits: Vec<String>,
+    /// The self-pretraining run the model started from (`train --init-from`); absent for a run
+    /// from scratch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<crate::record::InitFrom>,
     /// The SHA-256 (hex) of this result's own JSON written compactly without this field
     /// ([`sealed`](Self::sealed)): summaries and `compare` check it before they believe a figure.
     /// Absent in results written before it was recorded, whose figures are checked for range
@@ -298,6 +302,7 @@ mod tests {
             warnings: vec![],
             config_changes: vec![],
             weights_sha256: BTreeMap::new(),
+            init_from: None,
             commits: vec![],
             sha256: None,
         }

@@ -35,6 +35,7 @@ fn short_run_writes_config_metrics_and_result() {
         resume: ResumeMode::Start,
         change_backend: false,
         stop_after: None,
+        init_from: None,
     };
     let result = train(&config, &splits, &opts).unwrap();
     let mut saved: RunResult =
@@ -141,6 +142,7 @@ fn tiny_preset_beats_majority_class_by_ten_points() {
             resume: ResumeMode::Start,
             change_backend: false,
             stop_after: None,
+            init_from: None,
         },
     )
     .unwrap();

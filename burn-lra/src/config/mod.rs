@@ -19,8 +19,8 @@ use crate::limits::check_size;
 mod tables;
 pub use lra_runs::{Selection, Task};
 pub use tables::{
-    DataConfig, ModelConfig, OptimizerConfig, PairFeatures, Pooling, Positions, Schedule,
-    TokenizerKind, TrainingConfig, Validation, default_doc_bytes,
+    DataConfig, ModelConfig, Objective, OptimizerConfig, PairFeatures, Pooling, Positions,
+    Schedule, TokenizerKind, TrainingConfig, Validation, default_doc_bytes,
 };
 
 // `PRESET_FILES`: every `configs/<task>/<preset>.toml`, compiled in by `build.rs` so that the

@@ -212,10 +212,48 @@ impl Schedule {
     }
 }
 
+/// What a run trains the model to predict: the task's labels, or, to self-pretrain it (Amos,
+/// Berant and Gupta 2024, "Never Train from Scratch"), the inputs of the task's training split
+/// alone (docs/lra.md, "Self-pretraining").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    /// The task's own targets (training from scratch, or fine-tuning with `--init-from`).
+    #[default]
+    Task,
+    /// Masked-token denoising, for bidirectional models: a share of each input's tokens
+    /// (`training.mask_rate`) replaced by a mask token the vocabulary gains, each predicted from
+    /// the rest of the input.
+    MaskedTokens,
+    /// Next-token prediction, for causal models: every token predicted from those before it
+    /// (attentions with a causal form only).
+    NextToken,
+}
+
+impl Objective {
+    /// Whether the run self-pretrains (on the training inputs, without labels).
+    pub fn is_pretraining(self) -> bool {
+        self != Objective::Task
+    }
+
+    /// The tokens the objective adds to the task's vocabulary: the mask token.
+    pub fn extra_tokens(self) -> usize {
+        usize::from(self == Objective::MaskedTokens)
+    }
+}
+
 /// Training settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingConfig {
+    /// What the model learns to predict (default: the task's targets); written only where it is
+    /// not the default, so that runs recorded before it was a setting read the same.
+    #[serde(default, skip_serializing_if = "is_task")]
+    pub objective: Objective,
+    /// Masked-token denoising: the share of each input's tokens masked (default 0.15, BERT's
+    /// and the self-pretraining paper's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_rate: Option<f64>,
     /// Examples per step.
     pub batch_size: usize,
     /// Optimisation steps.
@@ -246,4 +284,8 @@ pub struct TrainingConfig {
 
 fn one() -> usize {
     1
+}
+
+fn is_task(objective: &Objective) -> bool {
+    *objective == Objective::Task
 }

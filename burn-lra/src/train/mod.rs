@@ -135,6 +135,17 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
     let (config, opts, budget) = (&plan.config, &plan.opts, plan.budget);
     let base_device = opts.backend.device_at(opts.device)?;
     let warnings = suspicious_settings(plan, data);
+    let device = base_device.clone().autodiff();
+    // A fine-tuning run's starting point, checked before the run directory is opened.
+    let pretrained = match &opts.init_from {
+        Some(dir) => Some(crate::pretraining::load_pretrained(
+            dir,
+            config,
+            &opts.attention,
+            &base_device,
+        )?),
+        None => None,
+    };
     let record = Record {
         run: config.clone(),
         attention_name: opts.attention.clone(),
@@ -150,6 +161,7 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
         param_increase: budget.increase(),
         split_sizes: data.sizes(),
         data_sha256: data.fingerprint(),
+        init_from: pretrained.as_ref().map(|(_, init)| init.clone()),
         tokenizer: data.tokenizer.as_ref().map(|(path, _)| path.clone()),
         tokenizer_sha256: (data.tokenizer.as_ref()).map(|(_, json)| sha256_hex(json.as_bytes())),
         config_changes: Vec::new(),
@@ -185,9 +197,11 @@ pub fn train(plan: &RunPlan, data: &Splits) -> Result<RunResult> {
         100.0 * budget.increase(),
         budget.softmax_params
     );
-    let device = base_device.clone().autodiff();
     device.seed(opts.seed);
-    let model = LraClassifier::new(&plan.classifier, &device);
+    let mut model = LraClassifier::new(&plan.classifier, &device);
+    if let Some((pretrained, _)) = pretrained {
+        model = crate::pretraining::transplant(pretrained, model)?;
+    }
     let mut progress = Progress {
         model,
         optim: adamw(&config.training.optimizer).init(),
@@ -340,6 +354,7 @@ impl Session<'_> {
             config_changes,
             weights_sha256,
             commits: progress.state.commits.clone(),
+            init_from: self.record.init_from.clone(),
             sha256: None,
         }
         .sealed();

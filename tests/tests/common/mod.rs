@@ -60,6 +60,7 @@ pub fn options(run_dir: std::path::PathBuf, attention: &str) -> TrainOptions {
         resume: ResumeMode::Start,
         change_backend: false,
         stop_after: None,
+        init_from: None,
     }
 }
 
