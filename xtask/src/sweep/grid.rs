@@ -43,7 +43,7 @@ pub(super) fn best_points(
 ) -> Result<BTreeMap<AttentionName, BestPoint>> {
     let mut best: BTreeMap<AttentionName, BestPoint> = BTreeMap::new();
     for point in points {
-        let at = args.at(point.clone());
+        let at = args.at(point.clone()).summarized();
         let sweep_dir = at.sweep_dir();
         let preset = at.preset_name();
         for folder in attention_folders(&sweep_dir) {
@@ -76,7 +76,7 @@ pub(super) fn write(args: &LraArgs, points: &[Vec<String>]) -> Result<()> {
     if best.is_empty() {
         bail!("no finished runs at any point of the grid");
     }
-    let base = args.at(Vec::new());
+    let base = args.at(Vec::new()).summarized();
     let keys: Vec<&str> = (args.set.iter())
         .filter_map(|flag| flag.split_once('=').map(|(key, _)| key))
         .collect();

@@ -2,7 +2,8 @@
 //! ([`plan`]), has an executor train them ([`local`]: on this host, one or several at once;
 //! [`slurm`]: as one job array), then summarises every finished run of the sweep ([`summary`]).
 //! With `--set`, a grid: every point is such a sweep, and [`grid`] gives each attention at its
-//! best point by validation.
+//! best point by validation. With `--pretrain`, each point is two sweeps: self-pretraining runs,
+//! then the runs fine-tuned from them.
 //!
 //! Whatever the executor, a run is `burn-lra train --continue` on its run directory: it starts,
 //! resumes from its checkpoint, or does nothing when finished, and it holds the directory's lock
@@ -32,7 +33,7 @@ pub fn lra(args: LraArgs) -> Result<()> {
     let grid = !args.set.is_empty();
     if args.summarize {
         for point in &points {
-            let at = args.at(point.clone());
+            let at = args.at(point.clone()).summarized();
             summary::write(&at, &at.sweep_dir())?;
         }
         return if grid {
@@ -53,22 +54,24 @@ pub fn lra(args: LraArgs) -> Result<()> {
     // Each point of a grid is a sweep of its own, trained after the one before.
     let mut failures = Vec::new();
     for point in &points {
-        let at = args.at(point.clone());
-        let sweep_dir = at.sweep_dir();
         if grid {
             eprintln!("grid point {}", point.join(", "));
         }
-        let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
-        failures.extend(match args.executor {
-            Executor::Local => local::run(&at, &harness, unfinished)?,
-            Executor::Slurm => match slurm::run(&at, &harness, &sweep_dir, unfinished)? {
-                Some(failures) => failures,
-                None => continue, // --no-wait
-            },
-        });
-        // A point none of whose runs finished has no summary; the failures say why.
-        if let Err(err) = summary::write(&at, &sweep_dir) {
-            eprintln!("{}: {err:#}", sweep_dir.display());
+        // With --pretrain, the pretraining sweep, then the fine-tuning one.
+        for at in args.at(point.clone()).stages() {
+            let sweep_dir = at.sweep_dir();
+            let unfinished = unfinished_runs(&attentions, args.seeds, &sweep_dir)?;
+            failures.extend(match args.executor {
+                Executor::Local => local::run(&at, &harness, unfinished)?,
+                Executor::Slurm => match slurm::run(&at, &harness, &sweep_dir, unfinished)? {
+                    Some(failures) => failures,
+                    None => continue, // --no-wait
+                },
+            });
+            // A sweep none of whose runs finished has no summary; the failures say why.
+            if let Err(err) = summary::write(&at, &sweep_dir) {
+                eprintln!("{}: {err:#}", sweep_dir.display());
+            }
         }
     }
     if args.no_wait {

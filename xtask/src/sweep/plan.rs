@@ -80,22 +80,78 @@ pub struct LraArgs {
     /// point with its best mean validation accuracy.
     #[arg(long = "set", value_name = "KEY=V1,V2,...")]
     pub(super) set: Vec<String>,
+    /// Self-pretrain first: for every attention and seed, a pretraining run on the task's
+    /// training inputs (`burn-lra pretrain`: masked-token denoising), filed under
+    /// `<preset>,training.objective=masked-tokens`, then the run fine-tuned from it (`train
+    /// --init-from`), filed under `<preset>,spt`; the summaries are the fine-tuned runs'.
+    #[arg(long)]
+    pub(super) pretrain: bool,
     /// The grid point this sweep trains: its `KEY=VALUE` settings (empty outside a grid).
     #[arg(skip)]
     pub(super) point: Vec<String>,
+    /// The pretraining sweep a fine-tuning sweep starts from (its runs' `--init-from`, the run
+    /// of the same attention and seed); `None` for runs from scratch.
+    #[arg(skip)]
+    pub(super) init_from: Option<PathBuf>,
 }
+
+/// The setting a `--pretrain` sweep's pretraining runs add to their point.
+pub(super) const PRETRAINING: &str = "training.objective=masked-tokens";
 
 impl LraArgs {
     /// The name runs are filed under: the preset's (or the configuration file's stem), then
     /// the grid point's settings.
     pub(super) fn preset_name(&self) -> String {
         let base = lra_runs::preset_name(&self.preset, self.config.as_deref());
-        match self.point.as_slice() {
+        let name = match self.point.as_slice() {
             [] => base,
             point => {
                 let settings: Vec<&str> = point.iter().map(String::as_str).collect();
                 lra_runs::point_name(&base, &settings)
             }
+        };
+        // As `burn-lra train --init-from` files a fine-tuned run.
+        match self.init_from {
+            Some(_) => format!("{name},spt"),
+            None => name,
+        }
+    }
+
+    /// The sweeps that train this point, in order: itself; with `--pretrain`, its pretraining
+    /// sweep, then the fine-tuning sweep that starts from it.
+    pub(super) fn stages(&self) -> Vec<Self> {
+        match self.pretrain {
+            false => vec![self.clone()],
+            true => vec![self.pretraining(), self.fine_tuning()],
+        }
+    }
+
+    /// The sweep whose summary stands for this point: the fine-tuning sweep with `--pretrain`.
+    pub(super) fn summarized(self) -> Self {
+        match self.pretrain {
+            false => self,
+            true => self.fine_tuning(),
+        }
+    }
+
+    /// This point's pretraining sweep.
+    fn pretraining(&self) -> Self {
+        let mut point = self.point.clone();
+        point.push(PRETRAINING.to_string());
+        Self {
+            point,
+            pretrain: false,
+            init_from: None,
+            ..self.clone()
+        }
+    }
+
+    /// This point's fine-tuning sweep, each run from its pretraining run.
+    fn fine_tuning(&self) -> Self {
+        Self {
+            init_from: Some(self.pretraining().sweep_dir()),
+            pretrain: false,
+            ..self.clone()
         }
     }
 
@@ -159,6 +215,9 @@ impl LraArgs {
             ("--throttle", self.throttle.is_some()),
             ("--no-wait", self.no_wait),
         ];
+        if self.pretrain && self.no_wait {
+            bail!("--pretrain waits for the pretraining runs before it fine-tunes; drop --no-wait");
+        }
         let (wrong, executor) = match self.executor {
             Executor::Local => (&slurm_only[..], "local"),
             Executor::Slurm => (&local_only[..], "slurm"),
@@ -256,6 +315,10 @@ pub(super) fn train_args(args: &LraArgs, run: &Run, absolute: bool) -> Result<Ve
     }
     for setting in &args.point {
         out.extend(["--set".into(), setting.into()]);
+    }
+    if let Some(pretraining) = &args.init_from {
+        let pretrained = lra_runs::run_dir(pretraining, &run.attention, run.seed);
+        out.extend(["--init-from".into(), path(&pretrained)?]);
     }
     Ok(out)
 }
@@ -368,6 +431,56 @@ pub(crate) mod tests {
             .points()
             .unwrap_err();
         assert!(twice.to_string().contains("`a` is given twice"), "{twice}");
+    }
+
+    /// `--pretrain`: each point is a pretraining sweep, then a fine-tuning sweep whose runs
+    /// start from the pretraining run of their attention and seed.
+    #[test]
+    fn a_pretrain_sweep_pretrains_then_fine_tunes_from_each_run() {
+        let a = args(&["--pretrain", "--set", "model.d_model=32", "--out", "o"]);
+        let point = a.at(a.points().unwrap()[0].clone());
+        let [pretraining, fine_tuning] = point.stages().try_into().unwrap();
+        assert_eq!(
+            pretraining.sweep_dir(),
+            Path::new("o/listops/tiny,model.d_model=32,training.objective=masked-tokens")
+        );
+        assert_eq!(
+            fine_tuning.sweep_dir(),
+            Path::new("o/listops/tiny,model.d_model=32,spt")
+        );
+        assert_eq!(point.summarized().sweep_dir(), fine_tuning.sweep_dir());
+        let run = |at: &LraArgs| Run {
+            attention: lra_runs::AttentionName::new("gla").unwrap(),
+            seed: 1,
+            dir: lra_runs::run_dir(&at.sweep_dir(), "gla", 1),
+        };
+        let line = |at: &LraArgs| -> String {
+            let args: Vec<String> = train_args(at, &run(at), false)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect();
+            args.join(" ")
+        };
+        assert!(
+            line(&pretraining)
+                .ends_with("--set model.d_model=32 --set training.objective=masked-tokens"),
+            "{}",
+            line(&pretraining)
+        );
+        assert!(
+            line(&fine_tuning).ends_with(
+                "--set model.d_model=32 --init-from \
+                 o/listops/tiny,model.d_model=32,training.objective=masked-tokens/gla/seed-1"
+            ),
+            "{}",
+            line(&fine_tuning)
+        );
+        assert_eq!(args(&[]).stages().len(), 1);
+        let err = args(&["--pretrain", "--executor", "slurm", "--no-wait"])
+            .check_executor_flags()
+            .unwrap_err();
+        assert!(err.to_string().contains("drop --no-wait"), "{err}");
     }
 
     #[test]

@@ -67,8 +67,14 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
     table.push_str("| attention | seeds | test acc % (mean ± std) | best % | last-ckpt mean % | best-val-ckpt mean % | params | vs softmax | majority % |\n");
     table.push_str("|---|---|---|---|---|---|---|---|---|\n");
     let mut attentions = std::collections::BTreeMap::new();
+    let mut pretrained = std::collections::BTreeSet::new();
     for name in &names {
         let results = results(sweep_dir, (&args.task, &preset), name, args.seeds)?;
+        pretrained.extend(
+            (results.iter())
+                .filter_map(|r| r.init_from.as_ref())
+                .map(|init| init.objective.clone()),
+        );
         let missing: Vec<String> = (0..args.seeds)
             .filter(|seed| !results.iter().any(|r| r.seed == *seed))
             .map(|seed| seed.to_string())
@@ -102,6 +108,14 @@ pub(super) fn write(args: &LraArgs, sweep_dir: &Path) -> Result<()> {
         bail!("no finished runs under {}", sweep_dir.display());
     }
     table.push_str("\nstd is the sample standard deviation over seeds; \"test acc\" uses each run's configured model selection.\n");
+    if !pretrained.is_empty() {
+        let objectives: Vec<String> = pretrained.into_iter().collect();
+        table.push_str(&format!(
+            "Fine-tuned from self-pretraining runs ({}): each result.json's `init_from` names its \
+             pretraining run.\n",
+            objectives.join(", ")
+        ));
+    }
     println!("\n{table}");
     let summary = Summary {
         attentions,
