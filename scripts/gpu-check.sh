@@ -21,7 +21,7 @@
 #
 # Settings (environment): GPU_CHECK_BIN (the binaries' folder, default target/gpu-check),
 # GPU_CHECK_OUT (output folder; default $OUT where set, else target/gpu-check/out),
-# GPU_CHECK_LENGTHS (default 1000,2000), GPU_CHECK_STEPS (the ListOps run's steps, default 300),
+# GPU_CHECK_LENGTHS (default 2000,1000: the longer first), GPU_CHECK_BUDGET_S (default 450), GPU_CHECK_STEPS (the ListOps run's steps, default 300),
 # GPU_CHECK_CPU=1 (the CPU paths), GPU_CHECK_TORCH_WHEEL (for --build: the PyTorch wheel whose
 # libtorch the binaries link, default: pip downloads torch 2.11.0).
 set -uo pipefail
@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 
 BIN=${GPU_CHECK_BIN:-target/gpu-check}
 RESULTS=${GPU_CHECK_OUT:-${OUT:-target/gpu-check/out}}
-LENGTHS=${GPU_CHECK_LENGTHS:-1000,2000}
+LENGTHS=${GPU_CHECK_LENGTHS:-2000,1000}
 STEPS=${GPU_CHECK_STEPS:-300}
 ATTENTIONS=softmax,linear,performer,gla,deltanet
 
@@ -108,11 +108,21 @@ python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.vers
 "$BIN/burn-lra" backends
 "$BIN/burn-lra-fused" backends | grep wgpu-fused
 
-# Each step runs under a time limit of its own (seconds), so that one slow path leaves the
-# others their time and the table is always printed; with two lengths the limits sum to 470 s.
+# Each step runs under a time limit of its own (seconds), and all of them within one budget
+# (GPU_CHECK_BUDGET_S, default 450 s): a step that would start past it is skipped, one that would
+# run past it is cut short, so that the table is always printed.
+BUDGET=${GPU_CHECK_BUDGET_S:-450}
+END=$((SECONDS + BUDGET))
+# The benchmarks take at most two thirds of it, the checks and the ListOps run the rest.
+DEADLINE=$((SECONDS + BUDGET * 2 / 3))
 limit() { # seconds command...
-    local seconds=$1
+    local seconds=$1 left=$((DEADLINE - SECONDS))
     shift
+    if [ "$left" -lt 5 ]; then
+        echo "(skipped, past the budget: $*)"
+        return 124
+    fi
+    [ "$seconds" -gt "$left" ] && seconds=$left
     timeout "$seconds" "$@"
     local status=$?
     [ $status -eq 124 ] && echo "(stopped at its limit of $seconds s: $*)"
@@ -120,21 +130,26 @@ limit() { # seconds command...
 }
 
 section "training steps, ListOps small, batch 32: PyTorch on $TORCH_DEVICE beside each path"
-bench() { # seconds harness backend n [flags...]
-    local seconds=$1 harness=$2 backend=$3 n=$4
-    shift 4
+# One case a command, so that a case cut short loses only itself.
+bench() { # seconds harness backend n attention [flags...]
+    local seconds=$1 harness=$2 backend=$3 n=$4 attention=$5
+    shift 5
     limit "$seconds" "$BIN/xtask" bench lra --harness "$BIN/$harness" --backend "$backend" \
-        --task listops --preset small --lengths "$n" --batch 32 \
-        --attention "$ATTENTIONS" --reps 5 --warmup 2 --rounds 1 --timeout 120 \
-        --torch-device "$TORCH_DEVICE" --out "$RESULTS/$backend-$n" --replace "$@"
+        --task listops --preset small --lengths "$n" --batch 32 --attention "$attention" \
+        --reps 5 --warmup 2 --rounds 1 --timeout 120 --torch-device "$TORCH_DEVICE" \
+        --out "$RESULTS/$backend-$n-$attention" --replace "$@" | grep -E 'ours:|torch:|error|fail'
 }
 IFS=, read -r -a lengths <<< "$LENGTHS"
+IFS=, read -r -a attentions <<< "$ATTENTIONS"
 for n in "${lengths[@]}"; do
-    bench 60 burn-lra "$TCH" "$n"
-    bench 50 burn-lra-fused wgpu-fused "$n" --no-torch
-    bench 40 burn-lra wgpu "$n" --no-torch
+    for attention in "${attentions[@]}"; do
+        bench 40 burn-lra "$TCH" "$n" "$attention"
+        bench 40 burn-lra-fused wgpu-fused "$n" "$attention" --no-torch
+        bench 30 burn-lra wgpu "$n" "$attention" --no-torch
+    done
 done
 
+DEADLINE=$END
 section "agreement with flex ($ATTENTIONS)"
 limit 25 "$BIN/burn-lra" check-backend --backend "$TCH" --attention "$ATTENTIONS"
 limit 35 "$BIN/burn-lra-fused" check-backend --backend wgpu-fused --attention "$ATTENTIONS"
