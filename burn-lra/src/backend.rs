@@ -78,7 +78,7 @@ impl BackendDevice for BackendKind {
             #[cfg(feature = "tch")]
             Self::Tch => Device::libtorch(),
             #[cfg(feature = "tch")]
-            Self::TchCuda => Device::libtorch_cuda(index.unwrap_or(0)),
+            Self::TchCuda => Device::libtorch_cuda(cuda_device(index.unwrap_or(0))?),
             #[cfg(feature = "wgpu")]
             Self::Wgpu | Self::WgpuFused => Device::wgpu(match index {
                 Some(i) => DeviceKind::DiscreteGpu(i),
@@ -89,5 +89,62 @@ impl BackendDevice for BackendKind {
             #[allow(unreachable_patterns)]
             _ => unreachable!("checked by is_compiled"),
         })
+    }
+}
+
+/// `index`, once libtorch is seen to have that CUDA device: without one (no GPU or driver, or a
+/// libtorch built without CUDA) the error says so, instead of libtorch's panic at the first
+/// tensor.
+#[cfg(feature = "tch")]
+fn cuda_device(index: usize) -> Result<usize> {
+    let count = tch::Cuda::device_count();
+    if usize::try_from(count).is_ok_and(|count| index < count) {
+        return Ok(index);
+    }
+    bail!(
+        "backend `tch-cuda`: libtorch sees {count} CUDA device(s), so no device {index} (a GPU, \
+         its driver and a libtorch built with CUDA are needed: docs/backends.md)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tch-cuda` where libtorch sees no CUDA device (CI: no GPU, and a CPU-only libtorch) is
+    /// an error naming the backend, not libtorch's panic at the first tensor; where it sees one,
+    /// device 0 is made.
+    #[cfg(feature = "tch")]
+    #[test]
+    fn tch_cuda_needs_a_device_libtorch_sees() {
+        let devices = tch::Cuda::device_count();
+        let made = BackendKind::TchCuda.device_at(Some(0));
+        if devices == 0 {
+            let err = made.unwrap_err().to_string();
+            assert!(
+                err.contains("`tch-cuda`") && err.contains("no device 0"),
+                "{err}"
+            );
+        } else {
+            made.unwrap();
+        }
+        let past = usize::try_from(devices).unwrap();
+        let err = BackendKind::TchCuda.device_at(Some(past)).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("no device {past}")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_backend_not_compiled_in_names_its_feature() {
+        let missing = BackendKind::ALL.into_iter().find(|b| !b.is_compiled());
+        if let Some(backend) = missing {
+            let err = backend.device().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("--features {}", backend.feature())),
+                "{err}"
+            );
+        }
     }
 }
