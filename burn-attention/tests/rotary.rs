@@ -119,7 +119,7 @@ fn rotary_attention_matches_float64_reference() {
     );
     let [q, k, v] = [1, 2, 3].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
     let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
-    for name in ["softmax", "linear", "ff-oglu"] {
+    for name in ["softmax", "linear", "ff-oglu", "performer-relu", "hedgehog"] {
         let attention = rotary(name, &device);
         for causal in [false, true] {
             let masks = HeadMasks {
@@ -155,6 +155,21 @@ fn rotary_attention_matches_float64_reference() {
                             p,
                             masked,
                         ),
+                        // The generalized ReLU kernel's features, `ReLU(x) + 10⁻³`.
+                        Attention::Performer(_) => rotary_linear_head(
+                            &map_rows(&qh[bi][h], |x| x.max(0.0) + 1e-3),
+                            &map_rows(&kh[bi][h], |x| x.max(0.0) + 1e-3),
+                            &vh[bi][h],
+                            p,
+                            masked,
+                        ),
+                        Attention::Hedgehog(m) => rotary_linear_head(
+                            &hedgehog_phi(&head_map(&m.query_map.val(), h), &qh[bi][h]),
+                            &hedgehog_phi(&head_map(&m.key_map.val(), h), &kh[bi][h]),
+                            &vh[bi][h],
+                            p,
+                            masked,
+                        ),
                         _ => unreachable!("{name}"),
                     };
                     let real: Vec<usize> = (0..n).filter(|&i| !pads[i]).collect();
@@ -182,6 +197,41 @@ fn rotary_attention_matches_float64_reference() {
     assert!(max_rel_err(&plain[0][0], &rotated, 1e-2) > 1e-2);
 }
 
+/// Head `h`'s `d × d` map of a Hedgehog feature-map parameter `[heads, d, d]`, in float64.
+fn head_map(maps: &Tensor<3>, h: usize) -> Vec<Vec<f64>> {
+    let [_, d, _] = maps.dims();
+    let values = maps
+        .clone()
+        .slice(s![h..h + 1, .., ..])
+        .into_data()
+        .convert::<f64>();
+    let values = values.as_slice::<f64>().unwrap();
+    (0..d)
+        .map(|r| values[r * d..(r + 1) * d].to_vec())
+        .collect()
+}
+
+/// Hedgehog's feature map from the paper, `φ(x) = [softmax(x W), softmax(−x W)]` (softmax over
+/// the features), on each row of `x`.
+fn hedgehog_phi(w: &[Vec<f64>], x: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let softmax = |z: Vec<f64>| {
+        let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = z.iter().map(|v| (v - top).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        e.into_iter().map(|v| v / sum).collect::<Vec<f64>>()
+    };
+    x.iter()
+        .map(|row| {
+            let xw: Vec<f64> = (0..w[0].len())
+                .map(|c| row.iter().zip(w).map(|(xi, wr)| xi * wr[c]).sum())
+                .collect();
+            let mut phi = softmax(xw.clone());
+            phi.extend(softmax(xw.iter().map(|v| -v).collect()));
+            phi
+        })
+        .collect()
+}
+
 /// The relative-position property: shifting every position by the same amount leaves softmax's
 /// outputs unchanged (its scores depend on positions only through their differences), and so
 /// does the kernelized form's numerator and denominator. (Not GLA's: its per-channel gates
@@ -195,7 +245,7 @@ fn shifting_every_position_changes_nothing() {
         .float()
         .reshape([1, n])
         .expand([b, n]);
-    for name in ["softmax", "linear", "ff-oglu"] {
+    for name in ["softmax", "linear", "ff-oglu", "performer-relu", "hedgehog"] {
         let attention = rotary(name, &device);
         let at = |shift: f32| {
             let masks = HeadMasks {
@@ -214,21 +264,17 @@ fn shifting_every_position_changes_nothing() {
 
 /// With rotary positions, padding anywhere in a sequence leaves its real outputs unchanged: the
 /// module's forward pass over a padded batch equals each sequence alone without padding. (For
-/// the attentions whose form reads no position from a token's index: a sparse pattern counts
-/// padding in its positions, and takes padding only after a prompt when decoding.)
+/// every attention that takes rotary positions and reads no position from a token's index
+/// (`Capabilities::prefill_end_padding_only`): a sparse pattern counts padding in its
+/// positions, and takes padding only after a prompt when decoding.)
 #[test]
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
     let n = 20;
-    for name in [
-        "softmax",
-        "linear",
-        "ff-oglu",
-        "gla",
-        "mamba2",
-        "deltanet",
-        "gated-deltanet",
-    ] {
+    let taken = VARIANTS
+        .iter()
+        .filter(|info| info.capabilities.rotary && !info.capabilities.prefill_end_padding_only);
+    for name in taken.map(|info| info.name) {
         let attention = rotary(name, &device);
         let x = normal_tensor([1, n, D_MODEL], 7, &device);
         for causal in [false, true] {
@@ -269,18 +315,10 @@ fn rotary_padding_anywhere_changes_nothing() {
 fn rotary_decoding_equals_the_causal_forward_pass() {
     let device = device();
     let n = 11;
-    for name in [
-        "softmax",
-        "linear",
-        "ff-oglu",
-        "gla",
-        "mamba2",
-        "sparse",
-        "sparse-strided",
-        "axial",
-        "deltanet",
-        "gated-deltanet",
-    ] {
+    let taken = VARIANTS
+        .iter()
+        .filter(|info| info.capabilities.rotary && info.capabilities.causal);
+    for name in taken.map(|info| info.name) {
         let attention = rotary(name, &device);
         let x = normal_tensor([2, n, D_MODEL], 10, &device);
         let full = attention.forward(AttentionInput::new(x.clone()).causal(true));

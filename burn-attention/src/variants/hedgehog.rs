@@ -8,7 +8,8 @@
 //! then kernelized attention, `O_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)`, through
 //! [`kernelized_attention`] (padding left out, causal in chunks, decoding with the `2d × d`
 //! state). The successor of Yorsh & Kovalenko's trainable kernels (`ff-*`), which learn the
-//! map from the task loss alone.
+//! map from the task loss alone. Rotary positions ([`AttentionModule::with_rotary`]): RoFormer's
+//! form for linear attention, the learned features rotated in the numerator.
 //!
 //! The paper's attention distillation, a soft cross-entropy from softmax attention's weights to
 //! Hedgehog's, `−Σ_j softmax(q_i·k_j / √d)_j log a_ij` averaged over the real queries, is the
@@ -23,7 +24,7 @@ use burn::module::Param;
 
 use crate::contract::input::{causal_mask, zero_padded};
 use crate::engines::kernelized::{
-    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+    kernelized_decode, kernelized_heads, kernelized_prompt_state, recurrent_state,
 };
 use crate::kernels;
 
@@ -42,6 +43,7 @@ pub const INFO: VariantInfo = VariantInfo {
         cross_attention: true,
         weights_sum_to_one: true,
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -161,11 +163,14 @@ impl HedgehogAttention {
     /// The causal forward pass over prompts (padded by `mask_pad`) and the recurrent state
     /// summed from their real keys and values.
     fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
+        let masks = self
+            .proj
+            .with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
+        let positions = masks.positions.clone();
         let (q, k, v) = self.proj.qkv(x);
-        let masks = HeadMasks::new(mask_pad.clone(), true);
         let (phi_q, phi_k) = self.features(q, k);
-        let o = kernelized_attention(phi_q, phi_k.clone(), v.clone(), masks.key_pad, true);
-        let state = prompt_state(zero_padded(phi_k, &mask_pad), v, None);
+        let o = kernelized_heads(phi_q, phi_k.clone(), v.clone(), masks);
+        let state = kernelized_prompt_state(phi_k, v, positions, &mask_pad);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }
@@ -175,16 +180,14 @@ impl AttentionModule for HedgehogAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, RoFormer's form for linear attention: the learned
+    /// features rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(&INFO, &q, &k, &masks)?;
         let (phi_q, phi_k) = self.features(q, k);
-        Ok(kernelized_attention(
-            phi_q,
-            phi_k,
-            v,
-            masks.key_pad,
-            masks.causal,
-        ))
+        Ok(kernelized_heads(phi_q, phi_k, v, masks))
     }
 
     /// The output and, where `distill_weight` is above 0, the attention-distillation loss.
@@ -195,7 +198,12 @@ impl AttentionModule for HedgehogAttention {
         if self.distill_weight == 0.0 {
             return self.try_forward(input).map(|y| (y, None));
         }
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(self.name()));
+        }
+        // The teacher is softmax over the unrotated queries and keys, whose kernel the learned
+        // features approximate; rotary positions act on the features, in the numerator.
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
         let loss = self.distillation(q.clone(), k.clone(), &masks);
         let o = self.attend(q, k, v, masks)?;
@@ -208,7 +216,7 @@ impl AttentionModule for HedgehogAttention {
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (phi_q, phi_k) = self.features(q, k);
-        let (o, state) = kernelized_step(phi_q, phi_k, v, state);
+        let (o, state) = kernelized_decode(phi_q, phi_k, v, state, self.proj.rotary);
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
 }

@@ -54,9 +54,9 @@ use serde::{Deserialize, Serialize};
 use crate::contract::RecurrentState;
 use crate::engines::features::orthogonal_features;
 
-use crate::contract::input::zero_padded;
 use crate::engines::kernelized::{
-    kernelized_attention, kernelized_step, prompt_state, recurrent_state,
+    kernelized_attention, kernelized_decode, kernelized_heads, kernelized_prompt_state,
+    kernelized_step, prompt_state, recurrent_state,
 };
 use crate::kernels;
 
@@ -85,7 +85,13 @@ pub const INFO_RELU: VariantInfo = VariantInfo {
     paper: "Choromanski et al. 2021, arXiv 2009.14794 (generalized ReLU kernel)",
     time: "O(n d²)",
     memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
-    capabilities: CAPABILITIES,
+    // Rotary positions in RoFormer's linear form (the features rotated in the numerator); FAVOR+
+    // keeps its features stabilised by their largest value over the keys, which its decoding
+    // rescales, and takes none yet.
+    capabilities: Capabilities {
+        rotary: true,
+        ..CAPABILITIES
+    },
 };
 
 /// The kernel a Performer approximates or uses.
@@ -216,8 +222,11 @@ impl PerformerAttention {
     /// summed from their real keys and values, FAVOR+'s features stabilised by their largest
     /// log-feature over each prompt's real keys, as decoding keeps them.
     fn prefill_with(&self, x: Tensor<3>, mask_pad: Option<Tensor<2, Bool>>) -> DecodeResult {
+        let masks = self
+            .proj
+            .with_positions(HeadMasks::new(mask_pad.clone(), true), &x);
+        let positions = masks.positions.clone();
         let (q, k, v) = self.proj.qkv(x);
-        let masks = HeadMasks::new(mask_pad.clone(), true);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
         let state = match &self.features {
             Some(w) => {
@@ -231,7 +240,7 @@ impl PerformerAttention {
                 let phi_k = (log_k - key_max.clone()).exp();
                 prompt_state(phi_k, v, Some(key_max))
             }
-            None => prompt_state(zero_padded(relu_features(k), &mask_pad), v, None),
+            None => kernelized_prompt_state(relu_features(k), v, positions, &mask_pad),
         };
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
@@ -242,12 +251,15 @@ impl AttentionModule for PerformerAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks` (the ReLU kernel), RoFormer's form for linear attention:
+    /// the features rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(self.kernel.info(), &q, &k, &masks)?;
-        let (key_pad, causal) = (masks.key_pad, masks.causal);
         Ok(match &self.features {
-            Some(w) => favor_attention(q, k, v, w.val(), key_pad, causal),
-            None => kernelized_attention(relu_features(q), relu_features(k), v, key_pad, causal),
+            Some(w) => favor_attention(q, k, v, w.val(), masks.key_pad, masks.causal),
+            None => kernelized_heads(relu_features(q), relu_features(k), v, masks),
         })
     }
 
@@ -258,7 +270,13 @@ impl AttentionModule for PerformerAttention {
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = match &self.features {
             Some(w) => favor_step(q, k, v, w.val(), state),
-            None => kernelized_step(relu_features(q), relu_features(k), v, state),
+            None => kernelized_decode(
+                relu_features(q),
+                relu_features(k),
+                v,
+                state,
+                self.proj.rotary,
+            ),
         };
         Ok((self.proj.out(o), DecodingState::Recurrent(state)))
     }
