@@ -34,8 +34,8 @@ pub use files::{
 pub use layout::{point_name, preset_name, run_dir, sweep_dir};
 pub use metrics::MetricsLine;
 pub use names::{AttentionName, BackendKind, HYBRID_SEPARATOR, Task};
-pub use record::{InitFrom, RunRecord};
-pub use result::{ConfigChange, RunResult, RunState, Selection, run_state};
+pub use record::RunRecord;
+pub use result::{ConfigChange, InitFrom, RunResult, RunState, Selection, run_state};
 pub use state::CheckpointState;
 pub use summary::{AttentionSummary, Summary};
 

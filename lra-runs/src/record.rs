@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::names::{AttentionName, BackendKind};
-use crate::result::ConfigChange;
+use crate::result::{ConfigChange, InitFrom};
 
 /// The contents of a run's `config.json`.
 ///
@@ -51,23 +51,6 @@ pub struct RunRecord<Run = Value> {
     pub tokenizer: Option<std::path::PathBuf>,
     /// The SHA-256 of the tokenizer's JSON.
     pub tokenizer_sha256: Option<String>,
-}
-
-/// Where a fine-tuned run's starting weights came from: a finished self-pretraining run (fields
-/// in alphabetical order, as the file's).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct InitFrom {
-    /// The harness builds that trained the pretraining run.
-    pub commits: Vec<String>,
-    /// Its objective (`masked-tokens`, `next-token`).
-    pub objective: String,
-    /// The pretraining run's directory (absolute).
-    pub run_dir: std::path::PathBuf,
-    /// The weight file read (`model-best.bpk`).
-    pub weights: String,
-    /// That file's SHA-256, as the pretraining run's `result.json` recorded it and as it was
-    /// checked when read.
-    pub weights_sha256: String,
 }
 
 impl<Run> RunRecord<Run> {

@@ -41,6 +41,23 @@ pub struct ConfigChange {
     pub fields: BTreeMap<String, [Value; 2]>,
 }
 
+/// Where a fine-tuned run's starting weights came from: a finished self-pretraining run (fields
+/// in alphabetical order, as the file's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InitFrom {
+    /// The harness builds that trained the pretraining run.
+    pub commits: Vec<String>,
+    /// Its objective (`masked-tokens`, `next-token`).
+    pub objective: String,
+    /// The pretraining run's directory (absolute).
+    pub run_dir: std::path::PathBuf,
+    /// The weight file read (`model-best.bpk`).
+    pub weights: String,
+    /// That file's SHA-256, as the pretraining run's `result.json` recorded it and as it was
+    /// checked when read.
+    pub weights_sha256: String,
+}
+
 /// The outcome of a run, as written to `result.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
@@ -115,7 +132,7 @@ pub struct RunResult {
     /// The self-pretraining run the model started from (`train --init-from`); absent for a run
     /// from scratch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub init_from: Option<crate::record::InitFrom>,
+    pub init_from: Option<InitFrom>,
     /// The SHA-256 (hex) of this result's own JSON written compactly without this field
     /// ([`sealed`](Self::sealed)): summaries and `compare` check it before they believe a figure.
     /// Absent in results written before it was recorded, whose figures are checked for range
