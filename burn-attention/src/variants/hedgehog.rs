@@ -6,7 +6,7 @@
 //! `d × d` initialised to the identity, the paper's choice), so that `φ(q)·φ(k)` is positive
 //! and, being a sum of products of exponentials, spiky and monotone in `q·k` as softmax is;
 //! then kernelized attention, `O_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)`, through
-//! [`kernelized_attention`] (padding left out, causal in chunks, decoding with the `2d × d`
+//! [`kernelized_heads`] (padding left out, causal in chunks, decoding with the `2d × d`
 //! state). The successor of Yorsh & Kovalenko's trainable kernels (`ff-*`), which learn the
 //! map from the task loss alone. Rotary positions ([`AttentionModule::with_rotary`]): RoFormer's
 //! form for linear attention, the learned features rotated in the numerator.
