@@ -18,7 +18,7 @@ use burn::module::Module;
 use burn::prelude::*;
 
 use lra_runs::layout::{CONFIG, MODEL_BEST};
-use lra_runs::{AttentionName, InitFrom, RunState};
+use lra_runs::{AttentionName, InitFrom};
 
 use crate::config::{Objective, RunConfig};
 use crate::data::{Dataset, Example, Splits};
@@ -70,11 +70,7 @@ pub fn pretraining_splits(
             });
         }
     }
-    let source = format!(
-        "{} (inputs only, {})",
-        train.source,
-        objective_name(objective)
-    );
+    let source = format!("{} (inputs only, {})", train.source, objective.name());
     let n_classes = vocab + objective.extra_tokens();
     let mut pretrain = Dataset::new(source, inputs, n_classes)?;
     let held = ((pretrain.len() as f64 * HELD_OUT_SHARE).ceil() as usize).max(1);
@@ -89,15 +85,6 @@ pub fn pretraining_splits(
         test,
         tokenizer,
     })
-}
-
-/// The objective's name as configurations spell it.
-pub fn objective_name(objective: Objective) -> &'static str {
-    match objective {
-        Objective::Task => "task",
-        Objective::MaskedTokens => "masked-tokens",
-        Objective::NextToken => "next-token",
-    }
 }
 
 /// Masked-token denoising of one input: each token masked with probability `rate` (at least one
@@ -169,16 +156,10 @@ pub fn load_pretrained(
     if let Some(mismatch) = mismatch {
         bail!("--init-from {shown}: the pretraining run has {mismatch}");
     }
-    let result = match lra_runs::run_state(dir)? {
-        RunState::Finished(result) => result,
-        _ => bail!("--init-from {shown}: the pretraining run has not finished"),
+    let Some(result) = crate::run_dir::finished_result(dir)? else {
+        bail!("--init-from {shown}: the pretraining run has not finished");
     };
-    result
-        .verify()
-        .map_err(|why| anyhow::anyhow!("{shown}/result.json: {why}"))?;
-    let sha256 = result.weights_sha256.get(MODEL_BEST).with_context(|| {
-        format!("--init-from {shown}: result.json records no SHA-256 for {MODEL_BEST}")
-    })?;
+    let sha256 = crate::run_dir::recorded_weights_sha256(dir, &result, MODEL_BEST)?;
     let task = crate::tasks::find(pretrained.task.name())?;
     let model = LraClassifier::new(
         &ClassifierSpec::resolve(pretrained, task, attention)?,
@@ -187,7 +168,7 @@ pub fn load_pretrained(
     let model = crate::run_dir::load_weights(model, &dir.join(MODEL_BEST), sha256)?;
     let init = InitFrom {
         run_dir: std::fs::canonicalize(dir).with_context(|| format!("cannot read {shown}"))?,
-        objective: objective_name(objective).to_string(),
+        objective: objective.name().to_string(),
         weights: MODEL_BEST.to_string(),
         weights_sha256: sha256.clone(),
         commits: result.commits.clone(),
@@ -352,6 +333,21 @@ mod tests {
         let out = pretraining_splits(splits, &config(Objective::NextToken), 10, 1).unwrap();
         let [train, val, _] = out.sizes();
         assert_eq!(train + val, 80);
+    }
+
+    /// `Objective::name` spells what configurations (serde) spell.
+    #[test]
+    fn objective_names_are_the_configuration_spellings() {
+        for objective in [
+            Objective::Task,
+            Objective::MaskedTokens,
+            Objective::NextToken,
+        ] {
+            assert_eq!(
+                serde_json::to_value(objective).unwrap(),
+                serde_json::Value::from(objective.name())
+            );
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use burn_lra::config::{Objective, RunConfig};
 use burn_lra::data::Splits;
 use burn_lra::model::LraClassifier;
 use burn_lra::pretraining::{load_pretrained, pretraining_splits};
+use burn_lra::train::RunResult;
 use common::{load_splits, options, short_listops, temp_dir, train};
 
 /// The pretraining splits of `config` (its task's vocabulary).
@@ -18,6 +19,21 @@ fn pretrain_splits(config: &RunConfig, cache: &std::path::Path, seed: u64) -> Sp
     let task = burn_lra::tasks::find(config.task.name()).unwrap();
     let vocab = burn_lra::tasks::vocab_size(task, config).unwrap();
     pretraining_splits(splits, config, vocab, seed).unwrap()
+}
+
+/// A finished masked-token pretraining run of `attention` (`steps` steps, seed 3) in
+/// `<dir>/pretrain`, its data cached in `<dir>/data`: its directory and result.
+fn pretrain(
+    dir: &std::path::Path,
+    attention: &str,
+    steps: usize,
+) -> (std::path::PathBuf, RunResult) {
+    let mut config = short_listops(steps);
+    config.training.objective = Objective::MaskedTokens;
+    let run_dir = dir.join("pretrain");
+    let splits = pretrain_splits(&config, &dir.join("data"), 3);
+    let result = train(&config, &splits, &options(run_dir.clone(), attention)).unwrap();
+    (run_dir, result)
 }
 
 /// Every float parameter of `module`, flattened, in module order.
@@ -44,16 +60,7 @@ fn values<M: Module>(module: &M) -> Vec<Vec<f32>> {
 fn a_fine_tuned_run_starts_from_the_pretrained_encoder_and_says_so() {
     let dir = temp_dir("spt");
     let cache = dir.join("data");
-    let mut pre_config = short_listops(20);
-    pre_config.training.objective = Objective::MaskedTokens;
-    let pre_dir = dir.join("pretrain");
-    let pre_splits = pretrain_splits(&pre_config, &cache, 3);
-    let pre = train(
-        &pre_config,
-        &pre_splits,
-        &options(pre_dir.clone(), "softmax"),
-    )
-    .unwrap();
+    let (pre_dir, pre) = pretrain(&dir, "softmax", 20);
     // A token-level run over the task's vocabulary plus the mask token.
     assert_eq!(pre.causal, Some(false));
     assert!(pre.init_from.is_none());
@@ -107,16 +114,7 @@ fn a_fine_tuned_run_starts_from_the_pretrained_encoder_and_says_so() {
 fn a_pretraining_run_that_does_not_fit_is_refused_naming_what_differs() {
     let dir = temp_dir("spt-refusals");
     let cache = dir.join("data");
-    let mut pre_config = short_listops(10);
-    pre_config.training.objective = Objective::MaskedTokens;
-    let pre_dir = dir.join("pretrain");
-    let pre_splits = pretrain_splits(&pre_config, &cache, 3);
-    train(
-        &pre_config,
-        &pre_splits,
-        &options(pre_dir.clone(), "linear"),
-    )
-    .unwrap();
+    let (pre_dir, _) = pretrain(&dir, "linear", 10);
     let device = Device::flex();
     let config = short_listops(10);
     let softmax = lra_runs::AttentionName::new("softmax").unwrap();

@@ -456,16 +456,7 @@ fn has_kernel(device: &Device, same_head_size: bool) -> bool {
         return true;
     }
     #[cfg(feature = "tch")]
-    if same_head_size
-        && extension_applies(device)
-        && matches!(
-            device.as_dispatch().clone().inner(),
-            burn::backend::DispatchDevice::LibTorch(
-                burn::backend::libtorch::LibTorchDevice::Cpu
-                    | burn::backend::libtorch::LibTorchDevice::Cuda(_)
-            )
-        )
-    {
+    if same_head_size && extension_applies(device) && libtorch_device(device).is_some() {
         return true;
     }
     false
@@ -484,13 +475,27 @@ fn kernel_takes_dropout(device: &Device) -> bool {
     }
     #[cfg(feature = "tch")]
     if matches!(
-        device.as_dispatch().clone().inner(),
-        burn::backend::DispatchDevice::LibTorch(burn::backend::libtorch::LibTorchDevice::Cuda(_))
+        libtorch_device(device),
+        Some(burn::backend::libtorch::LibTorchDevice::Cuda(_))
     ) {
         return true;
     }
     let _ = device;
     false
+}
+
+/// The libtorch device `device` is (or an autodiff device wraps), where its kernels run: the CPU
+/// or a CUDA device; `None` for any other backend.
+#[cfg(feature = "tch")]
+#[allow(deprecated)] // burn-tch's device is marked deprecated in Burn 0.22
+fn libtorch_device(device: &Device) -> Option<burn::backend::libtorch::LibTorchDevice> {
+    use burn::backend::libtorch::LibTorchDevice;
+    match device.as_dispatch().clone().inner() {
+        burn::backend::DispatchDevice::LibTorch(
+            inner @ (LibTorchDevice::Cpu | LibTorchDevice::Cuda(_)),
+        ) => Some(inner),
+        _ => None,
+    }
 }
 
 /// Whether `device` is `flex`, or an autodiff device wrapping it.

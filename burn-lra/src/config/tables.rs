@@ -236,6 +236,15 @@ impl Objective {
         self != Objective::Task
     }
 
+    /// The name configurations spell (the serde name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Task => "task",
+            Objective::MaskedTokens => "masked-tokens",
+            Objective::NextToken => "next-token",
+        }
+    }
+
     /// The tokens the objective adds to the task's vocabulary: the mask token.
     pub fn extra_tokens(self) -> usize {
         usize::from(self == Objective::MaskedTokens)

@@ -65,21 +65,7 @@ pub fn compare_run_dirs(a: &Path, b: &Path) -> Result<Vec<String>> {
     if metrics(a)? != metrics(b)? {
         differences.push(METRICS.to_string());
     }
-    let result = |dir: &Path| -> Result<Option<RunResult>> {
-        match lra_runs::run_state(dir)? {
-            RunState::Finished(result) => Ok(Some(*result)),
-            _ => Ok(None),
-        }
-    };
-    let (result_a, result_b) = (result(a)?, result(b)?);
-    // A result is believed only once it checks out (its checksum, its figures' ranges).
-    for (dir, result) in [(a, &result_a), (b, &result_b)] {
-        if let Some(result) = result {
-            result
-                .verify()
-                .map_err(|why| anyhow::anyhow!("{}: {why}", dir.join(RESULT).display()))?;
-        }
-    }
+    let (result_a, result_b) = (finished_result(a)?, finished_result(b)?);
     // Times, locations and builds are not what a run was; the weight files embed random
     // parameter ids, so their values are compared below instead of their sums.
     let comparable = |result: &RunResult| RunResult {
@@ -127,15 +113,37 @@ fn verify_weights<'r>(dir: &Path, result: &'r RunResult, file: &str) -> Result<O
     if !path.exists() {
         return Ok(None);
     }
-    let sha256 = result.weights_sha256.get(file).with_context(|| {
+    let sha256 = recorded_weights_sha256(dir, result, file)?;
+    verify_file(&path, sha256, "recorded in result.json")?;
+    Ok(Some(sha256))
+}
+
+/// The result of the run in `dir` once it is finished and its result checks out (its checksum,
+/// its figures' ranges; the error names the file); `None` for an unfinished run.
+pub(crate) fn finished_result(dir: &Path) -> Result<Option<RunResult>> {
+    let RunState::Finished(result) = lra_runs::run_state(dir)? else {
+        return Ok(None);
+    };
+    result
+        .verify()
+        .map_err(|why| anyhow::anyhow!("{}: {why}", dir.join(RESULT).display()))?;
+    Ok(Some(*result))
+}
+
+/// The SHA-256 the finished run in `dir` recorded for its weight file `file`; an error naming
+/// its result.json where it recorded none (written before weights were checksummed).
+pub(crate) fn recorded_weights_sha256<'r>(
+    dir: &Path,
+    result: &'r RunResult,
+    file: &str,
+) -> Result<&'r String> {
+    result.weights_sha256.get(file).with_context(|| {
         format!(
             "{}: no SHA-256 recorded for {file} (written before weights were checksummed); \
              its weights cannot be verified",
             dir.join(RESULT).display()
         )
-    })?;
-    verify_file(&path, sha256, "recorded in result.json")?;
-    Ok(Some(sha256))
+    })
 }
 
 /// Every float parameter of the weight file `file` of the finished run in `dir`, in module order,

@@ -28,6 +28,7 @@ pub use checkpoint::{
     verify_metrics, write_checkpoint,
 };
 pub use compare::compare_run_dirs;
+pub(crate) use compare::{finished_result, recorded_weights_sha256};
 pub use lra_runs::{ConfigChange, RunDirLock};
 pub use open::{RESUMABLE_FIELDS, config_changes};
 
