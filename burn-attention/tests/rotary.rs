@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::Tolerance;
 use burn_attention_zoo::{
     Attention, AttentionConfig, AttentionInput, AttentionModule, DecodingState, HeadMasks,
-    VARIANTS, padding_mask_from_lengths,
+    LocalForm, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{
     elu_plus_one, max_rel_err, normal_tensor, phi_f64, rotate_heads_f64, softmax_head, to_heads,
@@ -119,7 +119,15 @@ fn rotary_attention_matches_float64_reference() {
     );
     let [q, k, v] = [1, 2, 3].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
     let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
-    for name in ["softmax", "linear", "ff-oglu", "performer-relu", "hedgehog"] {
+    for name in [
+        "softmax",
+        "local",
+        "local-window",
+        "linear",
+        "ff-oglu",
+        "performer-relu",
+        "hedgehog",
+    ] {
         let attention = rotary(name, &device);
         for causal in [false, true] {
             let masks = HeadMasks {
@@ -140,6 +148,16 @@ fn rotary_attention_matches_float64_reference() {
                         Attention::Softmax(_) => {
                             let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
                             softmax_head(&rq, &rk, &vh[bi][h], masked)
+                        }
+                        // The neighbourhood by index (the block, or `window` on each side;
+                        // causal: none after), the rotation by position among the real tokens.
+                        Attention::Local(m) => {
+                            let outside = |i: usize, j: usize| match m.form {
+                                LocalForm::Blocks => i / m.block_size != j / m.block_size,
+                                LocalForm::SlidingWindow => i.abs_diff(j) > m.window,
+                            };
+                            let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
+                            softmax_head(&rq, &rk, &vh[bi][h], |i, j| masked(i, j) || outside(i, j))
                         }
                         Attention::Linear(_) => rotary_linear_head(
                             &map_rows(&qh[bi][h], elu_plus_one),
@@ -245,7 +263,15 @@ fn shifting_every_position_changes_nothing() {
         .float()
         .reshape([1, n])
         .expand([b, n]);
-    for name in ["softmax", "linear", "ff-oglu", "performer-relu", "hedgehog"] {
+    for name in [
+        "softmax",
+        "local",
+        "local-window",
+        "linear",
+        "ff-oglu",
+        "performer-relu",
+        "hedgehog",
+    ] {
         let attention = rotary(name, &device);
         let at = |shift: f32| {
             let masks = HeadMasks {

@@ -18,6 +18,11 @@
 //! attention mask (hiding pairs of the pattern, at the same cost); decoding token by token with
 //! a cache of the neighbourhood only. No cross-attention (the pattern relates query
 //! and key positions).
+//!
+//! Rotary positions (RoFormer) rotate the queries and keys at their positions before the
+//! neighbourhood is scored. The decoding cache keeps its keys unrotated and a step rotates them
+//! at their places in the cache, the token at the last: a score depends on positions only
+//! through their difference, so the trimmed cache needs no count of the tokens before it.
 
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig};
@@ -27,6 +32,7 @@ use crate::engines::dropout::dropout;
 
 use crate::kernels::key_slots::KeySlots;
 
+use crate::engines::rotary::{real_positions, rotate_queries_keys, rotate_roformer};
 use crate::engines::softmax::exact_softmax_attention;
 
 use crate::engines::gathered_softmax::{
@@ -40,6 +46,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     weights_sum_to_one: true,
     per_head_form: true,
     prefill_end_padding_only: true,
+    rotary: true,
     ..Capabilities::PADDING_ONLY
 };
 
@@ -204,10 +211,13 @@ impl AttentionModule for LocalAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the queries and keys rotated at them first.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, d] = q.dims();
-        check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
-        check_attention_mask(self.form.info(), &masks, &q, k.dims()[2])?;
+        check_head_input(self.form.info(), &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let slots = self.slots(batch, n, &masks);
         let scale = 1.0 / (d as f32).sqrt();
         Ok(gathered_attention(q, k, v, slots, scale, Some(&self.dropout)).out)
@@ -215,11 +225,14 @@ impl AttentionModule for LocalAttention {
 
     /// The weights over the keys of the block or window, `[batch, heads, n, n]` (0 outside it).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(self.name()));
+        }
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
         let [batch, _, n, d] = q.dims();
-        check_capabilities(self.form.info(), n, k.dims()[2], masks.causal)?;
-        check_attention_mask(self.form.info(), &masks, &q, k.dims()[2])?;
+        check_head_input(self.form.info(), &q, &k, &masks)?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let slots = self.slots(batch, n, &masks);
         let weights = pattern_weights(q, k, &[&slots], &[], &masks, 1.0 / (d as f32).sqrt());
         let o = dropout(&self.dropout, weights.clone()).matmul(v);
@@ -227,10 +240,12 @@ impl AttentionModule for LocalAttention {
     }
 
     /// The causal forward pass over the prompt; the cache is its neighbourhood of the last
-    /// position, as decoding leaves it: the last block's keys so far, or the last `window`.
+    /// position, as decoding leaves it: the last block's keys so far, or the last `window`
+    /// (unrotated, with rotary positions).
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        let masks = self.proj.with_positions(HeadMasks::new(None, true), &x);
         let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(q, k.clone(), v.clone(), HeadMasks::new(None, true))?;
+        let o = self.attend(q, k.clone(), v.clone(), masks)?;
         let n = k.dims()[2];
         let kept = match self.form {
             LocalForm::Blocks => (n - 1) % self.block_size + 1,
@@ -253,13 +268,11 @@ impl AttentionModule for LocalAttention {
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
         let lengths = suffix_lengths(self.name(), &mask_pad)?;
         let n = mask_pad.dims()[1];
+        let masks = self
+            .proj
+            .with_positions(HeadMasks::new(Some(mask_pad), true), &x);
         let (q, k, v) = self.proj.qkv(x);
-        let o = self.attend(
-            q,
-            k.clone(),
-            v.clone(),
-            HeadMasks::new(Some(mask_pad), true),
-        )?;
+        let o = self.attend(q, k.clone(), v.clone(), masks)?;
         let unseen = lengths
             .iter()
             .map(|&len| {
@@ -292,7 +305,8 @@ impl AttentionModule for LocalAttention {
             state => state,
         };
         let (keys, values) = state.append_to_cache(self.name(), k, v)?;
-        let o = exact_softmax_attention(q, keys.clone(), values.clone(), None, false, None);
+        let (q_at, keys_at) = self.rotated_in_cache(q, keys.clone(), &None);
+        let o = exact_softmax_attention(q_at, keys_at, values.clone(), None, false, None);
         let (keys, values) = match self.form {
             LocalForm::Blocks => (keys, values),
             LocalForm::SlidingWindow => {
@@ -316,6 +330,24 @@ impl AttentionModule for LocalAttention {
 }
 
 impl LocalAttention {
+    /// A decoded token's query `q` and the cached `keys` (`[batch, heads, t, d]`, the token's
+    /// own last, `padding` marking the cached keys of a row it does not see), rotated at their
+    /// places among a row's unmasked keys where rotary positions are on; unchanged otherwise.
+    fn rotated_in_cache(
+        &self,
+        q: Tensor<4>,
+        keys: Tensor<4>,
+        padding: &Option<Tensor<2, Bool>>,
+    ) -> (Tensor<4>, Tensor<4>) {
+        if !self.proj.rotary {
+            return (q, keys);
+        }
+        let [batch, _, t, _] = keys.dims();
+        let positions = real_positions(padding, batch, t, &keys.device());
+        let own = positions.clone().slice(s![.., t - 1..t]);
+        (rotate_roformer(q, own), rotate_roformer(keys, positions))
+    }
+
     /// A step over the cache of prompts of different lengths ([`prefill_padded`]): the token
     /// attends to the unmasked keys (and itself), then each row keeps unmasked the keys its next
     /// token sees: the last `window`, or the block so far (none once the block is full).
@@ -328,14 +360,9 @@ impl LocalAttention {
         values: Tensor<4>,
         padding: Option<Tensor<2, Bool>>,
     ) -> (Tensor<3>, DecodingState) {
-        let o = exact_softmax_attention(
-            q,
-            keys.clone(),
-            values.clone(),
-            padding.clone(),
-            false,
-            None,
-        );
+        let (q_at, keys_at) = self.rotated_in_cache(q, keys.clone(), &padding);
+        let o =
+            exact_softmax_attention(q_at, keys_at, values.clone(), padding.clone(), false, None);
         let [batch, _, columns, _] = keys.dims();
         let mut unseen = padding_flags(&padding, batch, columns);
         for row in &mut unseen {
