@@ -528,7 +528,7 @@ fn train_command(mut args: TrainArgs) -> Result<()> {
         .map(lra_runs::absolute)
         .transpose()?;
     let (config, preset) = load_config(&args.task, &args.preset, args.config.as_deref())?;
-    let config = config.with_settings(&args.set)?;
+    let config = config.with_settings(&args.set)?.for_objective();
     let settings: Vec<&str> = args.set.iter().map(|s| s.text.as_str()).collect();
     let preset = match settings.as_slice() {
         [] => preset,

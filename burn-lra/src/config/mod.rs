@@ -20,7 +20,7 @@ mod tables;
 pub use lra_runs::{Selection, Task};
 pub use tables::{
     DataConfig, ModelConfig, Objective, OptimizerConfig, PairFeatures, Pooling, Positions,
-    Schedule, TokenizerKind, TrainingConfig, Validation, default_doc_bytes,
+    PretrainingConfig, Schedule, TokenizerKind, TrainingConfig, Validation, default_doc_bytes,
 };
 
 // `PRESET_FILES`: every `configs/<task>/<preset>.toml`, compiled in by `build.rs` so that the
@@ -39,6 +39,10 @@ pub struct RunConfig {
     pub model: ModelConfig,
     /// The optimisation.
     pub training: TrainingConfig,
+    /// What self-pretraining runs train with instead ([`RunConfig::for_objective`]); absent in
+    /// most presets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretraining: Option<PretrainingConfig>,
     /// Per-variant attention parameters, by registry name (`[attention.linformer] k = 64`).
     /// Variants not listed use their paper defaults. A name or a key given twice is refused
     /// (JSON parsers otherwise keep the last silently).
@@ -176,17 +180,26 @@ impl RunConfig {
                 o.weight_decay
             );
         }
-        match self.training.schedule {
-            Schedule::Rsqrt { base, .. } => positive_finite("training.schedule.base", base)?,
-            Schedule::OneCycle { peak, warmup } => {
-                positive_finite("training.schedule.peak", peak)?;
-                if warmup >= self.training.steps {
-                    bail!(
-                        "`training.schedule.warmup` ({warmup}) must be below `training.steps` ({})",
-                        self.training.steps
-                    );
-                }
+        check_schedule("training", &self.training.schedule, self.training.steps)?;
+        if let Some(pretraining) = &self.pretraining {
+            for (key, value) in [
+                ("pretraining.steps", pretraining.steps),
+                ("pretraining.eval_every", pretraining.eval_every),
+            ] {
+                check_size(key, value.unwrap_or(1), true)?;
             }
+            if let Some(rate) = pretraining.mask_rate
+                && !(rate > 0.0 && rate < 1.0)
+            {
+                bail!("`pretraining.mask_rate` must lie strictly between 0 and 1, got {rate}");
+            }
+            let steps = pretraining.steps.unwrap_or(self.training.steps);
+            let schedule = pretraining.schedule.as_ref();
+            check_schedule(
+                "pretraining",
+                schedule.unwrap_or(&self.training.schedule),
+                steps,
+            )?;
         }
         if let Some(clip) = self.training.grad_clip {
             positive_finite("training.grad_clip", clip.into())?;
@@ -223,6 +236,22 @@ impl RunConfig {
                 .with_context(|| format!("`attention.{name}`"))?;
         }
         Ok(())
+    }
+
+    /// This configuration as its run trains: for a self-pretraining objective, the values of
+    /// `[pretraining]` in place of those of `[training]` they name; unchanged otherwise.
+    pub fn for_objective(mut self) -> Self {
+        if !self.training.objective.is_pretraining() {
+            return self;
+        }
+        if let Some(p) = self.pretraining.clone() {
+            let t = &mut self.training;
+            t.steps = p.steps.unwrap_or(t.steps);
+            t.eval_every = p.eval_every.unwrap_or(t.eval_every);
+            t.mask_rate = p.mask_rate.or(t.mask_rate);
+            t.schedule = p.schedule.unwrap_or(t.schedule.clone());
+        }
+        self
     }
 
     /// Longest sequence the encoder sees: `max_len`, plus one with CLS pooling.
@@ -458,6 +487,26 @@ mod unique_keys {
 }
 
 /// Refuses a value that is not a finite number above 0 (NaN and infinity included), naming `key`.
+/// Checks a learning-rate schedule of the table `table` (`training`, `pretraining`) for runs of
+/// `steps` steps: a positive finite rate, and warm-up (for the schedules that decay after it)
+/// below the last step.
+fn check_schedule(table: &str, schedule: &Schedule, steps: usize) -> Result<()> {
+    let peak = match *schedule {
+        Schedule::Rsqrt { base, .. } => {
+            return positive_finite(&format!("{table}.schedule.base"), base);
+        }
+        Schedule::OneCycle { peak, .. }
+        | Schedule::Constant { peak, .. }
+        | Schedule::Cosine { peak, .. } => peak,
+    };
+    positive_finite(&format!("{table}.schedule.peak"), peak)?;
+    let warmup = schedule.warmup();
+    if warmup >= steps {
+        bail!("`{table}.schedule.warmup` ({warmup}) must be below the run's {steps} steps");
+    }
+    Ok(())
+}
+
 fn positive_finite(key: &str, value: f64) -> Result<()> {
     if !(value.is_finite() && value > 0.0) {
         bail!("`{key}` must be finite and > 0, got {value}");
@@ -519,13 +568,23 @@ mod tests {
             .2
     }
 
+    /// Every preset builds every attention, except that a preset with rotary positions (the
+    /// self-pretraining protocol's `spt`) builds those that take them and refuses the others
+    /// with an error that says so.
     #[test]
     fn every_preset_parses_and_builds_every_attention() {
         for (task, preset, _) in PRESET_FILES {
             let config = RunConfig::preset(task, preset).unwrap();
             assert_eq!(config.task, *task, "configs/{task}/{preset}.toml");
+            let rotary = config.model.positions == Positions::Rotary;
             for variant in burn_attention_zoo::VARIANTS {
-                config.encoder_config(variant.name).unwrap();
+                let built = config.encoder_config(variant.name);
+                if rotary && !variant.capabilities.rotary {
+                    let err = format!("{:#}", built.unwrap_err());
+                    assert!(err.contains("rotary"), "{preset}, {}: {err}", variant.name);
+                } else {
+                    built.unwrap();
+                }
             }
         }
     }
@@ -681,6 +740,72 @@ mod tests {
         assert!((cycle.lr(50, 1100) - 5e-4).abs() < 1e-12);
         assert!((cycle.lr(600, 1100) - 5e-4).abs() < 1e-12);
         assert_eq!(cycle.lr(1100, 1100), 0.0);
+        let constant = Schedule::Constant {
+            peak: 1e-3,
+            warmup: 100,
+        };
+        assert!((constant.lr(25, 1100) - 2.5e-4).abs() < 1e-12);
+        assert_eq!(constant.lr(100, 1100), 1e-3);
+        assert_eq!(constant.lr(1100, 1100), 1e-3);
+        // Half-way through the decay: cos(π/2) = 0, so half the peak; a quarter: (1 + cos(π/4)) / 2.
+        let cosine = Schedule::Cosine {
+            peak: 1e-3,
+            warmup: 100,
+        };
+        assert!((cosine.lr(50, 1100) - 5e-4).abs() < 1e-12);
+        assert!((cosine.lr(600, 1100) - 5e-4).abs() < 1e-12);
+        let quarter = 1e-3 * (1.0 + std::f64::consts::FRAC_1_SQRT_2) / 2.0;
+        assert!((cosine.lr(350, 1100) - quarter).abs() < 1e-12);
+        assert!(cosine.lr(1100, 1100).abs() < 1e-18);
+    }
+
+    /// A preset's `[pretraining]` values replace `[training]`'s in self-pretraining runs only,
+    /// are checked when the preset is read (the error naming the key), and `--set` reaches them.
+    #[test]
+    fn the_pretraining_table_applies_to_pretraining_runs_only() {
+        let text = format!(
+            "{}\n[pretraining]\nsteps = 900\nmask_rate = 0.5\n\
+             schedule = {{ kind = \"constant\", peak = 5e-4, warmup = 90 }}\n",
+            listops_tiny()
+        );
+        let config = RunConfig::parse_toml(&text, "spt.toml").unwrap();
+        let task_run = config.clone().for_objective();
+        assert_eq!(task_run.training, config.training);
+        let settings: Vec<Setting> = ["training.objective=masked-tokens", "pretraining.steps=800"]
+            .iter()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let pretraining = config.with_settings(&settings).unwrap().for_objective();
+        assert_eq!(pretraining.training.steps, 800);
+        assert_eq!(pretraining.training.mask_rate, Some(0.5));
+        assert_eq!(
+            pretraining.training.schedule,
+            Schedule::Constant {
+                peak: 5e-4,
+                warmup: 90
+            }
+        );
+        // The batch and what [pretraining] does not name stay the preset's.
+        assert_eq!(
+            pretraining.training.batch_size,
+            task_run.training.batch_size
+        );
+        for (bad, key) in [
+            ("steps = 0", "pretraining.steps"),
+            ("mask_rate = 1.0", "pretraining.mask_rate"),
+            (
+                "steps = 50\nschedule = { kind = \"cosine\", peak = 1e-3, warmup = 60 }",
+                "pretraining.schedule.warmup",
+            ),
+            ("epochs = 3", "epochs"),
+        ] {
+            let text = format!("{}\n[pretraining]\n{bad}\n", listops_tiny());
+            let err = format!(
+                "{:#}",
+                RunConfig::parse_toml(&text, "spt.toml").unwrap_err()
+            );
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     /// `--set` replaces values by dotted key (a table the configuration left out is made),

@@ -188,6 +188,22 @@ pub enum Schedule {
         /// Warm-up steps.
         warmup: usize,
     },
+    /// Linear warm-up to `peak`, then `peak` to the end (the self-pretraining paper's
+    /// `constant_warmup`).
+    Constant {
+        /// The rate after warm-up.
+        peak: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
+    /// Linear warm-up to `peak`, then a half cosine down to 0 at the last step (the
+    /// self-pretraining paper's `cosine_warmup` for text).
+    Cosine {
+        /// Peak learning rate.
+        peak: f64,
+        /// Warm-up steps.
+        warmup: usize,
+    },
 }
 
 impl Schedule {
@@ -208,8 +224,52 @@ impl Schedule {
                     peak * ((total - step) / (total - warmup).max(1.0)).max(0.0)
                 }
             }
+            Schedule::Constant { peak, warmup } => peak * (step / warmup.max(1) as f64).min(1.0),
+            Schedule::Cosine { peak, warmup } => {
+                let warmup = warmup as f64;
+                let total = total as f64;
+                if step <= warmup {
+                    peak * step / warmup
+                } else {
+                    let done = ((step - warmup) / (total - warmup).max(1.0)).min(1.0);
+                    peak * 0.5 * (1.0 + (std::f64::consts::PI * done).cos())
+                }
+            }
         }
     }
+
+    /// The steps of linear warm-up.
+    pub fn warmup(&self) -> usize {
+        match *self {
+            Schedule::Rsqrt { warmup, .. }
+            | Schedule::OneCycle { warmup, .. }
+            | Schedule::Constant { warmup, .. }
+            | Schedule::Cosine { warmup, .. } => warmup,
+        }
+    }
+}
+
+/// What a preset changes for its self-pretraining runs (a `training.objective` other than
+/// `task`): the values given here replace those of `[training]` in such a run (`burn-lra
+/// pretrain`, the first stage of `cargo xtask lra --pretrain`), so that one preset holds both
+/// phases of a protocol whose phases train for different lengths (the self-pretraining paper's
+/// configurations). Runs of the task itself ignore it. `--set pretraining.steps=...` changes it
+/// like any key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PretrainingConfig {
+    /// Optimisation steps of a pretraining run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<usize>,
+    /// Validate every this many steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_every: Option<usize>,
+    /// The share of each input's tokens masked (masked-token denoising).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_rate: Option<f64>,
+    /// Learning-rate schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
 }
 
 /// What a run trains the model to predict: the task's labels, or, to self-pretrain it (Amos,
