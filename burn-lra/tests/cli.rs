@@ -566,3 +566,61 @@ fn bench_gemm_prints_one_json_line() {
         "{v}"
     );
 }
+
+/// A configuration's `[pretraining]` table reaches `burn-lra pretrain`'s run (its steps, masking
+/// and schedule, as its `config.json` records them), and `train` ignores it.
+#[test]
+fn pretrain_takes_the_configuration_s_pretraining_table() {
+    let dir = temp_dir("pretraining-table");
+    let text = format!(
+        "{}\n[pretraining]\nsteps = 4\nmask_rate = 0.3\n\
+         schedule = {{ kind = \"constant\", peak = 1e-3, warmup = 1 }}\n",
+        burn_lra::config::preset_text("listops", "tiny").unwrap()
+    );
+    let config = dir.join("protocol.toml");
+    std::fs::write(&config, text).unwrap();
+    let small = [
+        "--set",
+        "data.generate.n_train=48",
+        "--set",
+        "data.generate.n_val=8",
+        "--set",
+        "data.generate.n_test=8",
+        "--set",
+        "training.steps=3",
+        "--set",
+        "training.eval_every=2",
+        "--set",
+        "training.schedule.warmup=1",
+    ];
+    let seen = std::cell::RefCell::new(Vec::new());
+    let recorded = |command: &str| {
+        let mut args = vec![command, "--task", "listops", "--attention", "softmax"];
+        args.extend(["--config", config.to_str().unwrap()]);
+        args.extend(["--out", dir.to_str().unwrap()]);
+        args.extend(small);
+        let (ok, stderr) = burn_lra(&args);
+        assert!(ok, "{command}: {stderr}");
+        // The sweep folder this command made (long names are shortened with a hash).
+        let sweeps = || -> Vec<std::path::PathBuf> {
+            std::fs::read_dir(dir.join("listops"))
+                .map(|entries| entries.map(|e| e.unwrap().path()).collect())
+                .unwrap_or_default()
+        };
+        let sweep = sweeps()
+            .into_iter()
+            .find(|p| !seen.borrow().contains(p))
+            .unwrap();
+        seen.borrow_mut().push(sweep.clone());
+        let run = sweep.join("softmax/seed-0/config.json");
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(run).unwrap()).unwrap()
+    };
+    let pretraining = recorded("pretrain");
+    assert_eq!(pretraining["run"]["training"]["steps"], 4);
+    assert_eq!(pretraining["run"]["training"]["mask_rate"], 0.3);
+    assert_eq!(pretraining["run"]["training"]["schedule"]["kind"], "constant");
+    let task = recorded("train");
+    assert_eq!(task["run"]["training"]["steps"], 3);
+    assert_eq!(task["run"]["training"]["schedule"]["kind"], "one-cycle");
+    let _ = std::fs::remove_dir_all(&dir);
+}
