@@ -618,7 +618,10 @@ fn pretrain_takes_the_configuration_s_pretraining_table() {
     let pretraining = recorded("pretrain");
     assert_eq!(pretraining["run"]["training"]["steps"], 4);
     assert_eq!(pretraining["run"]["training"]["mask_rate"], 0.3);
-    assert_eq!(pretraining["run"]["training"]["schedule"]["kind"], "constant");
+    assert_eq!(
+        pretraining["run"]["training"]["schedule"]["kind"],
+        "constant"
+    );
     let task = recorded("train");
     assert_eq!(task["run"]["training"]["steps"], 3);
     assert_eq!(task["run"]["training"]["schedule"]["kind"], "one-cycle");
