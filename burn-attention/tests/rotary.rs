@@ -16,7 +16,8 @@ use burn_attention_zoo::{
     LocalForm, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{
-    elu_plus_one, max_rel_err, normal_tensor, phi_f64, rotate_heads_f64, softmax_head, to_heads,
+    elu_plus_one, favor_features, max_rel_err, normal_tensor, phi_f64, rotate_heads_f64,
+    softmax_head, to_heads, to_rows,
 };
 
 const D_MODEL: usize = 16;
@@ -119,21 +120,45 @@ fn rotary_attention_matches_float64_reference() {
     );
     let [q, k, v] = [1, 2, 3].map(|seed| normal_tensor([b, N_HEADS, n, d], seed, &device));
     let (qh, kh, vh) = (to_heads(&q), to_heads(&k), to_heads(&v));
+    // The identity as values: per-head outputs that are the attention weights.
+    let eye = Tensor::<2>::eye(n, &device)
+        .reshape([1, 1, n, n])
+        .expand([b, N_HEADS, n, n]);
     for name in [
         "softmax",
         "local",
         "local-window",
+        "bigbird",
+        "longformer",
+        "reformer",
         "linear",
         "ff-oglu",
+        "performer",
         "performer-relu",
         "hedgehog",
     ] {
         let attention = rotary(name, &device);
-        for causal in [false, true] {
+        let causal_forms = match attention.capabilities().causal {
+            true => vec![false, true],
+            false => vec![false],
+        };
+        for causal in causal_forms {
             let masks = HeadMasks {
                 positions: Some(positions_tensor.clone()),
                 ..HeadMasks::new(Some(mask.clone()), causal)
             };
+            // The keys each query sees, read from the module's weights without positions
+            // (BigBird's random blocks and Longformer's global rows included).
+            let pattern = to_heads(
+                &attention
+                    .attend(
+                        q.clone(),
+                        k.clone(),
+                        eye.clone(),
+                        HeadMasks::new(Some(mask.clone()), causal),
+                    )
+                    .unwrap(),
+            );
             let out = to_heads(
                 &attention
                     .attend(q.clone(), k.clone(), v.clone(), masks)
@@ -148,6 +173,30 @@ fn rotary_attention_matches_float64_reference() {
                         Attention::Softmax(_) => {
                             let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
                             softmax_head(&rq, &rk, &vh[bi][h], masked)
+                        }
+                        // The module's pattern, the rotation by position among the real tokens.
+                        Attention::BigBird(_) | Attention::Longformer(_) => {
+                            let seen = &pattern[bi][h];
+                            let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&kh[bi][h], p));
+                            softmax_head(&rq, &rk, &vh[bi][h], |i, j| {
+                                masked(i, j) || seen[i][j] <= 0.0
+                            })
+                        }
+                        // The keys each query met in its chunks (itself only when alone), the
+                        // keys of unit length as the module normalises them, both rotated.
+                        Attention::Reformer(_) => {
+                            let seen = &pattern[bi][h];
+                            let unit: Vec<Vec<f64>> = kh[bi][h]
+                                .iter()
+                                .map(|row| {
+                                    let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+                                    row.iter().map(|x| x / norm).collect()
+                                })
+                                .collect();
+                            let (rq, rk) = (rotate_rows(&qh[bi][h], p), rotate_rows(&unit, p));
+                            softmax_head(&rq, &rk, &vh[bi][h], |i, j| {
+                                masked(i, j) || seen[i][j] <= 0.0
+                            })
                         }
                         // The neighbourhood by index (the block, or `window` on each side;
                         // causal: none after), the rotation by position among the real tokens.
@@ -173,14 +222,25 @@ fn rotary_attention_matches_float64_reference() {
                             p,
                             masked,
                         ),
-                        // The generalized ReLU kernel's features, `ReLU(x) + 10⁻³`.
-                        Attention::Performer(_) => rotary_linear_head(
-                            &map_rows(&qh[bi][h], |x| x.max(0.0) + 1e-3),
-                            &map_rows(&kh[bi][h], |x| x.max(0.0) + 1e-3),
-                            &vh[bi][h],
-                            p,
-                            masked,
-                        ),
+                        // FAVOR+'s features as the paper writes them (no stabilisers), with
+                        // the module's random features; the generalized ReLU kernel's,
+                        // `ReLU(x) + 10⁻³`.
+                        Attention::Performer(m) => {
+                            let (fq, fk) = match &m.features {
+                                Some(w) => {
+                                    let w = to_rows(&w.val());
+                                    (
+                                        favor_features(&qh[bi][h], &w),
+                                        favor_features(&kh[bi][h], &w),
+                                    )
+                                }
+                                None => (
+                                    map_rows(&qh[bi][h], |x| x.max(0.0) + 1e-3),
+                                    map_rows(&kh[bi][h], |x| x.max(0.0) + 1e-3),
+                                ),
+                            };
+                            rotary_linear_head(&fq, &fk, &vh[bi][h], p, masked)
+                        }
                         Attention::Hedgehog(m) => rotary_linear_head(
                             &hedgehog_phi(&head_map(&m.query_map.val(), h), &qh[bi][h]),
                             &hedgehog_phi(&head_map(&m.key_map.val(), h), &kh[bi][h]),
@@ -267,8 +327,14 @@ fn shifting_every_position_changes_nothing() {
         "softmax",
         "local",
         "local-window",
+        "bigbird",
+        "longformer",
+        "reformer",
+        "routing",
+        "sinkhorn",
         "linear",
         "ff-oglu",
+        "performer",
         "performer-relu",
         "hedgehog",
     ] {
@@ -289,44 +355,66 @@ fn shifting_every_position_changes_nothing() {
 }
 
 /// With rotary positions, padding anywhere in a sequence leaves its real outputs unchanged: the
-/// module's forward pass over a padded batch equals each sequence alone without padding. (For
-/// every attention that takes rotary positions and reads no position from a token's index
-/// (`Capabilities::prefill_end_padding_only`): a sparse pattern counts padding in its
-/// positions, and takes padding only after a prompt when decoding.)
+/// module's forward pass over a padded batch equals each sequence alone without padding (causal
+/// too, where the variant has a causal form). For every attention that takes rotary positions
+/// except the patterns that read positions from token indices ([`BY_INDEX`]), for which padding
+/// inside a sequence moves the pattern itself: that their plain forms do move is checked, so
+/// the list cannot hide a variant the property holds for.
 #[test]
 fn rotary_padding_anywhere_changes_nothing() {
     let device = device();
     let n = 20;
-    let taken = VARIANTS
-        .iter()
-        .filter(|info| info.capabilities.rotary && !info.capabilities.prefill_end_padding_only);
-    for name in taken.map(|info| info.name) {
+    let x = normal_tensor([1, n, D_MODEL], 7, &device);
+    // Junk inserted at 3..6 and appended after the end.
+    let junk = normal_tensor([1, 3, D_MODEL], 8, &device) * 50.0;
+    let tail = normal_tensor([1, 2, D_MODEL], 9, &device) * 50.0;
+    let padded_x = Tensor::cat(
+        vec![
+            x.clone().slice(s![.., 0..3]),
+            junk,
+            x.clone().slice(s![.., 3..n]),
+            tail,
+        ],
+        1,
+    );
+    let flags: Vec<bool> = (0..n + 5)
+        .map(|j| (3..6).contains(&j) || j >= n + 3)
+        .collect();
+    let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [1, n + 5]), &device);
+    // The real outputs over the padded input, and the outputs over the sequence alone.
+    let both = |attention: &Attention, causal: bool| {
+        let alone = attention.forward(AttentionInput::new(x.clone()).causal(causal));
+        let out = attention.forward(
+            AttentionInput::new(padded_x.clone())
+                .mask_pad(mask.clone())
+                .causal(causal),
+        );
+        let real = Tensor::cat(
+            vec![out.clone().slice(s![.., 0..3]), out.slice(s![.., 6..n + 3])],
+            1,
+        );
+        (real, alone)
+    };
+    for info in VARIANTS.iter().filter(|info| info.capabilities.rotary) {
+        let name = info.name;
+        let forms = if info.capabilities.causal {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        if BY_INDEX.contains(&name) {
+            let plain = small::small_config(name, D_MODEL, N_HEADS, N_MAX).init(&device);
+            let (real, alone) = both(&plain, false);
+            let moved: f32 = (real - alone).abs().max().into_scalar();
+            assert!(
+                moved > 1e-3,
+                "{name}: its pattern did not move with padding ({moved})"
+            );
+            continue;
+        }
         let attention = rotary(name, &device);
-        let x = normal_tensor([1, n, D_MODEL], 7, &device);
-        for causal in [false, true] {
-            let alone = attention.forward(AttentionInput::new(x.clone()).causal(causal));
-            // Junk inserted at 3..6 and appended after the end.
-            let junk = normal_tensor([1, 3, D_MODEL], 8, &device) * 50.0;
-            let tail = normal_tensor([1, 2, D_MODEL], 9, &device) * 50.0;
-            let padded_x = Tensor::cat(
-                vec![
-                    x.clone().slice(s![.., 0..3]),
-                    junk,
-                    x.clone().slice(s![.., 3..n]),
-                    tail,
-                ],
-                1,
-            );
-            let flags: Vec<bool> = (0..n + 5)
-                .map(|j| (3..6).contains(&j) || j >= n + 3)
-                .collect();
-            let mask = Tensor::<2, Bool>::from_data(TensorData::new(flags, [1, n + 5]), &device);
-            let out =
-                attention.forward(AttentionInput::new(padded_x).mask_pad(mask).causal(causal));
-            let real = Tensor::cat(
-                vec![out.clone().slice(s![.., 0..3]), out.slice(s![.., 6..n + 3])],
-                1,
-            );
+        for causal in forms {
+            let (real, alone) = both(&attention, causal);
             real.into_data().assert_approx_eq::<f32>(
                 &alone.into_data(),
                 Tolerance::absolute(1e-4).set_relative(1e-3),
@@ -334,6 +422,20 @@ fn rotary_padding_anywhere_changes_nothing() {
         }
     }
 }
+
+/// The attentions whose pattern reads positions from token indices (windows, blocks, strides,
+/// random blocks, routing's local heads, Sinkhorn's blocks): padding inside a sequence moves which keys a query sees, rotary or not.
+const BY_INDEX: [&str; 9] = [
+    "local",
+    "local-window",
+    "sparse",
+    "sparse-strided",
+    "axial",
+    "bigbird",
+    "longformer",
+    "routing",
+    "sinkhorn",
+];
 
 /// Decoding token by token with rotary positions equals the causal forward pass, and so does
 /// prefilling a prompt then decoding on, padded prompts included.
@@ -415,21 +517,16 @@ fn rotary_positions_are_refused_where_they_are_not_taken() {
         taken.contains(&"softmax") && taken.contains(&"linear"),
         "{taken:?}"
     );
-    // Where rotating by position has no meaning, the error says why.
-    for name in [
-        "linformer",
-        "synthesizer",
-        "nystrom",
-        "transformer-xl",
-        "retnet",
-    ] {
-        let err = small::small_config(name, D_MODEL, N_HEADS, N_MAX)
+    // Every variant that refuses them says why rotating by position has no meaning for it.
+    for info in VARIANTS.iter().filter(|info| !info.capabilities.rotary) {
+        let err = small::small_config(info.name, D_MODEL, N_HEADS, N_MAX)
             .init(&device)
             .with_rotary()
             .unwrap_err();
         assert!(
             err.to_string().contains("no meaning for it: "),
-            "{name}: {err}"
+            "{}: {err}",
+            info.name
         );
     }
 
@@ -448,4 +545,42 @@ fn rotary_positions_are_refused_where_they_are_not_taken() {
         .with_rotary()
         .unwrap_err();
     assert!(odd.to_string().contains("odd head width"), "{odd}");
+}
+
+/// With rotary positions, a module's forward pass and its weighted forward pass (the weights it
+/// returns, over rotated queries and keys) agree, padding included: for every attention that
+/// takes rotary positions and returns weights (Longformer's separate global projections rotated
+/// on both paths).
+#[test]
+fn rotary_weights_are_those_of_the_forward_pass() {
+    let device = device();
+    let n = 18;
+    let x = normal_tensor([2, n, D_MODEL], 13, &device);
+    let mask = padding_mask_from_lengths(&[n, 13], n, &device);
+    let taken = VARIANTS
+        .iter()
+        .filter(|info| info.capabilities.rotary && info.capabilities.returns_weights);
+    let mut names = Vec::new();
+    for info in taken {
+        let attention = rotary(info.name, &device);
+        let input = AttentionInput::new(x.clone()).mask_pad(mask.clone());
+        // The real rows (padded rows' outputs are left to each path).
+        let real = |y: Tensor<3>| {
+            Tensor::cat(
+                vec![y.clone().slice(s![0..1, ..]), y.slice(s![1..2, 0..13])],
+                1,
+            )
+        };
+        let out = real(attention.forward(input.clone()));
+        let (with_weights, _) = attention.try_forward_with_weights(input).unwrap();
+        real(with_weights).into_data().assert_approx_eq::<f32>(
+            &out.into_data(),
+            Tolerance::absolute(1e-5).set_relative(1e-4),
+        );
+        names.push(info.name);
+    }
+    assert!(
+        names.contains(&"longformer") && names.contains(&"bigbird"),
+        "{names:?}"
+    );
 }

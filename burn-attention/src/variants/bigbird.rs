@@ -19,7 +19,8 @@
 //!
 //! Cost per head: O(n (5 + r) b d + 2 b n d) time, O(n (5 + r) b) memory. Masks: padding, an
 //! arbitrary attention mask (on the pattern's pairs and the global rows). No causal form, no
-//! cross-attention; sequences up to `n_max`.
+//! cross-attention; sequences up to `n_max`. Rotary positions rotate the queries and keys before
+//! the pattern is scored.
 
 use crate::variants::prelude::*;
 use burn::module::Param;
@@ -27,6 +28,7 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::Distribution;
 
 use crate::engines::dropout::dropout;
+use crate::engines::rotary::rotate_queries_keys;
 
 use crate::kernels::key_slots::KeySlots;
 
@@ -48,6 +50,7 @@ pub const INFO: VariantInfo = VariantInfo {
         fixed_max_len: true,
         weights_sum_to_one: true,
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -258,10 +261,14 @@ impl AttentionModule for BigBirdAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the queries and keys rotated at them first.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
         let scale = 1.0 / (d as f32).sqrt();
         let dropout = Some(&self.dropout);
@@ -281,11 +288,15 @@ impl AttentionModule for BigBirdAttention {
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it; the global
     /// rows over every key).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
-        let masks = input.head_masks();
+        if self.proj.rotary && input.is_cross() {
+            return Err(rotary_cross_attention(self.name()));
+        }
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let (q, k, v) = self.proj.project(input);
         let [batch, heads, n, d] = q.dims();
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let (slots, global_rows) = self.pattern([batch, heads, n], &masks);
         let scale = 1.0 / (d as f32).sqrt();
         let weights = pattern_weights(q, k, &[&slots], &global_rows, &masks, scale);

@@ -19,11 +19,13 @@
 //! Masks: padding, an arbitrary attention mask (on the window's pairs and the global rows). Its
 //! weights on request (a window row's over its window and the global keys, a global row's over
 //! every key, from the global projections). No causal form (LRA's Longformer has none either), no cross-attention.
+//! Rotary positions rotate the queries and keys of both kinds of rows before they are scored.
 
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 
 use crate::engines::dropout::dropout;
+use crate::engines::rotary::rotate_queries_keys;
 
 use crate::engines::heads::split_heads;
 use crate::kernels::key_slots::KeySlots;
@@ -45,6 +47,7 @@ pub const INFO: VariantInfo = VariantInfo {
         returns_weights: true,
         weights_sum_to_one: true,
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -162,6 +165,30 @@ impl LongformerAttention {
         slots
     }
 
+    /// The global projections of `x: [batch, n, d_model]` per head: the queries of the global
+    /// `rows` alone, and every key and value; with rotary positions in `masks`, the queries and
+    /// keys rotated at their positions (the queries projected at every row, rotated, then
+    /// picked).
+    fn global_heads(&self, x: Tensor<3>, rows: &[Vec<usize>], masks: &HeadMasks) -> [Tensor<4>; 3] {
+        let heads = self.proj.n_heads;
+        let per_head = |linear: &Linear, x: Tensor<3>| split_heads(linear.forward(x), heads);
+        let k = per_head(&self.key_global, x.clone());
+        let v = per_head(&self.value_global, x.clone());
+        let q_rows = match &masks.positions {
+            None => {
+                // The global queries are needed at the global rows only: project those alone.
+                let x_rows = pick_rows(x.unsqueeze_dim(1), rows).squeeze_dim(1);
+                per_head(&self.query_global, x_rows)
+            }
+            Some(_) => {
+                let q = per_head(&self.query_global, x);
+                let (q, k) = rotate_queries_keys(q, k.clone(), &masks.positions);
+                return [pick_rows(q, rows), k, v];
+            }
+        };
+        [q_rows, k, v]
+    }
+
     /// The global rows of each batch element: the global positions that are not padding.
     fn global_rows(&self, n: usize, padding: &[Vec<bool>]) -> Vec<Vec<usize>> {
         padding
@@ -180,29 +207,24 @@ impl LongformerAttention {
 impl AttentionModule for LongformerAttention {
     variant_facts!(INFO);
 
+    rotary_on_projections!();
+
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
-        let masks = input.head_masks();
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let x = input.query().clone();
         let [batch, n, _] = x.dims();
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let heads = self.proj.n_heads;
         let rows = self.global_rows(n, &padding);
         let (q, k, v) = self.proj.project(input);
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let out = self.window_attention([q, k, v], &padding, &masks);
         if rows.iter().all(Vec::is_empty) {
             return Ok(self.proj.out(out));
         }
-        // The global queries are needed at the global rows only: project those rows alone.
-        let x_rows = pick_rows(x.clone().unsqueeze_dim(1), &rows).squeeze_dim(1);
-        let global = [
-            (&self.query_global, x_rows),
-            (&self.key_global, x.clone()),
-            (&self.value_global, x),
-        ]
-        .map(|(linear, x)| split_heads(linear.forward(x), heads));
+        let global = self.global_heads(x, &rows, &masks);
         let out = with_full_rows(out, global, &rows, &masks, Some(&self.dropout));
         Ok(self.proj.out(out))
     }
@@ -216,18 +238,20 @@ impl AttentionModule for LongformerAttention {
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
-        let masks = input.head_masks();
+        let masks = self.proj.with_positions(input.head_masks(), input.query());
         let x = input.query().clone();
         let [batch, n, _] = x.dims();
         let padding = padding_flags(&masks.key_pad, batch, n);
         let heads = self.proj.n_heads;
         let (q, k, v) = self.proj.project(input);
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let scale = 1.0 / (q.dims()[3] as f32).sqrt();
         let slots = self.window_slots(n, &padding, &masks);
         let window = pattern_weights(q, k, &[&slots], &[], &masks, scale);
         let [q_g, k_g, v_g] = [&self.query_global, &self.key_global, &self.value_global]
             .map(|linear| split_heads(linear.forward(x.clone()), heads));
+        let (q_g, k_g) = rotate_queries_keys(q_g, k_g, &masks.positions);
         let global = softmax_weights(q_g, k_g, &masks, scale);
         let rows = self.global_rows(n, &padding);
         let mut is_global = vec![false; batch * n];
@@ -248,10 +272,12 @@ impl AttentionModule for LongformerAttention {
         Ok((self.proj.out(out), weights))
     }
 
+    /// With rotary positions in `masks`, the queries and keys rotated at them first.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, _, n, _] = q.dims();
         check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k) = rotate_queries_keys(q, k, &masks.positions);
         let padding = padding_flags(&masks.key_pad, batch, n);
         let out = self.window_attention([q.clone(), k.clone(), v.clone()], &padding, &masks);
         let rows = self.global_rows(n, &padding);

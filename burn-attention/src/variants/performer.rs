@@ -39,6 +39,13 @@
 //! **Generalized ReLU kernel** (LRA's default "performer"): `φ(x) = ReLU(x) + 10⁻³`, no random
 //! features.
 //!
+//! **Rotary positions**, both kernels: RoFormer's form for linear attention, the features
+//! rotated at their positions in the numerator only ([`kernelized_heads`]); FAVOR+ turns its
+//! `m` features in pairs (`m` even). A per-feature stabiliser would not survive the turn (it
+//! mixes the two features of a pair, whose factors then no longer cancel), so with rotary
+//! positions the keys' stabiliser is the larger of each pair's two maxima, one factor per
+//! pair, which the turn leaves alone; decoding keeps the same running pair maxima.
+//!
 //! Cost: O(n m d) time, O(n m + m d) memory per head. Masks: padding; causal through the chunked
 //! prefix sums of [`kernelized_attention`].
 //!
@@ -52,11 +59,12 @@ use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::RecurrentState;
+use crate::contract::variant::check_rotary;
 use crate::engines::features::orthogonal_features;
 
 use crate::engines::kernelized::{
     kernelized_attention, kernelized_decode, kernelized_heads, kernelized_prompt_state,
-    kernelized_step, prompt_state, recurrent_state,
+    prompt_state, recurrent_state,
 };
 use crate::kernels;
 
@@ -67,6 +75,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     cross_attention: true,
     weights_sum_to_one: true,
     per_head_form: true,
+    rotary: true,
     ..Capabilities::PADDING_ONLY
 };
 
@@ -85,13 +94,7 @@ pub const INFO_RELU: VariantInfo = VariantInfo {
     paper: "Choromanski et al. 2021, arXiv 2009.14794 (generalized ReLU kernel)",
     time: "O(n d²)",
     memory: "O(n d + d²); causal O(n (c + d²/c)), c = 64",
-    // Rotary positions in RoFormer's linear form (the features rotated in the numerator); FAVOR+
-    // keeps its features stabilised by their largest value over the keys, which its decoding
-    // rescales, and takes none yet.
-    capabilities: Capabilities {
-        rotary: true,
-        ..CAPABILITIES
-    },
+    capabilities: CAPABILITIES,
 };
 
 /// The kernel a Performer approximates or uses.
@@ -236,9 +239,15 @@ impl PerformerAttention {
                     log_k =
                         log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
                 }
-                let key_max = log_k.clone().max_dim(2); // [b, h, 1, m]
+                let key_max = key_stabiliser(log_k.clone().max_dim(2), self.proj.rotary);
                 let phi_k = (log_k - key_max.clone()).exp();
-                prompt_state(phi_k, v, Some(key_max))
+                match positions {
+                    Some(_) => RecurrentState {
+                        key_max: Some(key_max),
+                        ..kernelized_prompt_state(phi_k, v, positions, &mask_pad)
+                    },
+                    None => prompt_state(phi_k, v, Some(key_max)),
+                }
             }
             None => kernelized_prompt_state(relu_features(k), v, positions, &mask_pad),
         };
@@ -251,15 +260,29 @@ impl AttentionModule for PerformerAttention {
 
     forward_through_projections!();
 
-    rotary_on_projections!();
+    /// Rotary positions: RoFormer's linear form turns the features, `d_head` of them with the
+    /// ReLU kernel and `m` with FAVOR+, which must be even.
+    fn with_rotary(mut self) -> Result<Self, AttentionError> {
+        let width = match &self.features {
+            Some(w) => w.val().dims()[0],
+            None => self.proj.d_model() / self.proj.n_heads(),
+        };
+        check_rotary(self.name(), self.capabilities(), width)?;
+        self.proj.rotary = true;
+        Ok(self)
+    }
 
-    /// With rotary positions in `masks` (the ReLU kernel), RoFormer's form for linear attention:
-    /// the features rotated in the numerator only ([`kernelized_heads`]).
+    /// With rotary positions in `masks`, RoFormer's form for linear attention: the features
+    /// rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(self.kernel.info(), &q, &k, &masks)?;
-        Ok(match &self.features {
-            Some(w) => favor_attention(q, k, v, w.val(), masks.key_pad, masks.causal),
-            None => kernelized_heads(relu_features(q), relu_features(k), v, masks),
+        Ok(match (&self.features, &masks.positions) {
+            (Some(w), None) => favor_attention(q, k, v, w.val(), masks.key_pad, masks.causal),
+            (Some(w), Some(_)) => {
+                let (phi_q, phi_k) = favor_features(q, k, w.val(), masks.key_pad.as_ref(), true);
+                kernelized_heads(phi_q, phi_k, v, masks)
+            }
+            (None, _) => kernelized_heads(relu_features(q), relu_features(k), v, masks),
         })
     }
 
@@ -269,7 +292,7 @@ impl AttentionModule for PerformerAttention {
         let state = recurrent_state(state, self.kernel.info().name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = match &self.features {
-            Some(w) => favor_step(q, k, v, w.val(), state),
+            Some(w) => favor_step(q, k, v, w.val(), state, self.proj.rotary),
             None => kernelized_decode(
                 relu_features(q),
                 relu_features(k),
@@ -330,14 +353,16 @@ pub fn favor_attention(
     mask_pad: Option<Tensor<2, Bool>>,
     causal: bool,
 ) -> Tensor<4> {
-    let (phi_q, phi_k) = favor_features(q, k, w, mask_pad.as_ref());
+    let (phi_q, phi_k) = favor_features(q, k, w, mask_pad.as_ref(), false);
     kernelized_attention(phi_q, phi_k, v, mask_pad, causal)
 }
 
 /// The stabilised FAVOR+ features `(φ(Q), φ(K))` of per-head queries and keys (see the module
 /// docs): every product `φ(q)_f φ(k)_f` is the paper's times one positive factor per query row
 /// and per batch element and head, which cancels in [`kernelized_attention`]. The largest entry
-/// of each query row, and of each feature over the real keys, is 1.
+/// of each query row, and of each feature over the real keys, is 1; with `paired`, the keys'
+/// stabiliser is one per pair of features (for rotary positions: [`key_stabiliser`]), and the
+/// largest entry of each pair over the keys is 1.
 ///
 /// # Shapes
 /// - `q`, `k`: `[batch, heads, n, d]`; `w`: `[m, d]`
@@ -348,6 +373,7 @@ pub fn favor_features(
     k: Tensor<4>,
     w: Tensor<2>,
     mask_pad: Option<&Tensor<2, Bool>>,
+    paired: bool,
 ) -> (Tensor<4>, Tensor<4>) {
     let [batch, _, n, _] = k.dims();
     let wt = scaled_features(&w, &k);
@@ -358,7 +384,7 @@ pub fn favor_features(
     if let Some(mask) = mask_pad {
         log_k = log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
     }
-    let k_stab = log_k.clone().max_dim(2).detach(); // [b, h, 1, m]
+    let k_stab = key_stabiliser(log_k.clone().max_dim(2), paired).detach(); // [b, h, 1, m]
     let phi_k = kernels::exp(log_k - k_stab.clone());
 
     // Queries: the per-feature key maxima move onto the queries (φ(q)·φ(k) is unchanged), less
@@ -366,6 +392,22 @@ pub fn favor_features(
     // row's maximum) cancels. Keeping the added terms at or below 0 keeps the exponents small,
     // and with them their round-off.
     (query_features(q, wt, k_stab), phi_k)
+}
+
+/// The keys' stabiliser from their per-feature maxima `key_max: [batch, heads, 1, m]`: those
+/// maxima, or, `paired` (rotary positions, which turn features `2i` and `2i + 1` together), the
+/// larger of each pair's two, so that the factor it takes out is the same for both features of
+/// a pair and commutes with the turn.
+fn key_stabiliser(key_max: Tensor<4>, paired: bool) -> Tensor<4> {
+    if !paired {
+        return key_max;
+    }
+    let [batch, heads, rows, m] = key_max.dims();
+    key_max
+        .reshape([batch, heads, rows, m / 2, 2])
+        .max_dim(4)
+        .expand([batch, heads, rows, m / 2, 2])
+        .reshape([batch, heads, rows, m])
 }
 
 /// `d^{-1/4} Wᵀ` expanded to the batch and heads of `x: [batch, heads, n, d]`: `(x s) Wᵀ =
@@ -403,9 +445,10 @@ fn query_features(q: Tensor<4>, wt: Tensor<4>, key_max: Tensor<4>) -> Tensor<4> 
     kernels::exp(log_q - q_stab)
 }
 
-/// One decoding step of causal FAVOR+: the running per-feature key maximum replaces the maximum
-/// over the whole sequence (the sums carried so far are rescaled when it grows), so the output
-/// is the causal forward pass's to round-off.
+/// One decoding step of causal FAVOR+: the running per-feature key maximum (per pair of
+/// features with `rotary` positions) replaces the maximum over the whole sequence (the sums
+/// carried so far are rescaled when it grows), so the output is the causal forward pass's to
+/// round-off.
 ///
 /// # Shapes
 /// - `q`, `k`, `v`: `[batch, heads, 1, d]`; `w`: `[m, d]`; output: `[batch, heads, 1, d]`
@@ -415,17 +458,19 @@ fn favor_step(
     v: Tensor<4>,
     w: Tensor<2>,
     state: Option<RecurrentState>,
+    rotary: bool,
 ) -> (Tensor<4>, RecurrentState) {
     let wt = scaled_features(&w, &k);
     let log_k = key_log_features(k, wt.clone()); // [b, h, 1, m]
+    let token_max = key_stabiliser(log_k.clone(), rotary);
     let (key_max, state) = match state {
         Some(RecurrentState {
             s,
             z,
             key_max: Some(old_max),
-            ..
+            seen,
         }) => {
-            let key_max = old_max.clone().max_pair(log_k.clone());
+            let key_max = old_max.clone().max_pair(token_max);
             // S and z were summed with features divided by exp(old_max); bring them to the new
             // maximum: a factor exp(old − new) ≤ 1 per feature (a row of S and of z).
             let rescale = (old_max - key_max.clone()).exp().swap_dims(2, 3); // [b, h, m, 1]
@@ -433,15 +478,15 @@ fn favor_step(
                 s: s * rescale.clone(),
                 z: z * rescale,
                 key_max: None,
-                seen: None,
+                seen,
             };
             (key_max, Some(state))
         }
-        _ => (log_k.clone(), None),
+        _ => (token_max, None),
     };
     let phi_k = (log_k - key_max.clone()).exp();
     let phi_q = query_features(q, wt, key_max.clone());
-    let (o, state) = kernelized_step(phi_q, phi_k, v, state);
+    let (o, state) = kernelized_decode(phi_q, phi_k, v, state, rotary);
     (
         o,
         RecurrentState {

@@ -29,13 +29,19 @@
 //! sorting, on the host). Masks: padding, an arbitrary attention mask (on the pairs the chunks
 //! hold; a query's own key still counts only when nothing else is left). No causal form (which keys share a query's chunk
 //! depends on where later positions hash; LRA's Reformer has none either), no cross-attention.
+//!
+//! Rotary positions: the positions are hashed and chunked from the keys as they are (content,
+//! not position, decides what a query meets), and the scores within the chunks are those of
+//! the rotated queries and keys (a position's score for itself unchanged: both turn alike).
 
 use crate::variants::prelude::*;
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::Distribution;
 
+use crate::contract::variant::check_rotary;
 use crate::engines::heads::{merge_heads, split_heads};
+use crate::engines::rotary::{real_positions, rotate_queries_keys};
 use crate::kernels::key_slots::KeySlots;
 
 use crate::engines::params::lazy_param;
@@ -54,6 +60,7 @@ pub const INFO: VariantInfo = VariantInfo {
         attention_mask: true,
         weights_sum_to_one: true,
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -132,6 +139,7 @@ impl VariantConfig for ReformerConfig {
             n_hashes: self.n_hashes,
             n_buckets: self.n_buckets,
             chunk_len: self.chunk_len,
+            rotary: false,
         }
     }
 }
@@ -164,6 +172,9 @@ pub struct ReformerAttention {
     /// Positions per chunk.
     #[module(skip)]
     pub chunk_len: usize,
+    /// Rotary positions on ([`AttentionModule::with_rotary`]).
+    #[module(skip)]
+    pub rotary: bool,
 }
 
 impl ReformerAttention {
@@ -327,6 +338,7 @@ impl ReformerAttention {
         };
         let norm = k.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-12);
         let keys = k / norm;
+        let (q, keys) = rotate_queries_keys(q, keys, &masks.positions);
         let scale = 1.0 / (d as f32).sqrt();
         let all = gathered_attention(stack(q), keys, v, slots, scale, Some(&self.dropout));
         let parts: Vec<GatheredOutput> = (0..rounds)
@@ -344,13 +356,23 @@ impl AttentionModule for ReformerAttention {
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         check_capabilities(&INFO, input.query_len(), input.key_len(), input.is_causal())?;
-        let masks = input.head_masks();
+        let mut masks = input.head_masks();
         let x = input.query().clone();
+        if self.rotary {
+            let [batch, n, _] = x.dims();
+            masks.positions = Some(real_positions(&masks.key_pad, batch, n, &x.device()));
+        }
         let qk = split_heads(self.query_key.forward(x.clone()), self.n_heads);
         let v = split_heads(self.value.forward(x), self.n_heads);
         check_attention_mask(&INFO, &masks, &qk, qk.dims()[2])?;
         let out = self.lsh_attention(qk.clone(), qk, v, masks);
         Ok(self.output.forward(merge_heads(out)))
+    }
+
+    fn with_rotary(mut self) -> Result<Self, AttentionError> {
+        check_rotary(INFO.name, INFO.capabilities, self.d_model() / self.n_heads)?;
+        self.rotary = true;
+        Ok(self)
     }
 
     /// LSH attention on per-head tensors: the keys `k` are normalised, hashed and sorted, and

@@ -26,6 +26,11 @@
 //! `w` highest depends on every position, later ones included, so the paper's causal routing
 //! (a position mask inside each cluster) still lets later positions decide what an earlier one
 //! sees (Reformer's case too); no cross-attention, attention mask or weights.
+//!
+//! Rotary positions: the clusters are chosen from the queries and keys as they are (content,
+//! not position, routes a query), and the scores within each cluster and window are those of
+//! the rotated queries and keys, so that they depend on positions only through their
+//! differences.
 
 use crate::variants::prelude::*;
 use burn::module::RunningState;
@@ -33,6 +38,7 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Distribution, IndexingUpdateOp};
 
 use crate::engines::dropout::dropout;
+use crate::engines::rotary::rotate_queries_keys;
 
 use crate::contract::input::MASK_FILL;
 use crate::kernels;
@@ -48,6 +54,7 @@ pub const INFO: VariantInfo = VariantInfo {
     memory: "O(n (w + r))",
     capabilities: Capabilities {
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -212,11 +219,14 @@ fn rows(x: Tensor<4>, index: Tensor<3, Int>) -> Tensor<4> {
 
 impl RoutingAttention {
     /// The routing heads: `q`, `k`, `v` `[batch, heads, n, d]`, `lengths` the count of each
-    /// sequence's real positions (`pad` marks the others). Moves the centroids when `train`.
+    /// sequence's real positions (`pad` marks the others), `positions` the rotary positions
+    /// (the clusters chosen before rotating, the scores rotated). Moves the centroids when
+    /// `train`.
     fn routed(
         &self,
         (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
         pad: &Option<Tensor<2, Bool>>,
+        positions: &Option<Tensor<2>>,
         lengths: &[usize],
         train: bool,
     ) -> Tensor<4> {
@@ -265,6 +275,7 @@ impl RoutingAttention {
         let per_cluster = |x: Tensor<4>, index: &Tensor<3, Int>| {
             rows(x, index.clone()).reshape([batch, heads, clusters, w, d])
         };
+        let (q, k) = rotate_queries_keys(q, k, positions);
         let q_sel = per_cluster(q, &q_index);
         let k_sel = per_cluster(k, &k_index);
         let v_sel = per_cluster(v, &k_index);
@@ -358,12 +369,14 @@ impl AttentionModule for RoutingAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
     /// The first `local_heads` heads attend to their window, the others to their clusters
-    /// (moving the centroids on an autodiff device).
+    /// (moving the centroids on an autodiff device). With rotary positions in `masks`, the
+    /// scores are those of the rotated queries and keys, the clusters chosen before rotating.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
-        check_capabilities(&INFO, n, k.dims()[2], masks.causal)?;
-        check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        check_head_input(&INFO, &q, &k, &masks)?;
         let padding = padding_flags(&masks.key_pad, batch, n);
         let lengths: Vec<usize> = padding
             .iter()
@@ -376,6 +389,7 @@ impl AttentionModule for RoutingAttention {
         let routed = self.routed(
             (split(&q, hl, hr), split(&k, hl, hr), split(&v, hl, hr)),
             &masks.key_pad,
+            &masks.positions,
             &lengths,
             train,
         );
@@ -383,9 +397,11 @@ impl AttentionModule for RoutingAttention {
             return Ok(routed);
         }
         let slots = KeySlots::band(n, self.window, [self.window, self.window], &[], &padding);
+        let (q_local, k_local) =
+            rotate_queries_keys(split(&q, 0, hl), split(&k, 0, hl), &masks.positions);
         let local = gathered_attention(
-            split(&q, 0, hl),
-            split(&k, 0, hl),
+            q_local,
+            k_local,
             split(&v, 0, hl),
             slots,
             1.0 / (d as f32).sqrt(),

@@ -26,6 +26,11 @@
 //! arbitrary attention mask: a query's sorted block holds mixtures of the keys of several
 //! blocks, which a mask over query-key pairs cannot address (it refuses one). No causal form,
 //! no cross-attention; sequences up to `n_max`.
+//!
+//! Rotary positions: the blocks are sorted from the sums of the keys as they are (content, not
+//! position, sorts them), and the queries and keys are rotated before they are scored, each key
+//! at its own position before it is mixed into a sorted block: a sorted key's score is then the
+//! `R`-weighted sum of rotated scores, each depending only on a difference of positions.
 
 use crate::variants::prelude::*;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
@@ -35,6 +40,7 @@ use crate::contract::input::MASK_FILL;
 use crate::kernels::key_slots::KeySlots;
 
 use crate::engines::gathered_softmax::{gathered_attention, padding_flags, real_lengths};
+use crate::engines::rotary::rotate_queries_keys;
 
 use crate::contract::variant::check_iterations;
 
@@ -48,6 +54,7 @@ pub const INFO: VariantInfo = VariantInfo {
         fixed_max_len: true,
         weights_sum_to_one: true,
         per_head_form: true,
+        rotary: true,
         ..Capabilities::PADDING_ONLY
     },
 };
@@ -190,11 +197,16 @@ impl AttentionModule for SinkhornAttention {
 
     forward_through_projections!();
 
+    rotary_on_projections!();
+
+    /// With rotary positions in `masks`, the blocks sorted from the unrotated keys and every
+    /// score over rotated queries and keys.
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         let [batch, heads, n, d] = q.dims();
         let d_v = v.dims()[3];
         check_within_max_len(&INFO, self.n_max, n, k.dims()[2], masks.causal)?;
         check_attention_mask(&INFO, &masks, &q, k.dims()[2])?;
+        let (q, k_scored) = rotate_queries_keys(q, k.clone(), &masks.positions);
         let device = q.device();
         let b = self.block_size.min(n.max(1));
         let blocks = n.div_ceil(b);
@@ -246,7 +258,8 @@ impl AttentionModule for SinkhornAttention {
             }
         };
         let (k, v) = (pad_rows(k, d), pad_rows(v, d_v));
-        let (k_real, v_real) = (k.clone() * real.clone(), v.clone() * real.clone());
+        let (k_real, v_real) = (k * real.clone(), v.clone() * real.clone());
+        let k_scored = pad_rows(k_scored, d);
 
         let sums = k_real
             .clone()
@@ -288,7 +301,8 @@ impl AttentionModule for SinkhornAttention {
                 mix_with(from_full.clone()),
             )
         };
-        let (k_sorted, v_sorted) = (mix(k_real, d), mix(v_real, d_v));
+        let k_sorted = mix(k_scored.clone() * real, d);
+        let v_sorted = mix(v_real, d_v);
 
         // Block β scores its own b positions, then its sorted block (rows past the real keys).
         let mut slots = KeySlots::masked([batch, 1], blocks, b, 2 * b);
@@ -310,7 +324,7 @@ impl AttentionModule for SinkhornAttention {
                 }
             }
         }
-        let keys = Tensor::cat(vec![k, k_sorted], 2);
+        let keys = Tensor::cat(vec![k_scored, k_sorted], 2);
         let values = Tensor::cat(vec![v, v_sorted], 2);
         let scale = 1.0 / (d as f32).sqrt();
         Ok(gathered_attention(q, keys, values, slots, scale, Some(&self.dropout)).out)
