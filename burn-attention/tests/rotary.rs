@@ -312,8 +312,9 @@ fn hedgehog_phi(w: &[Vec<f64>], x: &[Vec<f64>]) -> Vec<Vec<f64>> {
 
 /// The relative-position property: shifting every position by the same amount leaves softmax's
 /// outputs unchanged (its scores depend on positions only through their differences), and so
-/// does the kernelized form's numerator and denominator. (Not GLA's: its per-channel gates
-/// decay the two channels of a rotated pair differently.)
+/// does the kernelized form's numerator and denominator; the patterns, buckets, clusters and
+/// sorts of the sparse attentions do not read the rotation. For every attention that takes
+/// rotary positions and has a per-head form, but those of [`NOT_RELATIVE`].
 #[test]
 fn shifting_every_position_changes_nothing() {
     let device = device();
@@ -323,21 +324,14 @@ fn shifting_every_position_changes_nothing() {
         .float()
         .reshape([1, n])
         .expand([b, n]);
-    for name in [
-        "softmax",
-        "local",
-        "local-window",
-        "bigbird",
-        "longformer",
-        "reformer",
-        "routing",
-        "sinkhorn",
-        "linear",
-        "ff-oglu",
-        "performer",
-        "performer-relu",
-        "hedgehog",
-    ] {
+    // Positions are given through the per-head form (the module's forward counts from 0).
+    let relative = VARIANTS.iter().filter(|info| {
+        let c = info.capabilities;
+        c.rotary && c.per_head_form && !NOT_RELATIVE.contains(&info.name)
+    });
+    let names: Vec<&str> = relative.map(|info| info.name).collect();
+    assert!(names.len() >= 20, "{names:?}");
+    for name in names {
         let attention = rotary(name, &device);
         let at = |shift: f32| {
             let masks = HeadMasks {
@@ -422,6 +416,10 @@ fn rotary_padding_anywhere_changes_nothing() {
         }
     }
 }
+
+/// The attentions whose rotary outputs move when every position shifts: GLA's per-channel gates
+/// decay the two channels of a rotated pair differently.
+const NOT_RELATIVE: [&str; 1] = ["gla"];
 
 /// The attentions whose pattern reads positions from token indices (windows, blocks, strides,
 /// random blocks, routing's local heads, Sinkhorn's blocks): padding inside a sequence moves which keys a query sees, rotary or not.

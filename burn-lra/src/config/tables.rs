@@ -216,25 +216,12 @@ impl Schedule {
                 base * (step / warmup).min(1.0) / step.max(warmup).sqrt()
             }
             Schedule::OneCycle { peak, warmup } => {
-                let warmup = warmup as f64;
-                let total = total as f64;
-                if step <= warmup {
-                    peak * step / warmup
-                } else {
-                    peak * ((total - step) / (total - warmup).max(1.0)).max(0.0)
-                }
+                warm_then(peak, step, warmup, total, |done| 1.0 - done)
             }
-            Schedule::Constant { peak, warmup } => peak * (step / warmup.max(1) as f64).min(1.0),
-            Schedule::Cosine { peak, warmup } => {
-                let warmup = warmup as f64;
-                let total = total as f64;
-                if step <= warmup {
-                    peak * step / warmup
-                } else {
-                    let done = ((step - warmup) / (total - warmup).max(1.0)).min(1.0);
-                    peak * 0.5 * (1.0 + (std::f64::consts::PI * done).cos())
-                }
-            }
+            Schedule::Constant { peak, warmup } => warm_then(peak, step, warmup, total, |_| 1.0),
+            Schedule::Cosine { peak, warmup } => warm_then(peak, step, warmup, total, |done| {
+                0.5 * (1.0 + (std::f64::consts::PI * done).cos())
+            }),
         }
     }
 
@@ -247,6 +234,16 @@ impl Schedule {
             | Schedule::Cosine { warmup, .. } => warmup,
         }
     }
+}
+
+/// A linear warm-up to `peak` over `warmup` steps, then `peak · decay(done)`, `done` the share
+/// (0 to 1) of the steps after warm-up that have passed by `step` (1-based) of `total`.
+fn warm_then(peak: f64, step: f64, warmup: usize, total: usize, decay: impl Fn(f64) -> f64) -> f64 {
+    let (warmup, total) = (warmup as f64, total as f64);
+    if step <= warmup {
+        return peak * step / warmup;
+    }
+    peak * decay(((step - warmup) / (total - warmup).max(1.0)).min(1.0))
 }
 
 /// What a preset changes for its self-pretraining runs (a `training.objective` other than
