@@ -257,6 +257,8 @@ impl ReformerAttention {
         let n_chunks = n.div_ceil(c);
         let rows = n_chunks * c;
         let rounds = self.n_hashes;
+        // `ln c` for the c ≤ rounds rounds in which a pair can meet, read once per pair below.
+        let ln_met: Vec<f32> = (0..=rounds).map(|c| (c as f32).ln()).collect();
 
         // All rounds in one gathered attention: round r's queries are rows r·rows.. of a
         // stack of the queries, each round padded to whole chunks.
@@ -314,7 +316,7 @@ impl ReformerAttention {
                                     slots.mask[at] |= flags[(b * n + i) * n + j];
                                 }
                                 let self_bias = if i == j { SELF_BIAS } else { 0.0 };
-                                bias[at] = self_bias - (met(i, j) as f32).ln();
+                                bias[at] = self_bias - ln_met[met(i, j)];
                             }
                         }
                     }
