@@ -361,7 +361,7 @@ pub fn favor_attention(
 /// docs): every product `φ(q)_f φ(k)_f` is the paper's times one positive factor per query row
 /// and per batch element and head, which cancels in [`kernelized_attention`]. The largest entry
 /// of each query row, and of each feature over the real keys, is 1; with `paired`, the keys'
-/// stabiliser is one per pair of features (for rotary positions: [`key_stabiliser`]), and the
+/// stabiliser is one per pair of features (for rotary positions, which turn the pairs), and the
 /// largest entry of each pair over the keys is 1.
 ///
 /// # Shapes
