@@ -589,6 +589,33 @@ mod tests {
         }
     }
 
+    /// docs/lra.md names the attentions that take rotary positions as the registry's
+    /// capabilities say (the five trainable kernels as `ff-*`), and no other.
+    #[test]
+    fn the_lra_docs_name_the_attentions_that_take_rotary_positions() {
+        let docs = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/lra.md"));
+        let start = docs
+            .find("positions are taken by")
+            .expect("the rotary paragraph");
+        let end = start
+            + docs[start..]
+                .find("A configuration that asks them")
+                .unwrap();
+        let taken = &docs[start..end];
+        for variant in burn_attention_zoo::VARIANTS {
+            let name = match variant.name.starts_with("ff-") {
+                true => "ff-*",
+                false => variant.name,
+            };
+            let named = taken.contains(&format!("`{name}`"));
+            assert_eq!(
+                named, variant.capabilities.rotary,
+                "docs/lra.md, {}",
+                variant.name
+            );
+        }
+    }
+
     /// A hybrid stack's layers each take their own `[attention.<name>]` parameters.
     #[test]
     fn hybrid_layers_take_their_own_parameters() {
