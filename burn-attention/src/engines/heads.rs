@@ -141,15 +141,7 @@ impl QkvoProjection {
     /// `masks` with each position among its sequence's real ones, where rotary positions are on
     /// (self-attention over `x: [batch, n, d_model]`).
     pub fn with_positions(&self, masks: HeadMasks, x: &Tensor<3>) -> HeadMasks {
-        if !self.rotary {
-            return masks;
-        }
-        let [batch, n, _] = x.dims();
-        let positions = real_positions(&masks.key_pad, batch, n, &x.device());
-        HeadMasks {
-            positions: Some(positions),
-            ..masks
-        }
+        with_rotary_positions(self.rotary, masks, x)
     }
 
     /// [`qkv`](Self::qkv) for one decoded token `x: [batch, 1, d_model]` after those `state`
@@ -205,6 +197,21 @@ impl QkvoProjection {
     /// Merges per-head outputs `[batch, h, n, d]` and applies the output projection.
     pub fn out(&self, o: Tensor<4>) -> Tensor<3> {
         self.output.forward(merge_heads(o))
+    }
+}
+
+/// `masks` with each position among its sequence's real ones where `rotary` positions are on
+/// (self-attention over `x: [batch, n, d_model]`), unchanged otherwise: what
+/// [`QkvoProjection::with_positions`] gives, for the variants with projections of their own.
+pub fn with_rotary_positions(rotary: bool, masks: HeadMasks, x: &Tensor<3>) -> HeadMasks {
+    if !rotary {
+        return masks;
+    }
+    let [batch, n, _] = x.dims();
+    let positions = real_positions(&masks.key_pad, batch, n, &x.device());
+    HeadMasks {
+        positions: Some(positions),
+        ..masks
     }
 }
 

@@ -174,19 +174,18 @@ impl LongformerAttention {
         let per_head = |linear: &Linear, x: Tensor<3>| split_heads(linear.forward(x), heads);
         let k = per_head(&self.key_global, x.clone());
         let v = per_head(&self.value_global, x.clone());
-        let q_rows = match &masks.positions {
+        match &masks.positions {
             None => {
                 // The global queries are needed at the global rows only: project those alone.
                 let x_rows = pick_rows(x.unsqueeze_dim(1), rows).squeeze_dim(1);
-                per_head(&self.query_global, x_rows)
+                [per_head(&self.query_global, x_rows), k, v]
             }
             Some(_) => {
                 let q = per_head(&self.query_global, x);
-                let (q, k) = rotate_queries_keys(q, k.clone(), &masks.positions);
-                return [pick_rows(q, rows), k, v];
+                let (q, k) = rotate_queries_keys(q, k, &masks.positions);
+                [pick_rows(q, rows), k, v]
             }
-        };
-        [q_rows, k, v]
+        }
     }
 
     /// The global rows of each batch element: the global positions that are not padding.

@@ -64,7 +64,7 @@ use crate::engines::features::orthogonal_features;
 
 use crate::engines::kernelized::{
     kernelized_attention, kernelized_decode, kernelized_heads, kernelized_prompt_state,
-    prompt_state, recurrent_state,
+    recurrent_state,
 };
 use crate::kernels;
 
@@ -233,20 +233,12 @@ impl PerformerAttention {
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
         let state = match &self.features {
             Some(w) => {
-                let mut log_k = key_log_features(k.clone(), scaled_features(&w.val(), &k));
-                if let Some(mask) = &mask_pad {
-                    let [batch, n] = mask.dims();
-                    log_k =
-                        log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
-                }
-                let key_max = key_stabiliser(log_k.clone().max_dim(2), self.proj.rotary);
+                let wt = scaled_features(&w.val(), &k);
+                let (log_k, key_max) = padded_log_keys(k, wt, mask_pad.as_ref(), self.proj.rotary);
                 let phi_k = (log_k - key_max.clone()).exp();
-                match positions {
-                    Some(_) => RecurrentState {
-                        key_max: Some(key_max),
-                        ..kernelized_prompt_state(phi_k, v, positions, &mask_pad)
-                    },
-                    None => prompt_state(phi_k, v, Some(key_max)),
+                RecurrentState {
+                    key_max: Some(key_max),
+                    ..kernelized_prompt_state(phi_k, v, positions, &mask_pad)
                 }
             }
             None => kernelized_prompt_state(relu_features(k), v, positions, &mask_pad),
@@ -276,14 +268,14 @@ impl AttentionModule for PerformerAttention {
     /// rotated in the numerator only ([`kernelized_heads`]).
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {
         check_head_input(self.kernel.info(), &q, &k, &masks)?;
-        Ok(match (&self.features, &masks.positions) {
-            (Some(w), None) => favor_attention(q, k, v, w.val(), masks.key_pad, masks.causal),
-            (Some(w), Some(_)) => {
-                let (phi_q, phi_k) = favor_features(q, k, w.val(), masks.key_pad.as_ref(), true);
-                kernelized_heads(phi_q, phi_k, v, masks)
+        let (phi_q, phi_k) = match &self.features {
+            Some(w) => {
+                let paired = masks.positions.is_some();
+                favor_features(q, k, w.val(), masks.key_pad.as_ref(), paired)
             }
-            (None, _) => kernelized_heads(relu_features(q), relu_features(k), v, masks),
-        })
+            None => (relu_features(q), relu_features(k)),
+        };
+        Ok(kernelized_heads(phi_q, phi_k, v, masks))
     }
 
     prefill_through!(prefill_with);
@@ -375,16 +367,12 @@ pub fn favor_features(
     mask_pad: Option<&Tensor<2, Bool>>,
     paired: bool,
 ) -> (Tensor<4>, Tensor<4>) {
-    let [batch, _, n, _] = k.dims();
     let wt = scaled_features(&w, &k);
 
     // Keys: the log-features w_f·k̂ − ‖k̂‖²/2, less their largest value over the real keys, one
     // maximum per feature f.
-    let mut log_k = key_log_features(k, wt.clone());
-    if let Some(mask) = mask_pad {
-        log_k = log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
-    }
-    let k_stab = key_stabiliser(log_k.clone().max_dim(2), paired).detach(); // [b, h, 1, m]
+    let (log_k, k_stab) = padded_log_keys(k, wt.clone(), mask_pad, paired);
+    let k_stab = k_stab.detach(); // [b, h, 1, m]
     let phi_k = kernels::exp(log_k - k_stab.clone());
 
     // Queries: the per-feature key maxima move onto the queries (φ(q)·φ(k) is unchanged), less
@@ -392,6 +380,24 @@ pub fn favor_features(
     // row's maximum) cancels. Keeping the added terms at or below 0 keeps the exponents small,
     // and with them their round-off.
     (query_features(q, wt, k_stab), phi_k)
+}
+
+/// The keys' log-features ([`key_log_features`]) with padded keys at [`PADDED_LOG_FEATURE`], and
+/// their stabiliser over the real keys ([`key_stabiliser`], one per pair of features with
+/// `paired`), `[batch, heads, 1, m]`.
+fn padded_log_keys(
+    k: Tensor<4>,
+    wt: Tensor<4>,
+    mask_pad: Option<&Tensor<2, Bool>>,
+    paired: bool,
+) -> (Tensor<4>, Tensor<4>) {
+    let [batch, _, n, _] = k.dims();
+    let mut log_k = key_log_features(k, wt);
+    if let Some(mask) = mask_pad {
+        log_k = log_k.mask_fill(mask.clone().reshape([batch, 1, n, 1]), PADDED_LOG_FEATURE);
+    }
+    let key_max = key_stabiliser(log_k.clone().max_dim(2), paired);
+    (log_k, key_max)
 }
 
 /// The keys' stabiliser from their per-feature maxima `key_max: [batch, heads, 1, m]`: those

@@ -40,8 +40,8 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::Distribution;
 
 use crate::contract::variant::check_rotary;
-use crate::engines::heads::{merge_heads, split_heads};
-use crate::engines::rotary::{real_positions, rotate_queries_keys};
+use crate::engines::heads::{merge_heads, split_heads, with_rotary_positions};
+use crate::engines::rotary::rotate_queries_keys;
 use crate::kernels::key_slots::KeySlots;
 
 use crate::engines::params::lazy_param;
@@ -358,12 +358,8 @@ impl AttentionModule for ReformerAttention {
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
         check_capabilities(&INFO, input.query_len(), input.key_len(), input.is_causal())?;
-        let mut masks = input.head_masks();
         let x = input.query().clone();
-        if self.rotary {
-            let [batch, n, _] = x.dims();
-            masks.positions = Some(real_positions(&masks.key_pad, batch, n, &x.device()));
-        }
+        let masks = with_rotary_positions(self.rotary, input.head_masks(), &x);
         let qk = split_heads(self.query_key.forward(x.clone()), self.n_heads);
         let v = split_heads(self.value.forward(x), self.n_heads);
         check_attention_mask(&INFO, &masks, &qk, qk.dims()[2])?;
