@@ -381,7 +381,8 @@ fn softmax_head_grads(
 /// unit-scale terms; their error is taken relative to max(|expected|, 0.01) as above, 1e-4.
 ///
 /// Runs on `flex` (the fused kernel of this crate) and, when compiled in, on `tch` (libtorch's
-/// own flash-attention kernels behind the same extension) and `ndarray` (the composed steps).
+/// own flash-attention kernels behind the same extension), `ndarray` (the composed steps) and
+/// `wgpu` (the crate's CubeCL kernels; lavapipe without a GPU).
 #[test]
 #[allow(deprecated)] // burn-tch and burn-ndarray, still backends of this project
 fn check_4_softmax_gradients_match_float64_reference() {
@@ -391,6 +392,8 @@ fn check_4_softmax_gradients_match_float64_reference() {
     devices.push(Device::libtorch());
     #[cfg(feature = "ndarray")]
     devices.push(Device::ndarray());
+    #[cfg(feature = "wgpu")]
+    devices.push(Device::wgpu(DeviceKind::DefaultDevice));
     for device in devices {
         softmax_gradients_case(device.autodiff());
     }

@@ -7,8 +7,8 @@
 //! On `flex` the mask is computed here, vectorised, in place of Burn's `Dropout`, which draws
 //! one ChaCha20 number per element (a quarter of a `small`-preset training step's time). The
 //! seed of every call is drawn from the device's random generator, so a run seeded (or
-//! reseeded at a checkpoint) as before drops the same elements on every replay. Elsewhere
-//! [`dropout`] is Burn's own layer.
+//! reseeded at a checkpoint) as before drops the same elements on every replay. The fused
+//! softmax kernels on `wgpu` take the same mask. Elsewhere [`dropout`] is Burn's own layer.
 //!
 //! The mask itself, shared with the fused kernels, lives beside them (`kernels/mask.rs`).
 
@@ -78,6 +78,17 @@ impl<'a> WeightDropout<'a> {
                 }
             }
             _ => Self::Off,
+        }
+    }
+
+    /// As [`new`](Self::new), for fused softmax attention: also the counter-based mask where
+    /// the fused kernel of a CubeCL device (`wgpu`) applies it, in place of Burn's layer.
+    pub(crate) fn for_fused_softmax(q: &Tensor<4>, layer: Option<&'a Dropout>) -> Self {
+        match Self::new(q, layer) {
+            Self::Layer(layer) if crate::kernels::cube_kernel_applies(q) => {
+                Self::Mask(DropMask::draw(layer.prob, &q.device()))
+            }
+            other => other,
         }
     }
 

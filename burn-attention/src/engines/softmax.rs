@@ -15,9 +15,9 @@ use crate::kernels;
 /// Softmax attention with optional dropout on the weights. The softmax runs over the keys (the
 /// last axis of the scores); padded keys and, with `causal`, keys `j > i` get [`MASK_FILL`].
 ///
-/// On `flex` (f32), and `tch` on a CPU (f32, no active weight dropout), it runs the fused
-/// operation of the `flash` module, whose backward recomputes the weights tile by tile; on
-/// `flex` the fused kernel applies the weight dropout itself, from a counter-based mask it
+/// On `flex` (f32), `wgpu` (f32) and `tch` on a CPU (f32, no active weight dropout), it runs
+/// the fused operation of the `kernels` module, whose backward recomputes the weights tile by
+/// tile; on `flex` and `wgpu` the fused kernel applies the weight dropout itself, from a counter-based mask it
 /// regenerates in the backward pass ([`dropout`](crate::engines::dropout)), so training with dropout
 /// keeps `O(n)` memory per head. Elsewhere, without autodiff and without a padding mask, Burn's
 /// fused attention operation; otherwise the composed steps, whose backward Burn derives and
@@ -36,7 +36,7 @@ pub fn exact_softmax_attention(
     dropout: Option<&Dropout>,
 ) -> Tensor<4> {
     let scale = 1.0 / (q.dims()[3] as f32).sqrt();
-    let dropout = WeightDropout::new(&q, dropout);
+    let dropout = WeightDropout::for_fused_softmax(&q, dropout);
     if !matches!(dropout, WeightDropout::Layer(_))
         && let Some(out) =
             kernels::try_attention(&q, &k, &v, key_pad.as_ref(), causal, scale, dropout.mask())
@@ -148,19 +148,42 @@ mod tests {
         (a - b).abs().max().into_scalar::<f32>() / scale
     }
 
-    /// The tiled kernel against Burn's composed steps and derived backward, given the same
+    /// The devices with a fused kernel that takes a dropout mask: `flex`, and with `wgpu` the
+    /// default wgpu device (lavapipe where there is no GPU), both under autodiff.
+    fn fused_devices() -> Vec<Device> {
+        #[allow(unused_mut)] // pushed to only with wgpu compiled in
+        let mut devices = vec![Device::flex().autodiff()];
+        #[cfg(feature = "wgpu")]
+        devices.push(Device::wgpu(DeviceKind::DefaultDevice).autodiff());
+        devices
+    }
+
+    /// The tiled kernels against Burn's composed steps and derived backward, given the same
     /// dropout mask: output and the gradients of q, k and v, with padding, causal or neither,
-    /// over several query and key tiles (300 > 128 rows, 300 > 256 keys).
+    /// over several query and key tiles (300 > 128 rows, 300 > 256 keys on flex; 300 > 64 rows
+    /// and keys on CubeCL), with and without dropout, on every device with a fused kernel. The
+    /// third sequence has one real key. (A sequence of padding alone, whose rows are uniform over
+    /// the keys, is left out: the kernels take each weight as `exp(s − lse)` with `s` the mask's
+    /// fill, −10⁴, where f32 keeps about 10⁻³ of `s − lse`, and the key gradient's error reaches
+    /// 6·10⁻⁵ of its largest entry on flex.)
     #[test]
     fn fused_dropout_matches_composed_with_gradients() {
-        let device = Device::flex().autodiff();
-        let (batch, heads, n, d) = (2, 3, 300, 16);
+        for device in fused_devices() {
+            for mask in [Some(DropMask::new(0.2, 5)), None] {
+                fused_matches_composed(&device, mask);
+            }
+        }
+    }
+
+    fn fused_matches_composed(device: &Device, mask: Option<DropMask>) {
+        let device = device.clone();
+        let (batch, heads, n, d) = (3, 3, 300, 16);
         let normal = Distribution::Normal(0.0, 1.0);
         let q = Tensor::<4>::random([batch, heads, n, d], normal, &device);
         let k = Tensor::<4>::random([batch, n, heads, d], normal, &device).swap_dims(1, 2);
         let v = Tensor::<4>::random([batch, heads, n, d], normal, &device);
         let g = Tensor::<4>::random([batch, heads, n, d], normal, &device);
-        let lengths = [n, 211];
+        let lengths = [n, 211, 1];
         let pad = Tensor::<2, Bool>::from_data(
             TensorData::new(
                 (0..batch * n)
@@ -170,16 +193,19 @@ mod tests {
             ),
             &device,
         );
-        let mask = DropMask::new(0.2, 5);
         for (padded, causal) in [(false, false), (true, false), (false, true), (true, true)] {
             let pad = padded.then(|| pad.clone());
             let run = |fused: bool| {
                 let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
                 let scale = 0.25;
                 let out = if fused {
-                    kernels::try_attention(&q, &k, &v, pad.as_ref(), causal, scale, Some(mask))
-                        .expect("flex has the fused kernel")
+                    kernels::try_attention(&q, &k, &v, pad.as_ref(), causal, scale, mask)
+                        .expect("the device has the fused kernel")
                 } else {
+                    let dropout = match mask {
+                        Some(mask) => WeightDropout::Mask(mask),
+                        None => WeightDropout::Off,
+                    };
                     composed_softmax_attention(
                         q.clone(),
                         k.clone(),
@@ -187,7 +213,7 @@ mod tests {
                         pad.clone(),
                         causal,
                         scale,
-                        WeightDropout::Mask(mask),
+                        dropout,
                     )
                 };
                 let grads = (out.clone() * g.clone()).sum().backward();
@@ -203,7 +229,8 @@ mod tests {
                 let diff = max_rel_diff(a, b);
                 assert!(
                     diff < 2e-5,
-                    "{name}: {diff} (padding {padded}, causal {causal})"
+                    "{device:?} {name}: {diff} (padding {padded}, causal {causal}, \
+                     dropout {mask:?})"
                 );
             }
         }

@@ -46,6 +46,18 @@ impl DropMask {
         1.0 - 1.0 / f64::from(self.scale)
     }
 
+    /// The drop threshold: an element is kept when its hash is at least this.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    pub(crate) fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
+    /// The factor of kept elements, `1 / (1 − p)`.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    pub(crate) fn keep_scale(&self) -> f32 {
+        self.scale
+    }
+
     /// A mask with a seed drawn from `device`'s random generator.
     pub(crate) fn draw(prob: f64, device: &Device) -> Self {
         // Four draws of 16 bits each, exact whatever the device's integer type.

@@ -1,7 +1,7 @@
 //! The kernels floor: backend extensions with their own backward passes, behind the engines.
 //!
-//! Fused softmax attention with its own backward pass, for training on `flex` and on `tch` (CPU
-//! and CUDA).
+//! Fused softmax attention with its own backward pass, for training on `flex`, on `tch` (CPU
+//! and CUDA) and on Burn's CubeCL backend (`wgpu`, with or without fusion).
 //!
 //! Burn's fused `attention` operation has no backward of its own: under autodiff Burn derives
 //! one from the composed steps, which stores the `n × n` weights and walks them several times.
@@ -62,6 +62,10 @@ pub(crate) fn try_attention(
     scale: f32,
     dropout: Option<DropMask>,
 ) -> Option<Tensor<4>> {
+    #[cfg(feature = "wgpu")]
+    if let Some(out) = cube_extension::try_attention(q, k, v, mask_pad, causal, scale, dropout) {
+        return Some(out);
+    }
     #[cfg(any(feature = "flex", feature = "tch"))]
     {
         let all_f32 = [q, k, v]
@@ -96,6 +100,20 @@ pub(crate) fn try_attention(
     {
         let _ = (q, k, v, mask_pad, causal, scale, dropout);
         None
+    }
+}
+
+/// Whether [`try_attention`] runs the CubeCL kernels for `q` (a CubeCL device, `f32`), which
+/// take the counter-based dropout mask.
+pub(crate) fn cube_kernel_applies(q: &Tensor<4>) -> bool {
+    #[cfg(feature = "wgpu")]
+    {
+        cube_extension::applies(&q.device()) && q.dtype() == burn::tensor::DType::F32
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = q;
+        false
     }
 }
 
@@ -717,6 +735,12 @@ mod recurrence_extension {
     }
 }
 
+#[cfg(feature = "wgpu")]
+mod cube;
+#[cfg(all(feature = "wgpu", feature = "train"))]
+mod cube_autodiff;
+#[cfg(feature = "wgpu")]
+mod cube_extension;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(all(feature = "flex", feature = "train"))]

@@ -1,0 +1,181 @@
+//! The backend extension behind fused softmax attention on Burn's CubeCL backend (`wgpu`, and
+//! with `wgpu-fused` the same kernels as opaque operations of Burn's fusion), and the entry
+//! point [`try_attention`] calls for CubeCL devices. The kernels are in `cube`, their
+//! autodiff form in `cube_autodiff`.
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, backend_extension};
+use burn::prelude::*;
+
+use super::DropMask;
+
+/// What a call fixes besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CubeFlashParams {
+    /// The factor of the scores, `1 / √d` for softmax attention.
+    pub scale: f32,
+    /// Keys after each query are masked.
+    pub causal: bool,
+    /// Weight dropout is applied (with `threshold` and `keep_scale`, from the row keys).
+    pub dropout: bool,
+    /// A weight is kept when its column hash is at least this.
+    pub threshold: u32,
+    /// The factor of kept weights, `1 / (1 − p)`.
+    pub keep_scale: f32,
+}
+
+/// The backend extension: fused softmax attention whose autodiff form has the kernels' own
+/// backward. Tensors are `[batch, heads, n, d]`; `key_padding` is `[batch, n_k]` (1 = padding);
+/// `row_keys` holds each query row's dropout key as four 16-bit halves (`[rows, 4]`, read only
+/// with dropout).
+#[backend_extension(
+    Cube: cfg(feature = "wgpu"),
+    Fusion: cfg(feature = "wgpu-fused"),
+    Autodiff: cfg(feature = "train")
+)]
+pub trait CubeFlashAttention: Backend {
+    /// The output and each row's log-sum-exp of its scaled, masked scores (`[.., n_q, 1]`).
+    #[fusion(meta = forward_specs)]
+    fn cube_flash_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: FloatTensor<Self>,
+        row_keys: IntTensor<Self>,
+        params: CubeFlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradients of `q`, `k` and `v` from the output's gradient `d_out`, the output and the
+    /// log-sum-exp of the forward pass.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = backward_specs)]
+    fn cube_flash_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        key_padding: FloatTensor<Self>,
+        row_keys: IntTensor<Self>,
+        params: CubeFlashParams,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `dropout(softmax(scale · q kᵀ + masks)) v`: the forward pass's output; under autodiff it
+    /// records the kernels' backward.
+    #[fusion(default)]
+    fn cube_flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: FloatTensor<Self>,
+        row_keys: IntTensor<Self>,
+        params: CubeFlashParams,
+    ) -> FloatTensor<Self> {
+        Self::cube_flash_forward(q, k, v, key_padding, row_keys, params).0
+    }
+}
+
+#[cfg(feature = "wgpu-fused")]
+use burn::backend::fusion::custom::TensorSpec;
+
+/// The output shapes of [`CubeFlashAttention::cube_flash_forward`] under fusion.
+#[cfg(feature = "wgpu-fused")]
+fn forward_specs(
+    q: &TensorSpec,
+    _k: &TensorSpec,
+    v: &TensorSpec,
+    _key_padding: &TensorSpec,
+    _row_keys: &TensorSpec,
+    _params: &CubeFlashParams,
+) -> (TensorSpec, TensorSpec) {
+    let [batch, heads, n_q, _] = q.shape.dims::<4>();
+    let d_v = v.shape.dims::<4>()[3];
+    (
+        TensorSpec::new(burn::backend::Shape::new([batch, heads, n_q, d_v]), q.dtype),
+        TensorSpec::new(burn::backend::Shape::new([batch, heads, n_q, 1]), q.dtype),
+    )
+}
+
+/// The output shapes of [`CubeFlashAttention::cube_flash_backward`] under fusion: those of
+/// `q`, `k` and `v`.
+#[cfg(feature = "wgpu-fused")]
+#[allow(clippy::too_many_arguments)]
+fn backward_specs(
+    q: &TensorSpec,
+    k: &TensorSpec,
+    v: &TensorSpec,
+    _out: &TensorSpec,
+    _lse: &TensorSpec,
+    _d_out: &TensorSpec,
+    _key_padding: &TensorSpec,
+    _row_keys: &TensorSpec,
+    _params: &CubeFlashParams,
+) -> (TensorSpec, TensorSpec, TensorSpec) {
+    (q.clone(), k.clone(), v.clone())
+}
+
+/// Whether `device` is a CubeCL device (or an autodiff device wrapping one) on which the
+/// kernels may run: under autodiff only with their backward (the `train` feature).
+pub(super) fn applies(device: &Device) -> bool {
+    (cfg!(feature = "train") || !device.is_autodiff())
+        && matches!(
+            device.as_dispatch().clone().inner(),
+            burn::backend::DispatchDevice::Cube(_)
+        )
+}
+
+/// Fused softmax attention on a CubeCL device (see [`super::try_attention`]), `None` on any
+/// other device or dtype.
+pub(super) fn try_attention(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    mask_pad: Option<&Tensor<2, Bool>>,
+    causal: bool,
+    scale: f32,
+    dropout: Option<DropMask>,
+) -> Option<Tensor<4>> {
+    let device = q.device();
+    let all_f32 = [q, k, v]
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let [batch, heads, n_q, d] = q.dims();
+    let n_k = k.dims()[2];
+    if !applies(&device) || !all_f32 || n_q == 0 || n_k == 0 || d == 0 || v.dims()[3] == 0 {
+        return None;
+    }
+    let key_padding = match mask_pad {
+        Some(mask) => mask.clone().float(),
+        None => Tensor::<2>::zeros([batch, n_k], &device),
+    };
+    let rows = batch.checked_mul(heads)?.checked_mul(n_q)?;
+    let row_keys = match &dropout {
+        Some(mask) => {
+            let mut halves = Vec::with_capacity(rows.checked_mul(4)?);
+            for row in 0..rows {
+                for word in mask.row_key(row as u64) {
+                    halves.extend([(word >> 16) as i32, (word & 0xFFFF) as i32]);
+                }
+            }
+            Tensor::<2, Int>::from_data(TensorData::new(halves, [rows, 4]), &device)
+        }
+        None => Tensor::<2, Int>::zeros([1, 4], &device),
+    };
+    let params = CubeFlashParams {
+        scale,
+        causal,
+        dropout: dropout.is_some(),
+        threshold: dropout.map_or(0, |mask| mask.threshold()),
+        keep_scale: dropout.map_or(1.0, |mask| mask.keep_scale()),
+    };
+    let out = <burn::backend::Dispatch as CubeFlashAttention>::cube_flash_attention(
+        q.clone().into_dispatch(),
+        k.clone().into_dispatch(),
+        v.clone().into_dispatch(),
+        key_padding.into_dispatch(),
+        row_keys.into_dispatch(),
+        params,
+    );
+    Some(Tensor::from_dispatch(out))
+}
