@@ -85,6 +85,68 @@ fn wgpu_fused_matches_flex() {
     matches_flex(BackendKind::WgpuFused);
 }
 
+/// Softmax attention's fused kernels on a GPU-path backend (on wgpu the crate's CubeCL kernels,
+/// under fusion as opaque operations) against flex's: the output and the gradients of `q`, `k`
+/// and `v` of `Σ G ∘ attention`, on a batch whose second sequence is padded, causal and not, at a
+/// length that spans several tiles of either kernel (300 rows and keys), 1e-4 of the largest
+/// entry.
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+fn softmax_kernels_match_flex(backend: BackendKind) {
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+    use burn_attention_zoo::{padding_mask_from_lengths, softmax_attention};
+    use burn_lra::backend::BackendDevice;
+
+    let (b, h, n, d) = (2, 2, 300, 16);
+    let flex = Device::flex();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let inputs: Vec<TensorData> = (0..4)
+        .map(|_| Tensor::<4>::random([b, h, n, d], normal, &flex).into_data())
+        .collect();
+    let run = |device: Device, causal: bool| {
+        let device = device.autodiff();
+        let [q, k, v, g] = [0, 1, 2, 3].map(|i| Tensor::<4>::from_data(inputs[i].clone(), &device));
+        let [q, k, v] = [q, k, v].map(Tensor::require_grad);
+        let mask = padding_mask_from_lengths(&[n, 170], n, &device);
+        let out = softmax_attention(q.clone(), k.clone(), v.clone(), Some(mask), causal);
+        let grads = (out.clone() * g).sum().backward();
+        [
+            out.inner(),
+            q.grad(&grads).unwrap(),
+            k.grad(&grads).unwrap(),
+            v.grad(&grads).unwrap(),
+        ]
+        .map(|t| t.into_data().iter::<f32>().collect::<Vec<f32>>())
+    };
+    for causal in [false, true] {
+        let want = run(flex.clone(), causal);
+        let got = run(backend.device().unwrap(), causal);
+        for (name, (got, want)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let gap = got
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                gap <= 1e-4 * scale,
+                "{backend} softmax {name}, causal {causal}: {gap} against largest {scale}"
+            );
+        }
+    }
+}
+
+#[cfg(all(feature = "wgpu", not(feature = "wgpu-fused")))]
+#[test]
+fn wgpu_softmax_kernels_match_flex() {
+    softmax_kernels_match_flex(BackendKind::Wgpu);
+}
+
+#[cfg(feature = "wgpu-fused")]
+#[test]
+fn wgpu_fused_softmax_kernels_match_flex() {
+    softmax_kernels_match_flex(BackendKind::WgpuFused);
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_matches_flex() {
