@@ -395,7 +395,8 @@ pub(crate) mod tests {
         Tensor::<1, Bool>::from_data(TensorData::new(flags, [2 * n]), device).reshape([2, n])
     }
 
-    /// The fused recurrence (flex) against the chunked form composed of Burn's operations: the
+    /// The fused recurrence (flex, and with `wgpu` the CubeCL scans on the default wgpu device)
+    /// against the chunked form composed of Burn's operations: the
     /// outputs, the final state and the gradients of queries, keys, values and log-decays of a
     /// loss that reads both, relative 1e-4, on a padded batch; the non-causal form (both
     /// directions) likewise. One decay a position (RetNet's
@@ -404,7 +405,17 @@ pub(crate) mod tests {
     /// 150 positions (across the kernel's checkpoints, not a multiple of the chunk).
     #[test]
     fn fused_recurrence_equals_chunked_form() {
-        let device = Device::flex().autodiff();
+        #[allow(unused_mut)] // pushed to only with wgpu compiled in
+        let mut devices = vec![Device::flex().autodiff()];
+        #[cfg(feature = "wgpu")]
+        devices.push(Device::wgpu(DeviceKind::DefaultDevice).autodiff());
+        for device in devices {
+            fused_recurrence_case(&device);
+        }
+    }
+
+    fn fused_recurrence_case(device: &Device) {
+        let device = device.clone();
         device.seed(11);
         let (n, d_k, d_v) = (150, 16, 17);
         let mask = Some(padding(n, &device));
@@ -452,7 +463,7 @@ pub(crate) mod tests {
                     a,
                     b,
                     1e-4,
-                    &format!("width {width}, causal {causal}, {what}"),
+                    &format!("{device:?} width {width}, causal {causal}, {what}"),
                 );
             }
         }

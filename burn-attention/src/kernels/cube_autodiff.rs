@@ -9,7 +9,8 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, AutodiffBackend};
 
-use super::cube_extension::{CubeFlashAttention, CubeFlashParams};
+use super::RecurrenceForm;
+use super::cube_extension::{CubeFlashAttention, CubeFlashParams, CubeRecurrence};
 
 /// What the backward pass keeps: the inputs, the output and its log-sum-exp, the masks.
 #[derive(Debug, Clone)]
@@ -155,6 +156,135 @@ impl<B: CubeFlashAttention, C: CheckpointStrategy> CubeFlashAttention for Autodi
                 )
                 .0,
             ),
+        }
+    }
+}
+
+/// What the recurrence's backward keeps: the inputs and the joint output (its final state
+/// enters the log-decays' gradient).
+#[derive(Debug, Clone)]
+struct SavedRecurrence<B: CubeRecurrence> {
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    log_decay: FloatTensor<B>,
+    joint: FloatTensor<B>,
+    form: RecurrenceForm,
+}
+
+#[derive(Debug)]
+struct CubeRecurrenceBackward;
+
+impl<B: CubeRecurrence> Backward<B, 4> for CubeRecurrenceBackward {
+    type State = SavedRecurrence<B>;
+
+    fn backward(
+        self,
+        ops: Ops<SavedRecurrence<B>, 4>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let d_joint = grads.consume::<B>(&ops.node);
+        let s = ops.state;
+        let (dq, dk, dv, dg) =
+            B::cube_decayed_backward(s.q, s.k, s.v, s.log_decay, s.joint, d_joint, s.form);
+        for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv, dg]) {
+            if let Some(parent) = parent {
+                grads.register::<B>(parent.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: CubeRecurrence, C: CheckpointStrategy> CubeRecurrence for Autodiff<B, C> {
+    /// Untracked: the output is a constant of the graph (the tracked form is
+    /// [`cube_decayed_recurrence`](CubeRecurrence::cube_decayed_recurrence)).
+    fn cube_decayed_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::cube_decayed_forward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            log_decay.into_primitive(),
+            form,
+        ))
+    }
+
+    /// Untracked, as [`cube_decayed_forward`](CubeRecurrence::cube_decayed_forward).
+    fn cube_decayed_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        joint: FloatTensor<Self>,
+        d_joint: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (dq, dk, dv, dg) = B::cube_decayed_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            log_decay.into_primitive(),
+            joint.into_primitive(),
+            d_joint.into_primitive(),
+            form,
+        );
+        (
+            Self::from_inner(dq),
+            Self::from_inner(dk),
+            Self::from_inner(dv),
+            Self::from_inner(dg),
+        )
+    }
+
+    fn cube_decayed_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        match CubeRecurrenceBackward
+            .prepare::<C>([q.node(), k.node(), v.node(), log_decay.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let [q, k, v, log_decay] = [&q, &k, &v, &log_decay].map(|t| t.primitive().clone());
+                let joint = B::cube_decayed_forward(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    log_decay.clone(),
+                    form,
+                );
+                let saved = SavedRecurrence {
+                    q,
+                    k,
+                    v,
+                    log_decay,
+                    joint: joint.clone(),
+                    form,
+                };
+                prep.finish(saved, joint)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::cube_decayed_forward(
+                q.into_primitive(),
+                k.into_primitive(),
+                v.into_primitive(),
+                log_decay.into_primitive(),
+                form,
+            )),
         }
     }
 }

@@ -7,7 +7,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, backend_extension};
 use burn::prelude::*;
 
-use super::DropMask;
+use super::{DropMask, RecurrenceForm};
 
 /// What a call fixes besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -178,4 +178,115 @@ pub(super) fn try_attention(
         params,
     );
     Some(Tensor::from_dispatch(out))
+}
+
+/// The backend extension: the decaying core's recurrence (`kernels/cube_recurrence.rs`) whose
+/// autodiff form has the kernels' own backward. Tensors are `[batch, heads, n, d]`, `log_decay`
+/// of width 1 or `d_k`; the output is the outputs then, with `form.with_state`, the final state
+/// (`[batch, heads, n + d_k, d_v]`), as on `flex`.
+#[backend_extension(
+    Cube: cfg(feature = "wgpu"),
+    Fusion: cfg(feature = "wgpu-fused"),
+    Autodiff: cfg(feature = "train")
+)]
+pub trait CubeRecurrence: Backend {
+    /// The recurrence's outputs (and final state).
+    #[fusion(meta = recurrence_specs)]
+    fn cube_decayed_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self>;
+
+    /// The gradients of `q`, `k`, `v` and `log_decay` from the joint output's gradient.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = recurrence_grad_specs)]
+    fn cube_decayed_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        joint: FloatTensor<Self>,
+        d_joint: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
+    /// The forward pass's output; under autodiff it records the kernels' backward.
+    #[fusion(default)]
+    fn cube_decayed_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        Self::cube_decayed_forward(q, k, v, log_decay, form)
+    }
+}
+
+/// The output shape of [`CubeRecurrence::cube_decayed_forward`] under fusion.
+#[cfg(feature = "wgpu-fused")]
+fn recurrence_specs(
+    q: &TensorSpec,
+    _k: &TensorSpec,
+    v: &TensorSpec,
+    _log_decay: &TensorSpec,
+    form: &RecurrenceForm,
+) -> TensorSpec {
+    let [batch, heads, n, d_k] = q.shape.dims::<4>();
+    let rows = n + if form.with_state { d_k } else { 0 };
+    let d_v = v.shape.dims::<4>()[3];
+    TensorSpec::new(
+        burn::backend::Shape::new([batch, heads, rows, d_v]),
+        q.dtype,
+    )
+}
+
+/// The output shapes of [`CubeRecurrence::cube_decayed_backward`] under fusion: those of the
+/// inputs.
+#[cfg(feature = "wgpu-fused")]
+#[allow(clippy::too_many_arguments)]
+fn recurrence_grad_specs(
+    q: &TensorSpec,
+    k: &TensorSpec,
+    v: &TensorSpec,
+    log_decay: &TensorSpec,
+    _joint: &TensorSpec,
+    _d_joint: &TensorSpec,
+    _form: &RecurrenceForm,
+) -> (TensorSpec, TensorSpec, TensorSpec, TensorSpec) {
+    (q.clone(), k.clone(), v.clone(), log_decay.clone())
+}
+
+/// The decaying core's recurrence on a CubeCL device (see [`super::try_decayed_recurrence`]):
+/// the joint output, `None` on any other device or dtype.
+pub(super) fn try_decayed_recurrence(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    log_decay: &Tensor<4>,
+    form: RecurrenceForm,
+) -> Option<Tensor<4>> {
+    let all_f32 = [q, k, v, log_decay]
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let [_, _, n, d_k] = q.dims();
+    if !applies(&q.device()) || !all_f32 || n == 0 || d_k == 0 || v.dims()[3] == 0 {
+        return None;
+    }
+    let joint = <burn::backend::Dispatch as CubeRecurrence>::cube_decayed_recurrence(
+        q.clone().into_dispatch(),
+        k.clone().into_dispatch(),
+        v.clone().into_dispatch(),
+        log_decay.clone().into_dispatch(),
+        form,
+    );
+    Some(Tensor::from_dispatch(joint))
 }

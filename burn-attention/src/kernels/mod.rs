@@ -163,7 +163,8 @@ pub(crate) fn try_gathered_attention(
 }
 
 /// The decaying core's causal recurrence (see [`crate::engines::decay`]) on `flex` (`f32`), token
-/// by token with its own backward ([`recurrence`]): the outputs `[batch, heads, n, d_v]` and the
+/// by token with its own backward ([`recurrence`]), and on CubeCL devices (`wgpu`, `f32`; the
+/// scans of `cube_recurrence`): the outputs `[batch, heads, n, d_v]` and the
 /// state after the last position `[batch, heads, d_k, d_v]`, both differentiable; `None`
 /// elsewhere (the caller runs the chunked form).
 ///
@@ -178,6 +179,10 @@ pub(crate) fn try_decayed_recurrence(
     log_decay: &Tensor<4>,
     form: RecurrenceForm,
 ) -> Option<(Tensor<4>, Option<Tensor<4>>)> {
+    #[cfg(feature = "wgpu")]
+    if let Some(joint) = cube_extension::try_decayed_recurrence(q, k, v, log_decay, form) {
+        return Some(split_joint(joint, q.dims()[2], form));
+    }
     #[cfg(feature = "flex")]
     if recurrence_applies([q, k, v, log_decay]) {
         let joint = <burn::backend::Dispatch as LinearRecurrence>::decayed_recurrence(
@@ -262,7 +267,7 @@ impl RecurrenceForm {
 
 /// The recurrence's joint output as its outputs (the first `n` rows) and, where `form` asked
 /// for it, its final state (the last `d_k`).
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "wgpu"))]
 fn split_joint(joint: Tensor<4>, n: usize, form: RecurrenceForm) -> (Tensor<4>, Option<Tensor<4>>) {
     if !form.with_state {
         return (joint, None);
@@ -741,6 +746,8 @@ mod cube;
 mod cube_autodiff;
 #[cfg(feature = "wgpu")]
 mod cube_extension;
+#[cfg(feature = "wgpu")]
+mod cube_recurrence;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(all(feature = "flex", feature = "train"))]

@@ -1,0 +1,458 @@
+//! The decaying core's recurrence on Burn's CubeCL backend (`wgpu`), forward and backward:
+//! `S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ`, `α_t = exp(g_t)` (one decay a position or one per key
+//! channel), `o_t = S_tᵀ q_t`, from a zero state, in either direction, optionally with the final
+//! state after the outputs (the layout of the `flex` kernel, `kernels/recurrence.rs`).
+//!
+//! Each kernel is one scan over the positions in which every thread owns a row or a column of
+//! the state (or of its gradient) and needs nothing from the others, so no thread waits:
+//! - forward, a thread per value column `c`: `S[:, c]`, and `o_t[c] = Σ_i q_t[i] S[i, c]`;
+//! - `dq`, a thread per key row `i`, the same scan: `dq_t[i] = Σ_c S_t[i, c] do_t[c]`;
+//! - `dk`, a thread per key row, from the other end: `dS += q_t do_tᵀ`, `dk_t = dS v_t`, then
+//!   `dS ← Diag(α_t) dS`;
+//! - `dv`, a thread per value column, the same reverse scan: `dv_t = dSᵀ k_t`;
+//! - the log-decays' gradient, a thread per decay channel: with `b_t = Σ_{u ≤ t} g_u`, each
+//!   weight `exp(b_s − b_r)` makes `∂L/∂b_t = q_t ∘ dq_t − k_t ∘ dk_t` (plus the final state's
+//!   `Σ_c dS_fin ∘ S_fin` at the last position), and `dg_t` sums that over the positions from
+//!   `t` on (over the channels too with one decay a position). The states never need to be
+//!   walked backwards or kept.
+//!
+//! Plain scalar loops: a scan a sequence per workgroup column, not the chunked form that wants
+//! a GPU's matrix units; its speed on a GPU is not measured.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::wgpu::{CubeBackend, CubeTensor};
+use burn::backend::{Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use cubecl::prelude::*;
+
+use super::RecurrenceForm;
+use super::cube_extension::CubeRecurrence;
+
+/// Threads a workgroup: lanes (rows or columns of the state) of one sequence.
+const LANES: u32 = 32;
+
+/// The position of step `s` of `n`: from the first, or from the last with `reverse`.
+#[cube]
+fn position(s: usize, n: usize, #[comptime] reverse: bool) -> usize {
+    let mut t = s;
+    if reverse {
+        t = n - 1 - s;
+    }
+    t
+}
+
+/// `α_t` of key channel `i` at row `t` of sequence `m`: `exp(g)`, one `g` a position or per
+/// channel.
+#[cube]
+fn decay<F: Float>(
+    g: &Tensor<F>,
+    m: usize,
+    t: usize,
+    i: usize,
+    n: usize,
+    #[comptime] d_k: usize,
+    #[comptime] per_channel: bool,
+) -> F {
+    let mut at = (m * n + t) * d_k + i;
+    if !per_channel {
+        at = m * n + t;
+    }
+    g[at].exp()
+}
+
+/// The forward scan, a thread per value column: the outputs, then the final state.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    joint: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] per_channel: bool,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let c = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if c >= d_v {
+        terminate!();
+    }
+    let rows = joint.shape(2);
+    let mut state = Array::<F>::new(d_k);
+    for i in 0..d_k {
+        state[i] = F::new(0.0);
+    }
+    for s in 0..n {
+        let t = position(s, n, reverse);
+        let row = m * n + t;
+        let value = v[row * d_v + c];
+        let mut out = F::new(0.0);
+        for i in 0..d_k {
+            let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+            state[i] = a * state[i] + k[row * d_k + i] * value;
+            out += q[row * d_k + i] * state[i];
+        }
+        joint[(m * rows + t) * d_v + c] = out;
+    }
+    if with_state {
+        for i in 0..d_k {
+            joint[(m * rows + n + i) * d_v + c] = state[i];
+        }
+    }
+}
+
+/// `dq`, a thread per key row: the forward scan of the state's rows.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn query_grad_kernel<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    d_joint: &Tensor<F>,
+    dq: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] per_channel: bool,
+    #[comptime] reverse: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = k.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if i >= d_k {
+        terminate!();
+    }
+    let rows = d_joint.shape(2);
+    let mut state = Array::<F>::new(d_v);
+    for c in 0..d_v {
+        state[c] = F::new(0.0);
+    }
+    for s in 0..n {
+        let t = position(s, n, reverse);
+        let row = m * n + t;
+        let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+        let key = k[row * d_k + i];
+        let mut grad = F::new(0.0);
+        for c in 0..d_v {
+            state[c] = a * state[c] + key * v[row * d_v + c];
+            grad += state[c] * d_joint[(m * rows + t) * d_v + c];
+        }
+        dq[row * d_k + i] = grad;
+    }
+}
+
+/// `dk`, a thread per key row: the reverse scan of the state gradient's rows.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn key_grad_kernel<F: Float>(
+    q: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    d_joint: &Tensor<F>,
+    dk: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] per_channel: bool,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if i >= d_k {
+        terminate!();
+    }
+    let rows = d_joint.shape(2);
+    let mut grad_state = Array::<F>::new(d_v);
+    for c in 0..d_v {
+        grad_state[c] = F::new(0.0);
+        if with_state {
+            grad_state[c] = d_joint[(m * rows + n + i) * d_v + c];
+        }
+    }
+    for s in 0..n {
+        let t = position(n - 1 - s, n, reverse);
+        let row = m * n + t;
+        let query = q[row * d_k + i];
+        let mut grad = F::new(0.0);
+        for c in 0..d_v {
+            grad_state[c] += query * d_joint[(m * rows + t) * d_v + c];
+            grad += grad_state[c] * v[row * d_v + c];
+        }
+        dk[row * d_k + i] = grad;
+        let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+        for c in 0..d_v {
+            grad_state[c] *= a;
+        }
+    }
+}
+
+/// `dv`, a thread per value column: the reverse scan of the state gradient's columns.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn value_grad_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    g: &Tensor<F>,
+    d_joint: &Tensor<F>,
+    dv: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] per_channel: bool,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let c = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if c >= d_v {
+        terminate!();
+    }
+    let rows = d_joint.shape(2);
+    let mut grad_state = Array::<F>::new(d_k);
+    for i in 0..d_k {
+        grad_state[i] = F::new(0.0);
+        if with_state {
+            grad_state[i] = d_joint[(m * rows + n + i) * d_v + c];
+        }
+    }
+    for s in 0..n {
+        let t = position(n - 1 - s, n, reverse);
+        let row = m * n + t;
+        let grad_out = d_joint[(m * rows + t) * d_v + c];
+        let mut grad = F::new(0.0);
+        for i in 0..d_k {
+            grad_state[i] += q[row * d_k + i] * grad_out;
+            grad += grad_state[i] * k[row * d_k + i];
+            grad_state[i] *= decay::<F>(g, m, t, i, n, d_k, per_channel);
+        }
+        dv[row * d_v + c] = grad;
+    }
+}
+
+/// The log-decays' gradient, a thread per decay channel (one with a decay a position): the sum
+/// of `q ∘ dq − k ∘ dk` from each position to the end of the scan.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn decay_grad_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    dq: &Tensor<F>,
+    dk: &Tensor<F>,
+    joint: &Tensor<F>,
+    d_joint: &Tensor<F>,
+    dg: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] per_channel: bool,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let lane = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let channels = comptime!(if per_channel { d_k } else { 1usize });
+    let count = comptime!(if per_channel { 1usize } else { d_k });
+    if lane >= channels {
+        terminate!();
+    }
+    let mut first = 0usize;
+    if per_channel {
+        first = lane;
+    }
+    let rows = joint.shape(2);
+    // The final state's term enters at the scan's last position.
+    let mut acc = F::new(0.0);
+    if with_state {
+        for i in first..first + count {
+            for c in 0..d_v {
+                let at = (m * rows + n + i) * d_v + c;
+                acc += d_joint[at] * joint[at];
+            }
+        }
+    }
+    for s in 0..n {
+        let t = position(n - 1 - s, n, reverse);
+        let row = m * n + t;
+        for i in first..first + count {
+            let at = row * d_k + i;
+            acc += q[at] * dq[at] - k[at] * dk[at];
+        }
+        dg[row * channels + lane] = acc;
+    }
+}
+
+/// Sizes of one call, from `q` `[batch, heads, n, d_k]`, `v` and `g`.
+struct Dims {
+    batch: usize,
+    heads: usize,
+    n: usize,
+    d_k: usize,
+    d_v: usize,
+    per_channel: bool,
+}
+
+impl Dims {
+    fn of(q: &CubeTensor, v: &CubeTensor, g: &CubeTensor) -> Self {
+        let [batch, heads, n, d_k] = q.shape().dims::<4>();
+        Self {
+            batch,
+            heads,
+            n,
+            d_k,
+            d_v: v.shape().dims::<4>()[3],
+            per_channel: g.shape().dims::<4>()[3] != 1,
+        }
+    }
+
+    /// Workgroups for `lanes` threads a sequence.
+    fn grid(&self, lanes: usize) -> (CubeCount, CubeDim) {
+        (
+            CubeCount::Static(
+                lanes.div_ceil(LANES as usize).max(1) as u32,
+                (self.batch * self.heads) as u32,
+                1,
+            ),
+            CubeDim::new_1d(LANES),
+        )
+    }
+}
+
+fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
+    empty_device_dtype(like.client.clone(), like.device.clone(), shape, like.dtype)
+}
+
+impl CubeRecurrence for CubeBackend {
+    fn cube_decayed_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        log_decay: CubeTensor,
+        form: RecurrenceForm,
+    ) -> CubeTensor {
+        let [q, k, v, g] = [q, k, v, log_decay].map(into_contiguous);
+        let dims = Dims::of(&q, &v, &g);
+        let rows = dims.n + if form.with_state { dims.d_k } else { 0 };
+        let joint = empty_like(&q, Shape::new([dims.batch, dims.heads, rows, dims.d_v]));
+        let (count, cube_dim) = dims.grid(dims.d_v);
+        forward_kernel::launch(
+            &q.client.clone(),
+            count,
+            cube_dim,
+            q.clone().into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            g.into_tensor_arg(),
+            joint.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            dims.per_channel,
+            form.reverse,
+            form.with_state,
+            dtype_to_storage_type(q.dtype),
+        );
+        joint
+    }
+
+    fn cube_decayed_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        log_decay: CubeTensor,
+        joint: CubeTensor,
+        d_joint: CubeTensor,
+        form: RecurrenceForm,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let [q, k, v, g, joint, d_joint] =
+            [q, k, v, log_decay, joint, d_joint].map(into_contiguous);
+        let dims = Dims::of(&q, &v, &g);
+        let (dq, dk, dv, dg) = (
+            empty_like(&q, q.shape()),
+            empty_like(&k, k.shape()),
+            empty_like(&v, v.shape()),
+            empty_like(&g, g.shape()),
+        );
+        let client = q.client.clone();
+        let dtype = dtype_to_storage_type(q.dtype);
+        let (count, cube_dim) = dims.grid(dims.d_k);
+        query_grad_kernel::launch(
+            &client,
+            count,
+            cube_dim,
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            d_joint.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            dims.per_channel,
+            form.reverse,
+            dtype,
+        );
+        let (count, cube_dim) = dims.grid(dims.d_k);
+        key_grad_kernel::launch(
+            &client,
+            count,
+            cube_dim,
+            q.clone().into_tensor_arg(),
+            v.into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            d_joint.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            dims.per_channel,
+            form.reverse,
+            form.with_state,
+            dtype,
+        );
+        let (count, cube_dim) = dims.grid(dims.d_v);
+        value_grad_kernel::launch(
+            &client,
+            count,
+            cube_dim,
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            g.into_tensor_arg(),
+            d_joint.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            dims.per_channel,
+            form.reverse,
+            form.with_state,
+            dtype,
+        );
+        let channels = if dims.per_channel { dims.d_k } else { 1 };
+        let (count, cube_dim) = dims.grid(channels);
+        decay_grad_kernel::launch(
+            &client,
+            count,
+            cube_dim,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            joint.into_tensor_arg(),
+            d_joint.into_tensor_arg(),
+            dg.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            dims.per_channel,
+            form.reverse,
+            form.with_state,
+            dtype,
+        );
+        (dq, dk, dv, dg)
+    }
+}
