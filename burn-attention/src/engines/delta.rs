@@ -353,14 +353,25 @@ mod tests {
 
     use crate::engines::decay::tests::{assert_close, padding};
 
-    /// The fused delta rule (flex) against the chunked WY form composed of Burn's operations:
+    /// The fused delta rule (flex, and with `wgpu` the CubeCL scans) against the chunked WY form
+    /// composed of Burn's operations:
     /// outputs, final state and the gradients of queries, keys, values, writing strengths and
     /// log-decays, relative 1e-4, on a padded batch masked as the variants mask it. Unit-length
     /// keys, strengths in (0, 1), without decay (DeltaNet) and with decays down to `e^{-4}` a step
     /// (Gated DeltaNet), 150 positions; causal and not (both directions).
     #[test]
     fn fused_delta_rule_equals_chunked_form() {
-        let device = Device::flex().autodiff();
+        #[allow(unused_mut)] // pushed to only with wgpu compiled in
+        let mut devices = vec![Device::flex().autodiff()];
+        #[cfg(feature = "wgpu")]
+        devices.push(Device::wgpu(DeviceKind::DefaultDevice).autodiff());
+        for device in devices {
+            fused_delta_rule_case(&device);
+        }
+    }
+
+    fn fused_delta_rule_case(device: &Device) {
+        let device = device.clone();
         device.seed(12);
         let (n, d_k, d_v) = (150, 16, 16);
         let mask = padding(n, &device).reshape([2, 1, n, 1]);
@@ -415,7 +426,7 @@ mod tests {
                     a,
                     b,
                     1e-4,
-                    &format!("gated {gated}, causal {causal}, {what}"),
+                    &format!("{device:?} gated {gated}, causal {causal}, {what}"),
                 );
             }
         }

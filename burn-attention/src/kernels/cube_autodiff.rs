@@ -10,7 +10,9 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, AutodiffBackend};
 
 use super::RecurrenceForm;
-use super::cube_extension::{CubeFlashAttention, CubeFlashParams, CubeRecurrence};
+use super::cube_extension::{
+    CubeDeltaRule, CubeFlashAttention, CubeFlashParams, CubeRecurrence, DeltaGrads,
+};
 
 /// What the backward pass keeps: the inputs, the output and its log-sum-exp, the masks.
 #[derive(Debug, Clone)]
@@ -285,6 +287,147 @@ impl<B: CubeRecurrence, C: CheckpointStrategy> CubeRecurrence for Autodiff<B, C>
                 log_decay.into_primitive(),
                 form,
             )),
+        }
+    }
+}
+
+/// What the delta rule's backward keeps: the inputs and the states it re-runs from.
+#[derive(Debug, Clone)]
+struct SavedDeltaRule<B: CubeDeltaRule> {
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    log_decay: FloatTensor<B>,
+    checkpoints: FloatTensor<B>,
+    form: RecurrenceForm,
+}
+
+#[derive(Debug)]
+struct CubeDeltaBackward;
+
+impl<B: CubeDeltaRule> Backward<B, 5> for CubeDeltaBackward {
+    type State = SavedDeltaRule<B>;
+
+    fn backward(self, ops: Ops<SavedDeltaRule<B>, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_joint = grads.consume::<B>(&ops.node);
+        let s = ops.state;
+        let (dq, dk, dv, d_beta, dg) = B::cube_delta_backward(
+            s.q,
+            s.k,
+            s.v,
+            s.beta,
+            s.log_decay,
+            s.checkpoints,
+            d_joint,
+            s.form,
+        );
+        for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv, d_beta, dg]) {
+            if let Some(parent) = parent {
+                grads.register::<B>(parent.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: CubeDeltaRule, C: CheckpointStrategy> CubeDeltaRule for Autodiff<B, C> {
+    /// Untracked: the outputs are constants of the graph (the tracked form is
+    /// [`cube_delta_recurrence`](CubeDeltaRule::cube_delta_recurrence)).
+    fn cube_delta_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (joint, checkpoints) = B::cube_delta_forward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            beta.into_primitive(),
+            log_decay.into_primitive(),
+            form,
+        );
+        (Self::from_inner(joint), Self::from_inner(checkpoints))
+    }
+
+    /// Untracked, as [`cube_delta_forward`](CubeDeltaRule::cube_delta_forward).
+    fn cube_delta_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        checkpoints: FloatTensor<Self>,
+        d_joint: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> DeltaGrads<Self> {
+        let (dq, dk, dv, d_beta, dg) = B::cube_delta_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            beta.into_primitive(),
+            log_decay.into_primitive(),
+            checkpoints.into_primitive(),
+            d_joint.into_primitive(),
+            form,
+        );
+        (
+            Self::from_inner(dq),
+            Self::from_inner(dk),
+            Self::from_inner(dv),
+            Self::from_inner(d_beta),
+            Self::from_inner(dg),
+        )
+    }
+
+    fn cube_delta_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        match CubeDeltaBackward
+            .prepare::<C>([q.node(), k.node(), v.node(), beta.node(), log_decay.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let [q, k, v, beta, log_decay] =
+                    [&q, &k, &v, &beta, &log_decay].map(|t| t.primitive().clone());
+                let (joint, checkpoints) = B::cube_delta_forward(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    beta.clone(),
+                    log_decay.clone(),
+                    form,
+                );
+                let saved = SavedDeltaRule {
+                    q,
+                    k,
+                    v,
+                    beta,
+                    log_decay,
+                    checkpoints,
+                    form,
+                };
+                prep.finish(saved, joint)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                B::cube_delta_forward(
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    beta.into_primitive(),
+                    log_decay.into_primitive(),
+                    form,
+                )
+                .0,
+            ),
         }
     }
 }

@@ -290,3 +290,149 @@ pub(super) fn try_decayed_recurrence(
     );
     Some(Tensor::from_dispatch(joint))
 }
+
+/// The gradients of the delta rule's inputs: `q`, `k`, `v`, `β` and the log-decays (the
+/// extension's signature spells the tuple out, which its macro needs).
+pub type DeltaGrads<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+);
+
+/// The backend extension: the delta-rule core's recurrence (`kernels/cube_recurrence.rs`) whose
+/// autodiff form has the kernels' own backward. Tensors are `[batch, heads, n, d]`, `beta` and
+/// `log_decay` of width 1; the output as [`CubeRecurrence`]'s.
+#[backend_extension(
+    Cube: cfg(feature = "wgpu"),
+    Fusion: cfg(feature = "wgpu-fused"),
+    Autodiff: cfg(feature = "train")
+)]
+pub trait CubeDeltaRule: Backend {
+    /// The recurrence's outputs (and final state), and the states its backward re-runs from
+    /// (`[batch · heads, ⌈n / 32⌉, d_k, d_v]`).
+    #[fusion(meta = delta_specs)]
+    fn cube_delta_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradients of `q`, `k`, `v`, `beta` and `log_decay` from the joint output's gradient.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[fusion(meta = delta_grad_specs)]
+    fn cube_delta_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        checkpoints: FloatTensor<Self>,
+        d_joint: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
+    /// The forward pass's output; under autodiff it records the kernels' backward.
+    #[fusion(default)]
+    fn cube_delta_recurrence(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        log_decay: FloatTensor<Self>,
+        form: RecurrenceForm,
+    ) -> FloatTensor<Self> {
+        Self::cube_delta_forward(q, k, v, beta, log_decay, form).0
+    }
+}
+
+/// The output shapes of [`CubeDeltaRule::cube_delta_forward`] under fusion.
+#[cfg(feature = "wgpu-fused")]
+fn delta_specs(
+    q: &TensorSpec,
+    k: &TensorSpec,
+    v: &TensorSpec,
+    _beta: &TensorSpec,
+    log_decay: &TensorSpec,
+    form: &RecurrenceForm,
+) -> (TensorSpec, TensorSpec) {
+    let [batch, heads, n, d_k] = q.shape.dims::<4>();
+    let d_v = v.shape.dims::<4>()[3];
+    let stretches = n.div_ceil(super::cube_recurrence::DELTA_CHECKPOINT);
+    (
+        recurrence_specs(q, k, v, log_decay, form),
+        TensorSpec::new(
+            burn::backend::Shape::new([batch * heads, stretches, d_k, d_v]),
+            q.dtype,
+        ),
+    )
+}
+
+/// The output shapes of [`CubeDeltaRule::cube_delta_backward`] under fusion: those of the
+/// inputs.
+#[cfg(feature = "wgpu-fused")]
+#[allow(clippy::too_many_arguments)]
+fn delta_grad_specs(
+    q: &TensorSpec,
+    k: &TensorSpec,
+    v: &TensorSpec,
+    beta: &TensorSpec,
+    log_decay: &TensorSpec,
+    _checkpoints: &TensorSpec,
+    _d_joint: &TensorSpec,
+    _form: &RecurrenceForm,
+) -> (TensorSpec, TensorSpec, TensorSpec, TensorSpec, TensorSpec) {
+    (
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        beta.clone(),
+        log_decay.clone(),
+    )
+}
+
+/// The delta-rule core's recurrence on a CubeCL device (see [`super::try_delta_recurrence`]): the
+/// joint output, `None` on any other device or dtype, or with heads too large for the
+/// backward's workgroup.
+pub(super) fn try_delta_recurrence(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    beta: &Tensor<4>,
+    log_decay: &Tensor<4>,
+    form: RecurrenceForm,
+) -> Option<Tensor<4>> {
+    let all_f32 = [q, k, v, beta, log_decay]
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let [_, _, n, d_k] = q.dims();
+    let d_v = v.dims()[3];
+    if !applies(&q.device())
+        || !all_f32
+        || n == 0
+        || d_k == 0
+        || d_v == 0
+        || !super::cube_recurrence::delta_fits(d_k, d_v)
+    {
+        return None;
+    }
+    let joint = <burn::backend::Dispatch as CubeDeltaRule>::cube_delta_recurrence(
+        q.clone().into_dispatch(),
+        k.clone().into_dispatch(),
+        v.clone().into_dispatch(),
+        beta.clone().into_dispatch(),
+        log_decay.clone().into_dispatch(),
+        form,
+    );
+    Some(Tensor::from_dispatch(joint))
+}

@@ -27,7 +27,7 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use cubecl::prelude::*;
 
 use super::RecurrenceForm;
-use super::cube_extension::CubeRecurrence;
+use super::cube_extension::{CubeDeltaRule, CubeRecurrence};
 
 /// Threads a workgroup: lanes (rows or columns of the state) of one sequence.
 const LANES: u32 = 32;
@@ -454,5 +454,349 @@ impl CubeRecurrence for CubeBackend {
             dtype,
         );
         (dq, dk, dv, dg)
+    }
+}
+
+/// Positions between the delta rule's checkpoints of the state (its backward re-runs each
+/// stretch from one).
+pub(super) const DELTA_CHECKPOINT: usize = 32;
+
+/// The largest shared buffer of the delta rule's backward, in 32-bit words (16 KiB).
+const DELTA_SHARED_WORDS: usize = 4096;
+
+/// Whether the delta rule's backward takes heads of these sizes: a workgroup of `d_v` threads
+/// and `d_k · d_v + 2 d_v` words of shared memory.
+pub(super) fn delta_fits(d_k: usize, d_v: usize) -> bool {
+    d_v <= 256 && d_k * d_v + 2 * d_v <= DELTA_SHARED_WORDS
+}
+
+/// One step of the delta rule on column `c` of the state: `S ← α S + k (β (v − α Sᵀ k))ᵀ`.
+/// Returns `r = v − α Sᵀ k` at this column (`state` holds `S_{t−1}` on entry, `S_t` on exit).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn delta_step<F: Float>(
+    state: &mut Array<F>,
+    k: &Tensor<F>,
+    value: F,
+    beta: F,
+    alpha: F,
+    key_at: usize,
+    #[comptime] d_k: usize,
+) -> F {
+    let mut predicted = F::new(0.0);
+    for i in 0..d_k {
+        state[i] = alpha * state[i];
+        predicted += state[i] * k[key_at + i];
+    }
+    let r = value - predicted;
+    let u = beta * r;
+    for i in 0..d_k {
+        state[i] += k[key_at + i] * u;
+    }
+    r
+}
+
+/// The delta rule's forward scan, a thread per value column: the outputs, the final state, and
+/// the state before every [`DELTA_CHECKPOINT`]-th step for the backward.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn delta_forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    beta: &Tensor<F>,
+    g: &Tensor<F>,
+    joint: &mut Tensor<F>,
+    checkpoints: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let c = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if c >= d_v {
+        terminate!();
+    }
+    let rows = joint.shape(2);
+    let stretches = checkpoints.shape(1);
+    let mut state = Array::<F>::new(d_k);
+    for i in 0..d_k {
+        state[i] = F::new(0.0);
+    }
+    for s in 0..n {
+        if s % DELTA_CHECKPOINT == 0 {
+            let base = (m * stretches + s / DELTA_CHECKPOINT) * d_k;
+            for i in 0..d_k {
+                checkpoints[(base + i) * d_v + c] = state[i];
+            }
+        }
+        let t = position(s, n, reverse);
+        let row = m * n + t;
+        let alpha = g[row].exp();
+        let _r = delta_step::<F>(
+            &mut state,
+            k,
+            v[row * d_v + c],
+            beta[row],
+            alpha,
+            row * d_k,
+            d_k,
+        );
+        let mut out = F::new(0.0);
+        for i in 0..d_k {
+            out += q[row * d_k + i] * state[i];
+        }
+        joint[(m * rows + t) * d_v + c] = out;
+    }
+    if with_state {
+        for i in 0..d_k {
+            joint[(m * rows + n + i) * d_v + c] = state[i];
+        }
+    }
+}
+
+/// Sums `partial` (`lanes × d_v`, row `i` the threads' contributions to entry `i`) over the
+/// threads into `out[at + i]`, one row a thread at a time; the workgroup waits before
+/// and after.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn reduce_rows<F: Float>(
+    partial: &Shared<[F]>,
+    out: &mut Tensor<F>,
+    at: usize,
+    c: usize,
+    #[comptime] lanes: usize,
+    #[comptime] d_v: usize,
+) {
+    sync_cube();
+    let mut i = c;
+    while i < lanes {
+        let mut sum = F::new(0.0);
+        for j in 0..d_v {
+            sum += partial[i * d_v + j];
+        }
+        out[at + i] = sum;
+        i += d_v;
+    }
+    sync_cube();
+}
+
+/// The delta rule's backward, a workgroup a sequence, a thread per value column: each stretch
+/// between checkpoints is re-run forward into `scratch` (the states before each step), then
+/// walked backwards; the sums over columns (`dq`, `dk`, `dβ`, `dg`) go through shared memory.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn delta_backward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    beta: &Tensor<F>,
+    g: &Tensor<F>,
+    checkpoints: &Tensor<F>,
+    d_joint: &Tensor<F>,
+    scratch: &mut Tensor<F>,
+    dq: &mut Tensor<F>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    d_beta: &mut Tensor<F>,
+    dg: &mut Tensor<F>,
+    #[comptime] d_k: usize,
+    #[comptime] d_v: usize,
+    #[comptime] reverse: bool,
+    #[comptime] with_state: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let n = q.shape(2);
+    let m = CUBE_POS_Y as usize;
+    let c = UNIT_POS_X as usize;
+    let rows = d_joint.shape(2);
+    let stretches = checkpoints.shape(1);
+    let mut partial = Shared::<[F]>::new_slice(d_k * d_v + 2 * d_v);
+    let mut grad_state = Array::<F>::new(d_k);
+    let mut before = Array::<F>::new(d_k);
+    let mut after = Array::<F>::new(d_k);
+    for i in 0..d_k {
+        grad_state[i] = F::new(0.0);
+        if with_state {
+            grad_state[i] = d_joint[(m * rows + n + i) * d_v + c];
+        }
+    }
+    for back in 0..stretches {
+        let stretch = stretches - 1 - back;
+        let first = stretch * DELTA_CHECKPOINT;
+        let mut last = first + DELTA_CHECKPOINT;
+        if last > n {
+            last = n;
+        }
+        // Re-run the stretch: the state before each of its steps into the scratch.
+        let base = (m * stretches + stretch) * d_k;
+        for i in 0..d_k {
+            before[i] = checkpoints[(base + i) * d_v + c];
+        }
+        for s in first..last {
+            let at = ((m * DELTA_CHECKPOINT + s - first) * d_k) * d_v + c;
+            for i in 0..d_k {
+                scratch[at + i * d_v] = before[i];
+            }
+            let row = m * n + position(s, n, reverse);
+            let _r = delta_step::<F>(
+                &mut before,
+                k,
+                v[row * d_v + c],
+                beta[row],
+                g[row].exp(),
+                row * d_k,
+                d_k,
+            );
+        }
+        // Walk it backwards.
+        for back_step in 0..last - first {
+            let s = last - 1 - back_step;
+            let t = position(s, n, reverse);
+            let row = m * n + t;
+            let at = ((m * DELTA_CHECKPOINT + s - first) * d_k) * d_v + c;
+            for i in 0..d_k {
+                before[i] = scratch[at + i * d_v];
+                after[i] = before[i];
+            }
+            let alpha = g[row].exp();
+            let b = beta[row];
+            let r = delta_step::<F>(&mut after, k, v[row * d_v + c], b, alpha, row * d_k, d_k);
+            let u = b * r;
+            let grad_out = d_joint[(m * rows + t) * d_v + c];
+            // dq_t = S_t do_t.
+            for i in 0..d_k {
+                partial[i * d_v + c] = after[i] * grad_out;
+            }
+            reduce_rows::<F>(&partial, dq, row * d_k, c, d_k, d_v);
+            // dS += q_t do_tᵀ; du = dSᵀ k_t; dr = dv = β du.
+            let mut du = F::new(0.0);
+            for i in 0..d_k {
+                grad_state[i] += q[row * d_k + i] * grad_out;
+                du += grad_state[i] * k[row * d_k + i];
+            }
+            let dr = b * du;
+            dv[row * d_v + c] = dr;
+            // dk_t = dS u − α S_{t−1} dr; dβ = du · r.
+            for i in 0..d_k {
+                partial[i * d_v + c] = grad_state[i] * u - alpha * before[i] * dr;
+            }
+            reduce_rows::<F>(&partial, dk, row * d_k, c, d_k, d_v);
+            // dS' = dS − k dr ᵀ; dg = α ⟨dS', S_{t−1}⟩; dS_{t−1} = α dS'.
+            let mut dot = F::new(0.0);
+            for i in 0..d_k {
+                grad_state[i] -= k[row * d_k + i] * dr;
+                dot += grad_state[i] * before[i];
+                grad_state[i] *= alpha;
+            }
+            partial[c] = du * r;
+            partial[d_v + c] = alpha * dot;
+            sync_cube();
+            if c == 0 {
+                let mut sum_beta = F::new(0.0);
+                let mut sum_g = F::new(0.0);
+                for j in 0..d_v {
+                    sum_beta += partial[j];
+                    sum_g += partial[d_v + j];
+                }
+                d_beta[row] = sum_beta;
+                dg[row] = sum_g;
+            }
+            sync_cube();
+        }
+    }
+}
+
+impl CubeDeltaRule for CubeBackend {
+    fn cube_delta_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        beta: CubeTensor,
+        log_decay: CubeTensor,
+        form: RecurrenceForm,
+    ) -> (CubeTensor, CubeTensor) {
+        let [q, k, v, beta, g] = [q, k, v, beta, log_decay].map(into_contiguous);
+        let dims = Dims::of(&q, &v, &g);
+        let rows = dims.n + if form.with_state { dims.d_k } else { 0 };
+        let joint = empty_like(&q, Shape::new([dims.batch, dims.heads, rows, dims.d_v]));
+        let stretches = dims.n.div_ceil(DELTA_CHECKPOINT);
+        let checkpoints = empty_like(
+            &q,
+            Shape::new([dims.batch * dims.heads, stretches, dims.d_k, dims.d_v]),
+        );
+        let (count, cube_dim) = dims.grid(dims.d_v);
+        delta_forward_kernel::launch(
+            &q.client.clone(),
+            count,
+            cube_dim,
+            q.clone().into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            g.into_tensor_arg(),
+            joint.clone().into_tensor_arg(),
+            checkpoints.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            form.reverse,
+            form.with_state,
+            dtype_to_storage_type(q.dtype),
+        );
+        (joint, checkpoints)
+    }
+
+    fn cube_delta_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        beta: CubeTensor,
+        log_decay: CubeTensor,
+        checkpoints: CubeTensor,
+        d_joint: CubeTensor,
+        form: RecurrenceForm,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let [q, k, v, beta, g, checkpoints, d_joint] =
+            [q, k, v, beta, log_decay, checkpoints, d_joint].map(into_contiguous);
+        let dims = Dims::of(&q, &v, &g);
+        let sequences = dims.batch * dims.heads;
+        let scratch = empty_like(
+            &q,
+            Shape::new([sequences, DELTA_CHECKPOINT, dims.d_k, dims.d_v]),
+        );
+        let (dq, dk, dv, d_beta, dg) = (
+            empty_like(&q, q.shape()),
+            empty_like(&k, k.shape()),
+            empty_like(&v, v.shape()),
+            empty_like(&beta, beta.shape()),
+            empty_like(&g, g.shape()),
+        );
+        delta_backward_kernel::launch(
+            &q.client.clone(),
+            CubeCount::Static(1, sequences as u32, 1),
+            CubeDim::new_1d(dims.d_v as u32),
+            q.clone().into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            g.into_tensor_arg(),
+            checkpoints.into_tensor_arg(),
+            d_joint.into_tensor_arg(),
+            scratch.into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            d_beta.clone().into_tensor_arg(),
+            dg.clone().into_tensor_arg(),
+            dims.d_k,
+            dims.d_v,
+            form.reverse,
+            form.with_state,
+            dtype_to_storage_type(q.dtype),
+        );
+        (dq, dk, dv, d_beta, dg)
     }
 }

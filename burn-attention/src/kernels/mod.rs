@@ -212,6 +212,10 @@ pub(crate) fn try_delta_recurrence(
     log_decay: &Tensor<4>,
     form: RecurrenceForm,
 ) -> Option<(Tensor<4>, Option<Tensor<4>>)> {
+    #[cfg(feature = "wgpu")]
+    if let Some(joint) = cube_extension::try_delta_recurrence(q, k, v, beta, log_decay, form) {
+        return Some(split_joint(joint, q.dims()[2], form));
+    }
     #[cfg(feature = "flex")]
     if recurrence_applies([q, k, v, log_decay]) && beta.dtype() == burn::tensor::DType::F32 {
         let joint = <burn::backend::Dispatch as LinearRecurrence>::delta_recurrence(
