@@ -94,6 +94,45 @@ fn masked<F: Float>(pad_flag: F, i: usize, j: usize, #[comptime] causal: bool) -
     out
 }
 
+/// Loads the key tile from key `j0` of sequence `bh` (of batch element `batch`) into workgroup
+/// memory, the threads taking its rows in turn: keys, values and padding flags. The workgroup
+/// waits before (the previous tile may still be read) and after.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_key_tile<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    pad: &Tensor<F>,
+    k_tile: &mut Shared<[F]>,
+    v_tile: &mut Shared<[F]>,
+    p_tile: &mut Shared<[F]>,
+    bh: usize,
+    batch: usize,
+    j0: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] val_dim: usize,
+    #[comptime] tile: usize,
+) {
+    let n_k = k.shape(2);
+    sync_cube();
+    let mut r = UNIT_POS_X as usize;
+    while r < tile {
+        let j = j0 + r;
+        if j < n_k {
+            let key_row = bh * n_k + j;
+            for c in 0..head_dim {
+                k_tile[r * head_dim + c] = k[key_row * head_dim + c];
+            }
+            for c in 0..val_dim {
+                v_tile[r * val_dim + c] = v[key_row * val_dim + c];
+            }
+            p_tile[r] = pad[batch * n_k + j];
+        }
+        r += CUBE_DIM_X as usize;
+    }
+    sync_cube();
+}
+
 /// The forward pass: `out` and `lse` (natural log-sum-exp of each row's scores).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -146,23 +185,20 @@ fn forward_kernel<F: Float, I: Numeric>(
     let tiles = n_k.div_ceil(tile);
     for t in 0..tiles {
         let j0 = t * tile;
-        sync_cube();
-        let mut r = UNIT_POS_X as usize;
-        while r < tile {
-            let j = j0 + r;
-            if j < n_k {
-                let key_row = bh * n_k + j;
-                for c in 0..head_dim {
-                    k_tile[r * head_dim + c] = k[key_row * head_dim + c];
-                }
-                for c in 0..val_dim {
-                    v_tile[r * val_dim + c] = v[key_row * val_dim + c];
-                }
-                p_tile[r] = pad[batch * n_k + j];
-            }
-            r += CUBE_DIM_X as usize;
-        }
-        sync_cube();
+        load_key_tile::<F>(
+            k,
+            v,
+            pad,
+            &mut k_tile,
+            &mut v_tile,
+            &mut p_tile,
+            bh,
+            batch,
+            j0,
+            head_dim,
+            val_dim,
+            tile,
+        );
         if valid {
             let mut tile_max = m;
             for r in 0..tile {
@@ -272,23 +308,20 @@ fn query_grad_kernel<F: Float, I: Numeric>(
     let tiles = n_k.div_ceil(tile);
     for t in 0..tiles {
         let j0 = t * tile;
-        sync_cube();
-        let mut r = UNIT_POS_X as usize;
-        while r < tile {
-            let j = j0 + r;
-            if j < n_k {
-                let key_row = bh * n_k + j;
-                for c in 0..head_dim {
-                    k_tile[r * head_dim + c] = k[key_row * head_dim + c];
-                }
-                for c in 0..val_dim {
-                    v_tile[r * val_dim + c] = v[key_row * val_dim + c];
-                }
-                p_tile[r] = pad[batch * n_k + j];
-            }
-            r += CUBE_DIM_X as usize;
-        }
-        sync_cube();
+        load_key_tile::<F>(
+            k,
+            v,
+            pad,
+            &mut k_tile,
+            &mut v_tile,
+            &mut p_tile,
+            bh,
+            batch,
+            j0,
+            head_dim,
+            val_dim,
+            tile,
+        );
         if valid {
             for r in 0..tile {
                 let j = j0 + r;
