@@ -291,6 +291,19 @@ pub(super) fn try_decayed_recurrence(
     Some(Tensor::from_dispatch(joint))
 }
 
+/// Positions between the delta rule's checkpoints of the state (its backward re-runs each
+/// stretch from one).
+pub(super) const DELTA_CHECKPOINT: usize = 32;
+
+/// The largest shared buffer of the delta rule's backward, in 32-bit words (16 KiB).
+const DELTA_SHARED_WORDS: usize = 4096;
+
+/// Whether the delta rule's backward takes heads of these sizes: a workgroup of `d_v` threads
+/// and `d_k · d_v + 2 d_v` words of shared memory.
+fn delta_fits(d_k: usize, d_v: usize) -> bool {
+    d_v <= 256 && d_k * d_v + 2 * d_v <= DELTA_SHARED_WORDS
+}
+
 /// The gradients of the delta rule's inputs: `q`, `k`, `v`, `β` and the log-decays (the
 /// extension's signature spells the tuple out, which its macro needs).
 pub type DeltaGrads<B> = (
@@ -368,7 +381,7 @@ fn delta_specs(
 ) -> (TensorSpec, TensorSpec) {
     let [batch, heads, n, d_k] = q.shape.dims::<4>();
     let d_v = v.shape.dims::<4>()[3];
-    let stretches = n.div_ceil(super::cube_recurrence::DELTA_CHECKPOINT);
+    let stretches = n.div_ceil(DELTA_CHECKPOINT);
     (
         recurrence_specs(q, k, v, log_decay, form),
         TensorSpec::new(
@@ -417,12 +430,7 @@ pub(super) fn try_delta_recurrence(
         .all(|t| t.dtype() == burn::tensor::DType::F32);
     let [_, _, n, d_k] = q.dims();
     let d_v = v.dims()[3];
-    if !applies(&q.device())
-        || !all_f32
-        || n == 0
-        || d_k == 0
-        || d_v == 0
-        || !super::cube_recurrence::delta_fits(d_k, d_v)
+    if !applies(&q.device()) || !all_f32 || n == 0 || d_k == 0 || d_v == 0 || !delta_fits(d_k, d_v)
     {
         return None;
     }

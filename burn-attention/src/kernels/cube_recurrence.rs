@@ -27,7 +27,7 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use cubecl::prelude::*;
 
 use super::RecurrenceForm;
-use super::cube_extension::{CubeDeltaRule, CubeRecurrence};
+use super::cube_extension::{CubeDeltaRule, CubeRecurrence, DELTA_CHECKPOINT};
 
 /// Threads a workgroup: lanes (rows or columns of the state) of one sequence.
 const LANES: u32 = 32;
@@ -455,19 +455,6 @@ impl CubeRecurrence for CubeBackend {
         );
         (dq, dk, dv, dg)
     }
-}
-
-/// Positions between the delta rule's checkpoints of the state (its backward re-runs each
-/// stretch from one).
-pub(super) const DELTA_CHECKPOINT: usize = 32;
-
-/// The largest shared buffer of the delta rule's backward, in 32-bit words (16 KiB).
-const DELTA_SHARED_WORDS: usize = 4096;
-
-/// Whether the delta rule's backward takes heads of these sizes: a workgroup of `d_v` threads
-/// and `d_k · d_v + 2 d_v` words of shared memory.
-pub(super) fn delta_fits(d_k: usize, d_v: usize) -> bool {
-    d_v <= 256 && d_k * d_v + 2 * d_v <= DELTA_SHARED_WORDS
 }
 
 /// One step of the delta rule on column `c` of the state: `S ← α S + k (β (v − α Sᵀ k))ᵀ`.
