@@ -58,12 +58,30 @@ fn column_hash(col: u32, key0: u32, key1: u32) -> u32 {
     x ^ (x >> 16u32)
 }
 
-/// The factor dropout applies to weight (`row`, `col`): 0 dropped, `keep_scale` kept; 1 without
-/// dropout. `keys` holds each row's two key words as four 16-bit halves.
+/// Word `word` (0 or 1) of query row `row`'s dropout key, from `keys`, which holds each row's
+/// two words as four 16-bit halves; 0 without dropout or for a row past the end.
 #[cube]
-fn drop_factor<F: Float, I: Numeric>(
+fn key_word<I: Numeric>(
     keys: &Tensor<I>,
     row: usize,
+    word: usize,
+    in_range: bool,
+    #[comptime] dropout: bool,
+) -> u32 {
+    let mut out = 0u32;
+    if dropout && in_range {
+        let base = row * 4 + word * 2;
+        out = u32::cast_from(keys[base]) * 65536u32 + u32::cast_from(keys[base + 1]);
+    }
+    out
+}
+
+/// The factor dropout applies to the weight of column `col` in the row whose key words are
+/// `key0`, `key1`: 0 dropped, `keep_scale` kept; 1 without dropout.
+#[cube]
+fn drop_factor<F: Float>(
+    key0: u32,
+    key1: u32,
     col: usize,
     threshold: u32,
     keep_scale: f32,
@@ -71,9 +89,6 @@ fn drop_factor<F: Float, I: Numeric>(
 ) -> F {
     let mut factor = F::new(1.0);
     if dropout {
-        let base = row * 4;
-        let key0 = u32::cast_from(keys[base]) * 65536u32 + u32::cast_from(keys[base + 1]);
-        let key1 = u32::cast_from(keys[base + 2]) * 65536u32 + u32::cast_from(keys[base + 3]);
         if column_hash(col as u32, key0, key1) >= threshold {
             factor = F::cast_from(keep_scale);
         } else {
@@ -162,6 +177,8 @@ fn forward_kernel<F: Float, I: Numeric>(
     let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let valid = i < n_q;
     let row = bh * n_q + i;
+    let key0 = key_word::<I>(keys, row, 0, valid, dropout);
+    let key1 = key_word::<I>(keys, row, 1, valid, dropout);
 
     let mut q_row = Array::<F>::new(head_dim);
     for c in 0..head_dim {
@@ -227,7 +244,7 @@ fn forward_kernel<F: Float, I: Numeric>(
                 if j < n_k {
                     let p = (scores[r] - m).exp();
                     l += p;
-                    let w = p * drop_factor::<F, I>(keys, row, j, threshold, keep_scale, dropout);
+                    let w = p * drop_factor::<F>(key0, key1, j, threshold, keep_scale, dropout);
                     for c in 0..val_dim {
                         acc[c] += w * v_tile[r * val_dim + c];
                     }
@@ -275,6 +292,8 @@ fn query_grad_kernel<F: Float, I: Numeric>(
     let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let valid = i < n_q;
     let row = bh * n_q + i;
+    let key0 = key_word::<I>(keys, row, 0, valid, dropout);
+    let key1 = key_word::<I>(keys, row, 1, valid, dropout);
     let scale = F::cast_from(scale);
 
     let mut q_row = Array::<F>::new(head_dim);
@@ -335,7 +354,7 @@ fn query_grad_kernel<F: Float, I: Numeric>(
                     for c in 0..val_dim {
                         dp += g_row[c] * v_tile[r * val_dim + c];
                     }
-                    dp *= drop_factor::<F, I>(keys, row, j, threshold, keep_scale, dropout);
+                    dp *= drop_factor::<F>(key0, key1, j, threshold, keep_scale, dropout);
                     let ds = p * (dp - row_delta);
                     for c in 0..head_dim {
                         acc[c] += ds * k_tile[r * head_dim + c];
@@ -448,8 +467,15 @@ fn key_grad_kernel<F: Float, I: Numeric>(
                         s = dot;
                     }
                     let p = (s - lse_tile[r]).exp();
-                    let factor =
-                        drop_factor::<F, I>(keys, bh * n_q + i, j, threshold, keep_scale, dropout);
+                    let row = bh * n_q + i;
+                    let factor = drop_factor::<F>(
+                        key_word::<I>(keys, row, 0, true, dropout),
+                        key_word::<I>(keys, row, 1, true, dropout),
+                        j,
+                        threshold,
+                        keep_scale,
+                        dropout,
+                    );
                     let w = p * factor;
                     let mut dp = F::new(0.0);
                     for c in 0..val_dim {

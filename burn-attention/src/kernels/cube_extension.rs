@@ -137,9 +137,7 @@ pub(super) fn try_attention(
     dropout: Option<DropMask>,
 ) -> Option<Tensor<4>> {
     let device = q.device();
-    let all_f32 = [q, k, v]
-        .iter()
-        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let all_f32 = super::all_f32(&[q, k, v]);
     let [batch, heads, n_q, d] = q.dims();
     let n_k = k.dims()[2];
     if !applies(&device) || !all_f32 || n_q == 0 || n_k == 0 || d == 0 || v.dims()[3] == 0 {
@@ -274,9 +272,7 @@ pub(super) fn try_decayed_recurrence(
     log_decay: &Tensor<4>,
     form: RecurrenceForm,
 ) -> Option<Tensor<4>> {
-    let all_f32 = [q, k, v, log_decay]
-        .iter()
-        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let all_f32 = super::all_f32(&[q, k, v, log_decay]);
     let [_, _, n, d_k] = q.dims();
     if !applies(&q.device()) || !all_f32 || n == 0 || d_k == 0 || v.dims()[3] == 0 {
         return None;
@@ -425,9 +421,7 @@ pub(super) fn try_delta_recurrence(
     log_decay: &Tensor<4>,
     form: RecurrenceForm,
 ) -> Option<Tensor<4>> {
-    let all_f32 = [q, k, v, beta, log_decay]
-        .iter()
-        .all(|t| t.dtype() == burn::tensor::DType::F32);
+    let all_f32 = super::all_f32(&[q, k, v, beta, log_decay]);
     let [_, _, n, d_k] = q.dims();
     let d_v = v.dims()[3];
     if !applies(&q.device()) || !all_f32 || n == 0 || d_k == 0 || d_v == 0 || !delta_fits(d_k, d_v)

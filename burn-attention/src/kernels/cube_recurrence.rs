@@ -42,23 +42,33 @@ fn position(s: usize, n: usize, #[comptime] reverse: bool) -> usize {
     t
 }
 
-/// `α_t` of key channel `i` at row `t` of sequence `m`: `exp(g)`, one `g` a position or per
-/// channel.
+/// `α_t` at row `row` (sequence × position) when one decay serves every key channel, `exp(g)`;
+/// 1 with one decay per channel (see [`channel_decay`]). Read once a step, not once a channel.
 #[cube]
-fn decay<F: Float>(
+fn position_decay<F: Float>(g: &Tensor<F>, row: usize, #[comptime] per_channel: bool) -> F {
+    let mut a = F::new(1.0);
+    if !per_channel {
+        a = g[row].exp();
+    }
+    a
+}
+
+/// `α_t` of key channel `i` at row `row`: `exp(g)` of the channel with one decay per channel,
+/// else the step's `position` decay.
+#[cube]
+fn channel_decay<F: Float>(
     g: &Tensor<F>,
-    m: usize,
-    t: usize,
+    row: usize,
     i: usize,
-    n: usize,
+    position: F,
     #[comptime] d_k: usize,
     #[comptime] per_channel: bool,
 ) -> F {
-    let mut at = (m * n + t) * d_k + i;
-    if !per_channel {
-        at = m * n + t;
+    let mut a = position;
+    if per_channel {
+        a = g[row * d_k + i].exp();
     }
-    g[at].exp()
+    a
 }
 
 /// The forward scan, a thread per value column: the outputs, then the final state.
@@ -92,9 +102,10 @@ fn forward_kernel<F: Float>(
         let t = position(s, n, reverse);
         let row = m * n + t;
         let value = v[row * d_v + c];
+        let step_decay = position_decay::<F>(g, row, per_channel);
         let mut out = F::new(0.0);
         for i in 0..d_k {
-            let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+            let a = channel_decay::<F>(g, row, i, step_decay, d_k, per_channel);
             state[i] = a * state[i] + k[row * d_k + i] * value;
             out += q[row * d_k + i] * state[i];
         }
@@ -136,7 +147,14 @@ fn query_grad_kernel<F: Float>(
     for s in 0..n {
         let t = position(s, n, reverse);
         let row = m * n + t;
-        let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+        let a = channel_decay::<F>(
+            g,
+            row,
+            i,
+            position_decay::<F>(g, row, per_channel),
+            d_k,
+            per_channel,
+        );
         let key = k[row * d_k + i];
         let mut grad = F::new(0.0);
         for c in 0..d_v {
@@ -187,7 +205,14 @@ fn key_grad_kernel<F: Float>(
             grad += grad_state[c] * v[row * d_v + c];
         }
         dk[row * d_k + i] = grad;
-        let a = decay::<F>(g, m, t, i, n, d_k, per_channel);
+        let a = channel_decay::<F>(
+            g,
+            row,
+            i,
+            position_decay::<F>(g, row, per_channel),
+            d_k,
+            per_channel,
+        );
         for c in 0..d_v {
             grad_state[c] *= a;
         }
@@ -228,11 +253,12 @@ fn value_grad_kernel<F: Float>(
         let t = position(n - 1 - s, n, reverse);
         let row = m * n + t;
         let grad_out = d_joint[(m * rows + t) * d_v + c];
+        let step_decay = position_decay::<F>(g, row, per_channel);
         let mut grad = F::new(0.0);
         for i in 0..d_k {
             grad_state[i] += q[row * d_k + i] * grad_out;
             grad += grad_state[i] * k[row * d_k + i];
-            grad_state[i] *= decay::<F>(g, m, t, i, n, d_k, per_channel);
+            grad_state[i] *= channel_decay::<F>(g, row, i, step_decay, d_k, per_channel);
         }
         dv[row * d_v + c] = grad;
     }

@@ -46,6 +46,17 @@ pub(crate) use mask::DropMask;
 #[cfg_attr(not(any(feature = "flex", feature = "tch")), allow(dead_code))]
 pub(crate) type KeyPadding = Option<Arc<[bool]>>;
 
+/// Whether every tensor is `f32`, the one dtype the fused kernels take.
+#[cfg_attr(
+    not(any(feature = "flex", feature = "tch", feature = "wgpu")),
+    allow(dead_code)
+)]
+fn all_f32(tensors: &[&Tensor<4>]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32)
+}
+
 /// Fused softmax attention `softmax(scale · q kᵀ + masks) v` on `[batch, heads, n, d]` tensors
 /// when the backend has the fused kernel, `None` otherwise (the caller then composes the steps).
 ///
@@ -68,9 +79,7 @@ pub(crate) fn try_attention(
     }
     #[cfg(any(feature = "flex", feature = "tch"))]
     {
-        let all_f32 = [q, k, v]
-            .iter()
-            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        let all_f32 = all_f32(&[q, k, v]);
         let n_q = q.dims()[2];
         let n_k = k.dims()[2];
         let same_head_size = q.dims()[3] == v.dims()[3];
@@ -132,9 +141,7 @@ pub(crate) fn try_gathered_attention(
 ) -> Option<(Tensor<4>, Tensor<4>)> {
     #[cfg(feature = "flex")]
     {
-        let all_f32 = [q, k, v]
-            .iter()
-            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        let all_f32 = all_f32(&[q, k, v]);
         let [batch, heads, n_q, _] = q.dims();
         let d_v = v.dims()[3];
         if !flex_kernels(&q.device()) || !all_f32 || n_q == 0 || k.dims()[2] == 0 {
