@@ -7,9 +7,13 @@
 /// Attention tensors are large (an `n × n` score matrix per head is 64 MiB at n = 4096) and
 /// short-lived. glibc serves each such request with a fresh `mmap` and unmaps it on free, so
 /// every step pays for the kernel zeroing the same pages again: profiled with `perf` on the
-/// softmax benchmark at n = 2048, page clearing and faults took a third of the time. Serving
-/// them from the heap and never trimming it lets later steps reuse the pages. The cost: the
-/// process's resident size stays near its peak between steps instead of falling back.
+/// softmax benchmark at n = 2048, page clearing and faults took a third of the time. So large
+/// requests are served from the heap (`M_MMAP_MAX` 0), the heap is never trimmed
+/// (`M_TRIM_THRESHOLD` -1: a finite threshold returns the heap's free top once it grows past it,
+/// and a `small` training step at 2K frees more than 2 GiB at once), and every thread allocates
+/// from that one heap (`M_ARENA_MAX` 1: the worker threads' arenas are `mmap`ed heaps of at most
+/// 64 MiB, unmapped whenever one is wholly free). The cost: the process's resident size stays near
+/// its peak between steps instead of falling back.
 ///
 /// Call it first thing in `main`, before other threads start. A no-op off Linux/glibc.
 pub fn keep_freed_memory() {
@@ -18,7 +22,8 @@ pub fn keep_freed_memory() {
     // thread exists, so no allocation is in flight.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
