@@ -12,10 +12,12 @@
 //! against compressed; the mean squared difference. With the module's own parameters, padding
 //! with large junk, memory shorter and longer than a segment, rates that do and do not divide
 //! the segment, inputs at scale 1 and 4. The gradients: the output sends none to the
-//! compression, the loss none to the projections.
+//! compression, the loss none to the projections, and the loss's gradient to the compression
+//! equals the float64 loss's central differences.
 
 mod reference;
 
+use burn::module::Param;
 use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, CompressiveAttention, CompressiveConfig,
@@ -305,6 +307,88 @@ fn compression_learns_from_the_reconstruction_loss_alone() {
         - out;
     let moved = moved.slice(s![.., 12..16]).abs().max().into_scalar::<f32>();
     assert!(moved > 1e-4, "the compressed memory is not read ({moved})");
+}
+
+/// The loss's gradient reaches `f_c` as the float64 loss's central differences say it should:
+/// every weight and bias of the compression, on a padded batch whose padding holds large junk
+/// (the fused kernels' backward on `flex`).
+#[test]
+fn reconstruction_gradient_matches_float64_differences() {
+    let device = Device::flex().autodiff();
+    for (case, (segment, mem, c, cmem)) in CASES.into_iter().enumerate() {
+        let m = CompressiveConfig::new(D_MODEL, HEADS)
+            .with_segment_len(segment)
+            .with_mem_len(mem)
+            .with_compression(c)
+            .with_cmem_len(cmem)
+            .with_reconstruction(0.5)
+            .init(&device);
+        let n = 23;
+        let lengths = [23, 15];
+        let seed = 100 + case as u64;
+        let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(2.0);
+        let junk = normal_tensor([1, n - 15, D_MODEL], seed + 1, &device).mul_scalar(50.0);
+        let x = Tensor::cat(
+            vec![
+                x.clone().slice(s![0..1]),
+                Tensor::cat(vec![x.slice(s![1..2, 0..15]), junk], 1),
+            ],
+            0,
+        );
+        let reals: Vec<Vec<bool>> = lengths
+            .iter()
+            .map(|&l| (0..n).map(|p| p < l).collect())
+            .collect();
+        let xs: Vec<Rows> = (0..2).map(|b| rows_of(&x, b)).collect();
+        let (_, loss) = m
+            .try_forward_with_loss(
+                AttentionInput::new(x).mask_pad(padding_mask_from_lengths(&lengths, n, &device)),
+            )
+            .unwrap();
+        let grads = loss.expect("a loss").backward();
+        let got: Vec<f32> = m
+            .compress
+            .weight
+            .val()
+            .grad(&grads)
+            .expect("a gradient to the compression")
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let weight = m.compress.weight.val().inner();
+        let [rows, cols] = weight.dims();
+        let flat: Vec<f32> = weight.clone().into_data().try_to_vec::<f32>().unwrap();
+        let loss_at = |at: usize, value: f32| {
+            let mut moved = flat.clone();
+            moved[at] = value;
+            let moved =
+                Tensor::<2>::from_data(TensorData::new(moved, [rows, cols]), &weight.device());
+            let mut compress = m.compress.clone();
+            compress.weight = Param::from_tensor(moved);
+            let m = CompressiveAttention {
+                compress,
+                ..m.clone()
+            };
+            reconstruction_f64(&m, &xs, &reals)
+        };
+        let expected: Vec<f64> = (0..flat.len())
+            .map(|at| {
+                let (up, down) = (flat[at] + 2e-3, flat[at] - 2e-3);
+                (loss_at(at, up) - loss_at(at, down)) / (f64::from(up) - f64::from(down))
+            })
+            .collect();
+        let scale = expected.iter().fold(0.0f64, |a, g| a.max(g.abs()));
+        assert!(scale > 0.0, "case {case}: no gradient expected");
+        let err = got
+            .iter()
+            .zip(&expected)
+            .map(|(&g, e)| (f64::from(g) - e).abs() / scale)
+            .fold(0.0, f64::max);
+        assert!(
+            err < 1e-4,
+            "case {case}: the gradient to the compression is off by {err} of its largest entry"
+        );
+    }
 }
 
 /// No segment evicts a whole block (one segment): no loss; a weight of 0: none either.

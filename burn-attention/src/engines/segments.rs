@@ -15,7 +15,7 @@ use burn::nn::{Dropout, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
-use crate::contract::input::{MASK_FILL, flags_framed, zeros_after, zeros_before};
+use crate::contract::input::{MASK_FILL, zeros_after, zeros_before};
 use crate::engines::dropout::dropout;
 use crate::engines::heads::split_heads;
 use crate::engines::params::lazy_param;
@@ -165,14 +165,16 @@ pub struct SegmentPrefix {
     pub keys: Tensor<5>,
     /// `[batch, heads, blocks, p, d]`.
     pub values: Tensor<5>,
-    /// `[batch, blocks, p]`, `true` = not seen.
-    pub missing: Tensor<3, Bool>,
+    /// `[groups, blocks, p]` flattened, `true` = not seen: one group per sequence where the
+    /// batch has padding, one shared group otherwise.
+    pub missing: Vec<bool>,
 }
 
 /// Each segment's queries over its prefix, its memory (the keys and values of the positions
 /// before it, `k_mem` and `v_mem`, gradient stopped by the caller) and itself (up to each query
 /// when `causal`), one softmax: `q`, `k`, `v` `[batch, heads, n, d]` in, `[batch, heads, n, d]`
-/// out.
+/// out. `padding[b][j]` (`true` = padding; `None`: no padding) is read on the host, where the
+/// mask over the scores is built.
 #[allow(clippy::too_many_arguments)]
 pub fn segment_attention(
     score: RelativeScore<'_>,
@@ -180,7 +182,7 @@ pub fn segment_attention(
     (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
     (k_mem, v_mem): (Tensor<4>, Tensor<4>),
     prefix: Option<SegmentPrefix>,
-    key_pad: &Option<Tensor<2, Bool>>,
+    padding: Option<&[Vec<bool>]>,
     causal: bool,
     weight_dropout: &Dropout,
 ) -> Tensor<4> {
@@ -195,6 +197,14 @@ pub fn segment_attention(
     let np = nb * s;
     let mp = mb * s;
     let p = prefix.as_ref().map_or(0, |prefix| prefix.keys.dims()[3]);
+    if let Some(prefix) = &prefix {
+        let groups = padding.map_or(1, <[Vec<bool>]>::len);
+        debug_assert_eq!(
+            prefix.missing.len(),
+            groups * nb * p,
+            "a prefix mask a group"
+        );
+    }
     // `x` with `front` zero positions before it and zeros after it up to whole segments.
     let framed = |x: Tensor<4>, front: usize| zeros_after(zeros_before(x, 2, front), 2, np - n);
     let blocks = |x: Tensor<4>, front: usize| {
@@ -208,8 +218,16 @@ pub fn segment_attention(
         parts.push(blocks(own, 0));
         Tensor::cat(parts, 3)
     };
-    let keys = windows(prefix.as_ref().map(|p| p.keys.clone()), k_mem, k);
-    let values = windows(prefix.as_ref().map(|p| p.values.clone()), v_mem, v);
+    let (prefix_keys, prefix_values, prefix_missing) = match prefix {
+        Some(SegmentPrefix {
+            keys,
+            values,
+            missing,
+        }) => (Some(keys), Some(values), missing),
+        None => (None, None, Vec::new()),
+    };
+    let keys = windows(prefix_keys, k_mem, k);
+    let values = windows(prefix_values, v_mem, v);
     let width = p + mp + s;
     let q = framed(q, 0);
     let content = score
@@ -244,26 +262,33 @@ pub fn segment_attention(
         &index,
         width,
     );
-    let hidden =
-        Tensor::<5, Bool>::from_data(TensorData::new(hidden, [1, 1, 1, s, width]), &device);
-    // Keys before the sequence, after it, or padded.
-    let mut missing = vec![true; mp];
-    missing.extend((0..np).map(|j| j >= n));
-    let mut missing = Tensor::<2, Bool>::from_data(TensorData::new(missing, [1, mp + np]), &device)
-        .expand([batch, mp + np]);
-    if let Some(pad) = key_pad {
-        missing = missing.bool_or(flags_framed(pad.clone(), mp, np - n));
+    // One mask over the scores, built on the host (`[groups, 1, nb, s, width]`, shared by the
+    // heads, one group per sequence where there is padding), so that the scores are filled
+    // once; the softmax in one pass a row (its backward keeps only its output). Key `σ ≥ p` of
+    // segment τ is position `(τ − mb) s + σ − p`: before the sequence, after it, or padded, it
+    // is missing.
+    let groups = padding.map_or(1, <[Vec<bool>]>::len);
+    let mut masked = Vec::with_capacity(groups * nb * s * width);
+    for g in 0..groups {
+        let pad = padding.map(|padding| &padding[g]);
+        for tau in 0..nb {
+            let key_missing: Vec<bool> = (0..width)
+                .map(|sigma| match sigma.checked_sub(p) {
+                    None => prefix_missing[(g * nb + tau) * p + sigma],
+                    Some(at) => (tau * s + at)
+                        .checked_sub(mp)
+                        .is_none_or(|j| j >= n || pad.is_some_and(|pad| pad[j])),
+                })
+                .collect();
+            for rho in 0..s {
+                let hidden = &hidden[rho * width..(rho + 1) * width];
+                masked.extend(key_missing.iter().zip(hidden).map(|(&m, &h)| m || h));
+            }
+        }
     }
-    let missing = missing.reshape([batch, mb + nb, s]);
-    let mut parts: Vec<Tensor<3, Bool>> = prefix.map(|p| p.missing).into_iter().collect();
-    parts.extend((0..mb).map(|o| missing.clone().slice(s![.., o..o + nb])));
-    parts.push(missing.slice(s![.., mb..mb + nb]));
-    let missing = Tensor::cat(parts, 2).reshape([batch, 1, nb, 1, width]);
-    // One mask over the scores (`[batch, 1, nb, s, width]`, shared by the heads), so that the
-    // scores are filled once; the softmax in one pass a row (its backward keeps only its output).
-    let masked = missing
-        .expand([batch, 1, nb, s, width])
-        .bool_or(hidden.expand([batch, 1, nb, s, width]));
+    let masked =
+        Tensor::<5, Bool>::from_data(TensorData::new(masked, [groups, 1, nb, s, width]), &device)
+            .expand([batch, 1, nb, s, width]);
     let scores = (content + position).mask_fill(masked, MASK_FILL);
     let weights = dropout(weight_dropout, kernels::softmax(scores));
     weights

@@ -42,14 +42,14 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 
 use crate::contract::CompressiveMemory;
-use crate::contract::input::{MASK_FILL, flags_framed, zeros_after};
 use crate::engines::heads::split_heads;
 use crate::engines::segments::{
     RelativeScore, SegmentLayout, SegmentPrefix, relative_score_params, segment_attention,
 };
 use crate::kernels;
 
-use crate::engines::gathered_softmax::{flags_tensor, suffix_lengths};
+use crate::engines::gathered_softmax::{gathered_attention, padding_flags, suffix_lengths};
+use crate::kernels::key_slots::KeySlots;
 
 /// The registry entry.
 pub const INFO: VariantInfo = VariantInfo {
@@ -282,28 +282,84 @@ fn frozen(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
     }
 }
 
-/// The rows of `index` (`None`: row 0, to be masked).
-fn rows_of(index: &[Option<usize>]) -> Vec<usize> {
-    index.iter().map(|j| j.unwrap_or(0)).collect()
-}
-
 /// Rows `index` (`None`: row 0, to be masked) of `x` along `dim`.
 fn pick<const D: usize>(x: Tensor<D>, dim: usize, index: &[Option<usize>]) -> Tensor<D> {
-    kernels::select_rows(x, dim, &rows_of(index))
+    let rows: Vec<usize> = index.iter().map(|j| j.unwrap_or(0)).collect();
+    kernels::select_rows(x, dim, &rows)
 }
 
-/// Columns `index` (`None`: column 0, to be masked) of the flags `[batch, m]` (selected as
-/// integers: `flex` 0.22.1 selects booleans into a tensor its boolean operations refuse).
-fn pick_flags(flags: Tensor<2, Bool>, index: &[Option<usize>]) -> Tensor<2, Bool> {
-    let rows: Vec<i64> = rows_of(index).into_iter().map(|r| r as i64).collect();
-    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [index.len()]), &flags.device());
-    flags.int().select(1, rows).equal_elem(1)
+/// Whether block `j` (positions `[j c, (j + 1) c)`) of a sequence with padding flags `pad` is
+/// wholly padding.
+fn block_is_padding(pad: &[bool], j: usize, c: usize) -> bool {
+    pad[j * c..(j + 1) * c].iter().all(|&p| p)
 }
 
-/// Which entries of `index` are `None`, for every sequence of the batch: `[batch, len]`.
-fn unfilled(index: &[Option<usize>], batch: usize, device: &Device) -> Tensor<2, Bool> {
-    let flags: Vec<bool> = index.iter().map(Option::is_none).collect();
-    flags_tensor(&[flags], device).expand([batch, index.len()])
+/// The attention-reconstruction loss's patterns, built on the host from the padding flags:
+/// which evicted positions each segment's queries score uncompressed, which compressed blocks
+/// they score instead, and the weight of each query (1 at a real query of a segment that evicts
+/// a real position, 0 elsewhere).
+struct ReconstructionPattern {
+    uncompressed: KeySlots,
+    compressed: KeySlots,
+    /// `[batch, n]` flattened.
+    weight: Vec<f32>,
+    /// Queries of weight 1.
+    counted: usize,
+}
+
+impl ReconstructionPattern {
+    /// Segments of `s` queries; `evicted` holds, per segment, the `width` blocks of `c`
+    /// positions it evicts (`None` past them); `padding[b][i]`, `true` = padding. One group of
+    /// slots per sequence when any position is padding, one shared group otherwise.
+    fn new(
+        padding: &[Vec<bool>],
+        s: usize,
+        c: usize,
+        (width, evicted): (usize, &[Option<usize>]),
+    ) -> Self {
+        let n = padding.first().map_or(0, Vec::len);
+        let nb = evicted.len() / width.max(1);
+        let groups = if padding.iter().flatten().any(|&p| p) {
+            padding.len()
+        } else {
+            1
+        };
+        let mut uncompressed = KeySlots::masked([groups, 1], nb, s, width * c);
+        let mut compressed = KeySlots::masked([groups, 1], nb, s, width);
+        let mut weight = vec![0.0; padding.len() * n];
+        let mut counted = 0;
+        for (b, pad) in padding.iter().enumerate() {
+            for tau in 0..nb {
+                let blocks = &evicted[tau * width..(tau + 1) * width];
+                let mut evicts_real = false;
+                for (k, j) in blocks.iter().enumerate() {
+                    let Some(j) = *j else { continue };
+                    if block_is_padding(pad, j, c) {
+                        continue;
+                    }
+                    evicts_real = true;
+                    if b < groups {
+                        compressed.set(b, tau, k, j, |_| true);
+                        for r in (0..c).filter(|&r| !pad[j * c + r]) {
+                            uncompressed.set(b, tau, k * c + r, j * c + r, |_| true);
+                        }
+                    }
+                }
+                if evicts_real {
+                    for i in (tau * s..((tau + 1) * s).min(n)).filter(|&i| !pad[i]) {
+                        weight[b * n + i] = 1.0;
+                        counted += 1;
+                    }
+                }
+            }
+        }
+        Self {
+            uncompressed,
+            compressed,
+            weight,
+            counted,
+        }
+    }
 }
 
 impl CompressiveAttention {
@@ -329,17 +385,6 @@ impl CompressiveAttention {
             )
     }
 
-    /// Whether each of the first `blocks` whole blocks is wholly padding: `[batch, blocks]`.
-    fn block_padding(&self, pad: &Tensor<2, Bool>, blocks: usize) -> Tensor<2, Bool> {
-        let [batch, _] = pad.dims();
-        let c = self.compression;
-        pad.clone()
-            .slice(s![.., 0..blocks * c])
-            .reshape([batch, blocks, c])
-            .all_dim(2)
-            .reshape([batch, blocks])
-    }
-
     /// The output before the output projection, `[batch, heads, n, d]`, and the
     /// attention-reconstruction loss when `with_loss` (`None` where no segment evicts a whole
     /// block, or its weight is 0).
@@ -352,24 +397,27 @@ impl CompressiveAttention {
     ) -> (Tensor<4>, Option<Tensor<1>>) {
         let [batch, n, _] = x.dims();
         let heads = self.proj.n_heads;
-        let device = x.device();
+        let c = self.compression;
         let layout = SegmentLayout::new(n, self.segment_len, self.mem_len);
-        let slots = Slots::new(&layout, n, self.mem_len, self.cmem_len, self.compression);
-        let pad = key_pad
-            .clone()
-            .unwrap_or_else(|| Tensor::<2, Bool>::full([batch, n], false, &device));
+        let slots = Slots::new(&layout, n, self.mem_len, self.cmem_len, c);
+        // The masks of the compressed slots and of the reconstruction loss are built on the
+        // host, from the padding read once.
+        let padding = padding_flags(key_pad, batch, n);
         // The states the memories hold: the layer's input, gradient stopped, padding zeroed.
-        let states = x
-            .clone()
-            .detach()
-            .mask_fill(pad.clone().unsqueeze_dim(2), 0.0);
+        let states = match key_pad {
+            Some(pad) => x
+                .clone()
+                .detach()
+                .mask_fill(pad.clone().unsqueeze_dim(2), 0.0),
+            None => x.clone().detach(),
+        };
         let memory = (
             split_heads(self.proj.key.forward(states.clone()), heads),
             split_heads(self.proj.value.forward(states.clone()), heads),
         );
         let with_loss = with_loss && self.reconstruction > 0.0;
         let compressed = (slots.blocks > 0 && (slots.width > 0 || with_loss))
-            .then(|| self.compressed(states.clone(), slots.blocks));
+            .then(|| self.compressed(states, slots.blocks));
         let prefix = compressed
             .as_ref()
             .filter(|_| slots.width > 0)
@@ -381,24 +429,37 @@ impl CompressiveAttention {
                     let d = kv.dims()[3];
                     kv.reshape([batch, heads, layout.blocks, slots.width, d])
                 };
-                let missing = pick_flags(self.block_padding(&pad, slots.blocks), &seen)
-                    .bool_or(unfilled(&seen, batch, &device));
+                // One group a sequence where there is padding, one shared otherwise.
+                let groups = if key_pad.is_some() { batch } else { 1 };
+                let missing: Vec<bool> = padding[..groups]
+                    .iter()
+                    .flat_map(|pad| {
+                        seen.iter()
+                            .map(move |j| j.is_none_or(|j| block_is_padding(pad, j, c)))
+                    })
+                    .collect();
                 SegmentPrefix {
                     keys: per_slot(&self.proj.key),
                     values: per_slot(&self.proj.value),
-                    missing: missing.reshape([batch, layout.blocks, slots.width]),
+                    missing,
                 }
             });
-        let loss = compressed
-            .filter(|_| with_loss)
-            .and_then(|compressed| self.reconstruction_loss(&x, &pad, &layout, &slots, compressed));
+        let (q, k, v) = self.proj.qkv(x);
+        let loss = compressed.filter(|_| with_loss).and_then(|compressed| {
+            let detached = (
+                q.clone().detach(),
+                memory.0.clone().detach(),
+                memory.1.clone().detach(),
+            );
+            self.reconstruction_loss(detached, compressed, &padding, &layout, &slots)
+        });
         let o = segment_attention(
             self.score(),
             layout,
-            self.proj.qkv(x),
+            (q, k, v),
             memory,
             prefix,
-            key_pad,
+            key_pad.as_ref().map(|_| padding.as_slice()),
             causal,
             &self.dropout,
         );
@@ -409,90 +470,74 @@ impl CompressiveAttention {
     /// uncompressed against compressed (content only, projections frozen); the mean squared
     /// difference over the heads' outputs at the real queries of segments that evict a block
     /// with a real position, times the weight. `None` where no segment evicts a block.
+    ///
+    /// `q`, `k`, `v` are the layer's queries, keys and values (`[batch, heads, n, d]`, gradient
+    /// stopped); both attentions run through
+    /// [`gathered_attention`](crate::engines::gathered_softmax::gathered_attention) (a fused
+    /// kernel on `flex`), so that the gradient reaches `f_c` through the compressed keys and
+    /// values alone.
     fn reconstruction_loss(
         &self,
-        x: &Tensor<3>,
-        pad: &Tensor<2, Bool>,
+        (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+        compressed: Tensor<3>,
+        padding: &[Vec<bool>],
         layout: &SegmentLayout,
         slots: &Slots,
-        compressed: Tensor<3>,
     ) -> Option<Tensor<1>> {
         let c = self.compression;
         let (width, evicted) = slots.evicted(self.segment_len, self.mem_len, c);
         if width == 0 {
             return None;
         }
-        let [batch, n, _] = x.dims();
-        let heads = self.proj.n_heads;
-        let device = x.device();
-        let (nb, s) = (layout.blocks, layout.s);
-        let np = nb * s;
-        let states = x.clone().detach();
-        let per_head = |layer: &Linear, x: Tensor<3>| split_heads(frozen(layer, x), heads);
-        let d = self.proj.d_model() / heads;
-        // Queries per segment, `[batch, heads, nb, s, d]`.
-        let q = zeros_after(per_head(&self.proj.query, states.clone()), 2, np - n)
-            .reshape([batch, heads, nb, s, d])
-            .mul_scalar(1.0 / (d as f32).sqrt());
-        // The evicted positions, uncompressed: `[batch, heads, nb, width · c, d]`.
-        let positions: Vec<Option<usize>> = evicted
-            .iter()
-            .flat_map(|j| (0..c).map(move |r| j.map(|j| j * c + r)))
-            .collect();
-        let raw = |layer: &Linear| {
-            pick(per_head(layer, states.clone()), 2, &positions).reshape([
-                batch,
-                heads,
-                nb,
-                width * c,
-                d,
-            ])
-        };
-        let raw_missing =
-            pick_flags(pad.clone(), &positions).bool_or(unfilled(&positions, batch, &device));
-        // The same blocks compressed: `[batch, heads, nb, width, d]`.
-        let packed = |layer: &Linear| {
-            pick(per_head(layer, compressed.clone()), 2, &evicted)
-                .reshape([batch, heads, nb, width, d])
-        };
-        let packed_missing = pick_flags(self.block_padding(pad, slots.blocks), &evicted)
-            .bool_or(unfilled(&evicted, batch, &device));
-        let attend = |keys: Tensor<5>, values: Tensor<5>, missing: Tensor<2, Bool>| {
-            let keys_per = keys.dims()[3];
-            let scores = q
-                .clone()
-                .matmul(keys.swap_dims(3, 4))
-                .mask_fill(missing.reshape([batch, 1, nb, 1, keys_per]), MASK_FILL);
-            kernels::softmax(scores).matmul(values)
-        };
-        let uncompressed = attend(
-            raw(&self.proj.key),
-            raw(&self.proj.value),
-            raw_missing.clone(),
+        let [batch, heads, n, d] = q.dims();
+        let pattern = ReconstructionPattern::new(padding, layout.s, c, (width, &evicted));
+        let scale = 1.0 / (d as f32).sqrt();
+        let uncompressed = gathered_attention(q.clone(), k, v, pattern.uncompressed, scale, None);
+        let per_head = |layer: &Linear| split_heads(frozen(layer, compressed.clone()), heads);
+        let reconstructed = gathered_attention(
+            q,
+            per_head(&self.proj.key),
+            per_head(&self.proj.value),
+            pattern.compressed,
+            scale,
+            None,
         );
-        let reconstructed = attend(
-            packed(&self.proj.key),
-            packed(&self.proj.value),
-            packed_missing,
+        let weight = Tensor::<4>::from_data(
+            TensorData::new(pattern.weight, [batch, 1, n, 1]),
+            &uncompressed.out.device(),
         );
-        // Real queries of segments that evict a real position.
-        let evicts = raw_missing
-            .reshape([batch, nb, width * c])
-            .all_dim(2)
-            .bool_not();
-        let real = flags_framed(pad.clone(), 0, np - n)
-            .reshape([batch, nb, s])
-            .bool_not()
-            .bool_and(evicts.reshape([batch, nb, 1]).expand([batch, nb, s]));
-        let weight = real.float().reshape([batch, 1, nb, s, 1]);
-        let count = weight.clone().sum().mul_scalar((heads * d) as f32);
-        let squared = (uncompressed - reconstructed).powi_scalar(2) * weight;
+        let count = (pattern.counted * heads * d).max(1);
+        let squared = (uncompressed.out - reconstructed.out).powi_scalar(2) * weight;
         Some(
             squared
                 .sum()
-                .div(count.clamp_min(1.0))
-                .mul_scalar(self.reconstruction as f32),
+                .mul_scalar((self.reconstruction / count as f64) as f32),
         )
+    }
+
+    /// The forward pass after the input's checks, with the reconstruction loss when
+    /// `with_loss`.
+    fn checked_forward(
+        &self,
+        input: AttentionInput,
+        with_loss: bool,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        let masks = input.head_masks();
+        let n = input.key_len();
+        check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
+        if masks.attn.is_some() {
+            return Err(AttentionError::unsupported(
+                INFO.name,
+                "an arbitrary attention mask (`mask_attn`)",
+            ));
+        }
+        let (o, loss) = self.attention(
+            input.query().clone(),
+            &masks.key_pad,
+            masks.causal,
+            with_loss,
+        );
+        Ok((self.proj.out(o), loss))
     }
 
     /// Blocks compressed when the token at position `t` runs: those that end at or before its
@@ -673,8 +718,9 @@ impl AttentionModule for CompressiveAttention {
 
     rotary_refused!("it scores relative positions itself (Transformer-XL's relative terms)");
 
+    /// The output alone: the reconstruction loss is not computed.
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-        self.try_forward_with_loss(input).map(|(y, _)| y)
+        self.checked_forward(input, false).map(|(y, _)| y)
     }
 
     /// The output and the attention-reconstruction loss (the only loss that trains the
@@ -683,17 +729,7 @@ impl AttentionModule for CompressiveAttention {
         &self,
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
-        let masks = input.head_masks();
-        let n = input.key_len();
-        check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
-        if masks.attn.is_some() {
-            return Err(AttentionError::unsupported(
-                INFO.name,
-                "an arbitrary attention mask (`mask_attn`)",
-            ));
-        }
-        let (o, loss) = self.attention(input.query().clone(), &masks.key_pad, masks.causal, true);
-        Ok((self.proj.out(o), loss))
+        self.checked_forward(input, true)
     }
 
     fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, masks: HeadMasks) -> PerHeadResult {

@@ -191,14 +191,16 @@ impl TransformerXlAttention {
         key_pad: &Option<Tensor<2, Bool>>,
         causal: bool,
     ) -> Tensor<4> {
-        let layout = SegmentLayout::new(own.0.dims()[2], self.segment_len, self.mem_len);
+        let [batch, _, n, _] = own.0.dims();
+        let layout = SegmentLayout::new(n, self.segment_len, self.mem_len);
+        let padding = key_pad.as_ref().map(|_| padding_flags(key_pad, batch, n));
         segment_attention(
             self.score(),
             layout,
             own,
             memory,
             None,
-            key_pad,
+            padding.as_deref(),
             causal,
             &self.dropout,
         )
