@@ -189,6 +189,29 @@ fn rows_of(x: &Tensor<3>, b: usize) -> Rows {
     to_rows(&x.clone().slice(s![b..b + 1]).reshape([n, d]))
 }
 
+/// The batch both loss tests use: two sequences of `N` positions at `scale`, the second
+/// padded after `LENGTHS[1]` with large junk; and which positions are real.
+fn padded_batch(seed: u64, scale: f32, device: &Device) -> (Tensor<3>, Vec<Vec<bool>>) {
+    let x = normal_tensor([2, N, D_MODEL], seed, device).mul_scalar(scale);
+    let junk = normal_tensor([1, N - LENGTHS[1], D_MODEL], seed + 1, device).mul_scalar(50.0);
+    let x = Tensor::cat(
+        vec![
+            x.clone().slice(s![0..1]),
+            Tensor::cat(vec![x.slice(s![1..2, 0..LENGTHS[1]]), junk], 1),
+        ],
+        0,
+    );
+    let reals = LENGTHS
+        .iter()
+        .map(|&l| (0..N).map(|p| p < l).collect())
+        .collect();
+    (x, reals)
+}
+
+/// Positions per sequence of [`padded_batch`], and the real ones of each.
+const N: usize = 23;
+const LENGTHS: [usize; 2] = [23, 15];
+
 /// (segment_len, mem_len, compression, cmem_len): memory shorter than and equal to a segment,
 /// longer than one, a rate that does not divide the segment, a compressed memory shorter than
 /// what a late segment could see.
@@ -208,33 +231,17 @@ fn compressive_matches_float64_reference() {
             .with_bias(true)
             .init(&device);
         for scale in [1.0, 4.0] {
-            let seed = 10 * case as u64 + scale as u64;
-            let n = 23;
-            let lengths = [23, 15];
-            let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(scale);
-            // The second sequence's padding holds large junk.
-            let junk = normal_tensor([1, n - 15, D_MODEL], seed + 1, &device).mul_scalar(50.0);
-            let x = Tensor::cat(
-                vec![
-                    x.clone().slice(s![0..1]),
-                    Tensor::cat(vec![x.slice(s![1..2, 0..15]), junk], 1),
-                ],
-                0,
-            );
-            let reals: Vec<Vec<bool>> = lengths
-                .iter()
-                .map(|&l| (0..n).map(|p| p < l).collect())
-                .collect();
+            let (x, reals) = padded_batch(10 * case as u64 + scale as u64, scale, &device);
             let xs: Vec<Rows> = (0..2).map(|b| rows_of(&x, b)).collect();
             for causal in [false, true] {
                 let (out, loss) = m
                     .try_forward_with_loss(
                         AttentionInput::new(x.clone())
-                            .mask_pad(padding_mask_from_lengths(&lengths, n, &device))
+                            .mask_pad(padding_mask_from_lengths(&LENGTHS, N, &device))
                             .causal(causal),
                     )
                     .unwrap();
-                for (b, len) in lengths.into_iter().enumerate() {
+                for (b, len) in LENGTHS.into_iter().enumerate() {
                     let expected = compressive_f64(&m, &xs[b], &reals[b], causal);
                     let got = rows_of(&out, b);
                     let err = max_err_of_scale(&got[..len], &expected[..len], 0.05);
@@ -323,26 +330,11 @@ fn reconstruction_gradient_matches_float64_differences() {
             .with_cmem_len(cmem)
             .with_reconstruction(0.5)
             .init(&device);
-        let n = 23;
-        let lengths = [23, 15];
-        let seed = 100 + case as u64;
-        let x = normal_tensor([2, n, D_MODEL], seed, &device).mul_scalar(2.0);
-        let junk = normal_tensor([1, n - 15, D_MODEL], seed + 1, &device).mul_scalar(50.0);
-        let x = Tensor::cat(
-            vec![
-                x.clone().slice(s![0..1]),
-                Tensor::cat(vec![x.slice(s![1..2, 0..15]), junk], 1),
-            ],
-            0,
-        );
-        let reals: Vec<Vec<bool>> = lengths
-            .iter()
-            .map(|&l| (0..n).map(|p| p < l).collect())
-            .collect();
+        let (x, reals) = padded_batch(100 + case as u64, 2.0, &device);
         let xs: Vec<Rows> = (0..2).map(|b| rows_of(&x, b)).collect();
         let (_, loss) = m
             .try_forward_with_loss(
-                AttentionInput::new(x).mask_pad(padding_mask_from_lengths(&lengths, n, &device)),
+                AttentionInput::new(x).mask_pad(padding_mask_from_lengths(&LENGTHS, N, &device)),
             )
             .unwrap();
         let grads = loss.expect("a loss").backward();

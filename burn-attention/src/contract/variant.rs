@@ -190,6 +190,17 @@ pub fn check_capabilities(
     Ok(())
 }
 
+/// Refuses an attention mask in `masks` where `info`'s capabilities exclude one.
+pub fn refuse_attention_mask(info: &VariantInfo, masks: &HeadMasks) -> Result<(), AttentionError> {
+    if masks.attn.is_some() && !info.capabilities.attention_mask {
+        return Err(AttentionError::unsupported(
+            info.name,
+            "an arbitrary attention mask (`mask_attn`)",
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses an attention mask in `masks` where `info`'s capabilities exclude one, and one whose
 /// shape is not `[batch, n_q, n_k]` for queries `[batch, heads, n_q, d]` over `n_k` keys.
 pub fn check_attention_mask(
@@ -198,15 +209,10 @@ pub fn check_attention_mask(
     q: &Tensor<4>,
     n_k: usize,
 ) -> Result<(), AttentionError> {
+    refuse_attention_mask(info, masks)?;
     let Some(mask) = &masks.attn else {
         return Ok(());
     };
-    if !info.capabilities.attention_mask {
-        return Err(AttentionError::unsupported(
-            info.name,
-            "an arbitrary attention mask (`mask_attn`)",
-        ));
-    }
     let [batch, _, n_q, _] = q.dims();
     if mask.dims() != [batch, n_q, n_k] {
         return Err(AttentionError::unsupported(

@@ -525,12 +525,7 @@ impl CompressiveAttention {
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
-        if masks.attn.is_some() {
-            return Err(AttentionError::unsupported(
-                INFO.name,
-                "an arbitrary attention mask (`mask_attn`)",
-            ));
-        }
+        refuse_attention_mask(&INFO, &masks)?;
         let (o, loss) = self.attention(
             input.query().clone(),
             &masks.key_pad,

@@ -425,12 +425,7 @@ impl AttentionModule for EtcAttention {
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
-        if masks.attn.is_some() {
-            return Err(AttentionError::unsupported(
-                INFO.name,
-                "an arbitrary attention mask (`mask_attn`)",
-            ));
-        }
+        refuse_attention_mask(&INFO, &masks)?;
         let x = input.query().clone();
         let (global, global_pad) = self.global_input(&x, &masks.key_pad);
         let global = self.global_step(global, x.clone(), &masks.key_pad, &global_pad);

@@ -348,12 +348,7 @@ impl AttentionModule for TransformerXlAttention {
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
-        if masks.attn.is_some() {
-            return Err(AttentionError::unsupported(
-                INFO.name,
-                "an arbitrary attention mask (`mask_attn`)",
-            ));
-        }
+        refuse_attention_mask(&INFO, &masks)?;
         if self.mem_len == 0 {
             return Err(INFO.field_error("mem_len", "is 0: there is no memory to carry"));
         }
