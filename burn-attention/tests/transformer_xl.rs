@@ -9,6 +9,7 @@
 
 mod reference;
 
+use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Tolerance;
 use burn_attention_zoo::{
@@ -252,5 +253,112 @@ fn position_scores_by_query_equal_position_scores() {
             &projected.into_data(),
             Tolerance::absolute(1e-5).set_relative(1e-4),
         );
+    }
+}
+
+/// The gradients of the parameters equal the float64 output's central differences: `W_R`, `u`,
+/// `v` and the key and value projections (which reach the scores through the segment and the
+/// memory both), for a weighted sum of the real rows of a padded batch whose padding holds
+/// large junk, causal and not, memory shorter and longer than a segment (the fused kernel's
+/// backward with its learned bias on `flex`).
+#[test]
+fn parameter_gradients_match_float64_differences() {
+    type Get = fn(&TransformerXlAttention) -> &Param<Tensor<2>>;
+    type Set = fn(&mut TransformerXlAttention, Param<Tensor<2>>);
+    let params: [(&str, Get, Set); 5] = [
+        ("W_R", |m| &m.r_net.weight, |m, p| m.r_net.weight = p),
+        ("u", |m| &m.r_w_bias, |m, p| m.r_w_bias = p),
+        ("v", |m| &m.r_r_bias, |m, p| m.r_r_bias = p),
+        ("W_k", |m| &m.proj.key.weight, |m, p| m.proj.key.weight = p),
+        (
+            "W_v",
+            |m| &m.proj.value.weight,
+            |m, p| m.proj.value.weight = p,
+        ),
+    ];
+    let device = Device::flex().autodiff();
+    let lengths = [13, 9];
+    for (case, (segment, mem, causal)) in [(4, 3, false), (3, 7, true)].into_iter().enumerate() {
+        let m = TransformerXlConfig::new(D_MODEL, HEADS)
+            .with_segment_len(segment)
+            .with_mem_len(mem)
+            .init(&device);
+        let seed = 200 + case as u64;
+        let x = normal_tensor([2, 13, D_MODEL], seed, &device).mul_scalar(2.0);
+        let junk = normal_tensor([1, 4, D_MODEL], seed + 1, &device).mul_scalar(50.0);
+        let x = Tensor::cat(
+            vec![
+                x.clone().slice(s![0..1]),
+                Tensor::cat(vec![x.slice(s![1..2, 0..9]), junk], 1),
+            ],
+            0,
+        );
+        // The loss's weight on each output, zero on the padding.
+        let weights = normal_tensor([2, 13, D_MODEL], seed + 2, &device)
+            .mask_fill(
+                padding_mask_from_lengths(&lengths, 13, &device)
+                    .unsqueeze_dim::<3>(2)
+                    .expand([2, 13, D_MODEL]),
+                0.0,
+            )
+            .detach();
+        let out = m.forward(
+            AttentionInput::new(x.clone())
+                .mask_pad(padding_mask_from_lengths(&lengths, 13, &device))
+                .causal(causal),
+        );
+        let grads = (out * weights.clone()).sum().backward();
+        let xs: Vec<Rows> = (0..2).map(|b| rows_of(&x, b, lengths[b])).collect();
+        let ws: Vec<Rows> = (0..2).map(|b| rows_of(&weights, b, lengths[b])).collect();
+        let loss_f64 = |m: &TransformerXlAttention| -> f64 {
+            xs.iter()
+                .zip(&ws)
+                .map(|(x, w)| {
+                    let out = transformer_xl_f64(m, x, causal);
+                    out.iter()
+                        .flatten()
+                        .zip(w.iter().flatten())
+                        .map(|(o, w)| o * w)
+                        .sum::<f64>()
+                })
+                .sum()
+        };
+        for (name, get, set) in params {
+            let value = get(&m).val();
+            let got: Vec<f32> = value
+                .grad(&grads)
+                .unwrap_or_else(|| panic!("a gradient to {name}"))
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let inner = value.inner();
+            let shape = inner.dims();
+            let flat: Vec<f32> = inner.into_data().try_to_vec::<f32>().unwrap();
+            let loss_at = |at: usize, to: f32| {
+                let mut moved = flat.clone();
+                moved[at] = to;
+                let mut m = m.clone();
+                let moved = Tensor::<2>::from_data(TensorData::new(moved, shape), &device);
+                set(&mut m, Param::from_tensor(moved));
+                loss_f64(&m)
+            };
+            let expected: Vec<f64> = (0..flat.len())
+                .map(|at| {
+                    let (up, down) = (flat[at] + 2e-3, flat[at] - 2e-3);
+                    (loss_at(at, up) - loss_at(at, down)) / (f64::from(up) - f64::from(down))
+                })
+                .collect();
+            let scale = expected.iter().fold(0.0f64, |a, g| a.max(g.abs()));
+            assert!(scale > 0.0, "case {case}: no gradient expected to {name}");
+            let err = got
+                .iter()
+                .zip(&expected)
+                .map(|(&g, e)| (f64::from(g) - e).abs() / scale)
+                .fold(0.0, f64::max);
+            assert!(
+                err < 1e-4,
+                "case {case}: the gradient to {name} is off by {err} of its largest entry"
+            );
+        }
     }
 }

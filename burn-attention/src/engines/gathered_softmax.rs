@@ -1,5 +1,7 @@
 //! Softmax attention over gathered keys: the shared step of the sparse patterns (local windows,
-//! the Sparse Transformer's fixed and strided patterns, Longformer, BigBird, Reformer's chunks).
+//! the Sparse Transformer's fixed and strided patterns, Longformer, BigBird, Reformer's chunks)
+//! and of the segment attentions (Transformer-XL, the Compressive Transformer), whose learned
+//! relative-position scores it takes as a bias with a gradient ([`biased_gathered_attention`]).
 //!
 //! The queries are cut into blocks of `block` consecutive rows; every query of a block scores the
 //! same `slots` keys, gathered by position ([`KeySlots`]), with a mask per query and slot for
@@ -58,22 +60,64 @@ pub fn gathered_attention(
     scale: f32,
     dropout: Option<&Dropout>,
 ) -> GatheredOutput {
+    attention_over_slots(q, k, v, None, slots, scale, dropout)
+}
+
+/// [`gathered_attention`] with a learned `bias` added to the scaled scores, which receives its
+/// gradient: `softmax(scale · q k_slotsᵀ + bias + masks) v_slots`. `bias` is `[batch, heads,
+/// n_blocks · block, slots]`, row `β · block + r` for query `r` of block `β` (block order, as
+/// [`KeySlots::query_order`] lays the queries out). Transformer-XL's relative-position scores
+/// are such a bias; on `flex` it runs the same fused kernel, which reads the bias and writes
+/// its gradient block by block.
+///
+/// # Shapes
+/// As [`gathered_attention`], and `bias`: `[batch, heads, n_blocks · block, slots]`.
+pub fn biased_gathered_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    slots: KeySlots,
+    scale: f32,
+    dropout: Option<&Dropout>,
+) -> GatheredOutput {
+    attention_over_slots(q, k, v, Some(bias), slots, scale, dropout)
+}
+
+/// The fused kernel where the backend has it, the composed steps otherwise.
+fn attention_over_slots(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Option<Tensor<4>>,
+    slots: KeySlots,
+    scale: f32,
+    dropout: Option<&Dropout>,
+) -> GatheredOutput {
     let slots = Arc::new(slots);
     let dropout = WeightDropout::new(&q, dropout);
     if !matches!(dropout, WeightDropout::Layer(_))
-        && let Some((out, lse)) =
-            kernels::try_gathered_attention(&q, &k, &v, &slots, scale, dropout.mask())
+        && let Some((out, lse)) = kernels::try_gathered_attention(
+            &q,
+            &k,
+            &v,
+            bias.as_ref(),
+            &slots,
+            scale,
+            dropout.mask(),
+        )
     {
         return GatheredOutput { out, lse };
     }
-    composed_gathered_attention(q, k, v, Arc::unwrap_or_clone(slots), scale, dropout)
+    composed_gathered_attention(q, k, v, bias, Arc::unwrap_or_clone(slots), scale, dropout)
 }
 
-/// [`gathered_attention`] from Burn's operations: gather, batched products, softmax.
+/// [`biased_gathered_attention`] from Burn's operations: gather, batched products, softmax.
 fn composed_gathered_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
+    learned_bias: Option<Tensor<4>>,
     slots: KeySlots,
     scale: f32,
     dropout: WeightDropout<'_>,
@@ -157,6 +201,9 @@ fn composed_gathered_attention(
     let shape = [gb, gh, n_blocks, block, s];
     if let Some(bias) = slots.bias {
         scores = scores + Tensor::<5>::from_data(TensorData::new(bias, shape), &device);
+    }
+    if let Some(bias) = learned_bias {
+        scores = scores + bias.reshape([batch, heads, n_blocks, block, s]);
     }
     let mask = Tensor::<5, Bool>::from_data(TensorData::new(slots.mask, shape), &device);
     let scores = scores.mask_fill(mask, MASK_FILL);
@@ -551,41 +598,61 @@ mod tests {
                 .swap_dims(1, 2);
             let g_out = draws.tensor([batch, heads, n_q, d_v], 1.0, &device);
             let g_lse = draws.tensor([batch, heads, n_q, 1], 1.0, &device);
-            let run = |fused: bool| {
-                let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
-                let (out, lse) = if fused {
-                    let slots = Arc::new(slots.clone());
-                    kernels::try_gathered_attention(&q, &k, &v, &slots, 0.5, dropout)
+            // A learned bias (Transformer-XL's relative scores) of the scores' own size.
+            let rows = slots.n_blocks * slots.block;
+            let learned = draws.tensor([batch, heads, rows, slots.slots], 2.0, &device);
+            for with_bias in [false, true] {
+                let run = |fused: bool| {
+                    let [q, k, v, learned] =
+                        [&q, &k, &v, &learned].map(|t| t.clone().require_grad());
+                    let bias = with_bias.then(|| learned.clone());
+                    let (out, lse) = if fused {
+                        let slots = Arc::new(slots.clone());
+                        kernels::try_gathered_attention(
+                            &q,
+                            &k,
+                            &v,
+                            bias.as_ref(),
+                            &slots,
+                            0.5,
+                            dropout,
+                        )
                         .expect("flex has the fused kernel")
-                } else {
-                    let o = composed_gathered_attention(
-                        q.clone(),
-                        k.clone(),
-                        v.clone(),
-                        slots.clone(),
-                        0.5,
-                        dropout.map_or(WeightDropout::Off, WeightDropout::Mask),
-                    );
-                    (o.out, o.lse)
+                    } else {
+                        let o = composed_gathered_attention(
+                            q.clone(),
+                            k.clone(),
+                            v.clone(),
+                            bias,
+                            slots.clone(),
+                            0.5,
+                            dropout.map_or(WeightDropout::Off, WeightDropout::Mask),
+                        );
+                        (o.out, o.lse)
+                    };
+                    let loss =
+                        (out.clone() * g_out.clone()).sum() + (lse.clone() * g_lse.clone()).sum();
+                    let grads = loss.backward();
+                    let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+                    let mut found = vec![out.inner(), lse.inner(), grad(&q), grad(&k), grad(&v)];
+                    if with_bias {
+                        found.push(grad(&learned));
+                    }
+                    found
                 };
-                let loss =
-                    (out.clone() * g_out.clone()).sum() + (lse.clone() * g_lse.clone()).sum();
-                let grads = loss.backward();
-                let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
-                [out.inner(), lse.inner(), grad(&q), grad(&k), grad(&v)]
-            };
-            let fused = run(true);
-            let composed = run(false);
-            for (name, (a, b)) in ["out", "lse", "dq", "dk", "dv"]
-                .iter()
-                .zip(fused.into_iter().zip(composed))
-            {
-                let diff = max_rel_diff(a, b);
-                assert!(
-                    diff < 2e-5,
-                    "{name}: relative difference {diff} (groups {groups:?}, n_q {n_q}, \
-                     dropout {dropout:?})"
-                );
+                let fused = run(true);
+                let composed = run(false);
+                for (name, (a, b)) in ["out", "lse", "dq", "dk", "dv", "d_bias"]
+                    .iter()
+                    .zip(fused.into_iter().zip(composed))
+                {
+                    let diff = max_rel_diff(a, b);
+                    assert!(
+                        diff < 2e-5,
+                        "{name}: relative difference {diff} (groups {groups:?}, n_q {n_q}, \
+                         dropout {dropout:?}, learned bias {with_bias})"
+                    );
+                }
             }
         }
     }

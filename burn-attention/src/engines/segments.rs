@@ -15,11 +15,12 @@ use burn::nn::{Dropout, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
-use crate::contract::input::{MASK_FILL, zeros_after, zeros_before};
-use crate::engines::dropout::dropout;
+use crate::contract::input::zeros_after;
+use crate::engines::gathered_softmax::biased_gathered_attention;
 use crate::engines::heads::split_heads;
 use crate::engines::params::lazy_param;
 use crate::kernels;
+use crate::kernels::key_slots::KeySlots;
 
 /// Transformer-XL's relative score's parameters.
 #[derive(Debug, Clone, Copy)]
@@ -175,6 +176,11 @@ pub struct SegmentPrefix {
 /// when `causal`), one softmax: `q`, `k`, `v` `[batch, heads, n, d]` in, `[batch, heads, n, d]`
 /// out. `padding[b][j]` (`true` = padding; `None`: no padding) is read on the host, where the
 /// mask over the scores is built.
+///
+/// Each segment is a block of queries of the gathered softmax (`biased_gathered_attention`):
+/// its key slots are its window (prefix, memory, segment), and the relative-position scores are
+/// the learned bias. On `flex` that is one fused kernel with its own backward, which keeps no
+/// score; elsewhere the composed gather, products and softmax.
 #[allow(clippy::too_many_arguments)]
 pub fn segment_attention(
     score: RelativeScore<'_>,
@@ -186,8 +192,7 @@ pub fn segment_attention(
     causal: bool,
     weight_dropout: &Dropout,
 ) -> Tensor<4> {
-    let [batch, heads, n, d] = q.dims();
-    let device = q.device();
+    let [batch, heads, n, _] = q.dims();
     let SegmentLayout {
         s,
         blocks: nb,
@@ -197,27 +202,9 @@ pub fn segment_attention(
     let np = nb * s;
     let mp = mb * s;
     let p = prefix.as_ref().map_or(0, |prefix| prefix.keys.dims()[3]);
-    if let Some(prefix) = &prefix {
-        let groups = padding.map_or(1, <[Vec<bool>]>::len);
-        debug_assert_eq!(
-            prefix.missing.len(),
-            groups * nb * p,
-            "a prefix mask a group"
-        );
-    }
-    // `x` with `front` zero positions before it and zeros after it up to whole segments.
-    let framed = |x: Tensor<4>, front: usize| zeros_after(zeros_before(x, 2, front), 2, np - n);
-    let blocks = |x: Tensor<4>, front: usize| {
-        framed(x, front).reshape([batch, heads, np / s + front / s, s, d])
-    };
-    // Segment τ's keys: its prefix, the mb segments before it (gradient stopped), its own.
-    let windows = |prefix: Option<Tensor<5>>, memory: Tensor<4>, own: Tensor<4>| {
-        let memory = blocks(memory, mp);
-        let mut parts: Vec<Tensor<5>> = prefix.into_iter().collect();
-        parts.extend((0..mb).map(|o| memory.clone().slice(s![.., .., o..o + nb])));
-        parts.push(blocks(own, 0));
-        Tensor::cat(parts, 3)
-    };
+    let groups = padding.map_or(1, <[Vec<bool>]>::len);
+    // The keys and values the slots point into: the prefix's `p` slots of each segment, segment
+    // after segment, then the memory's `n` positions, then the sequence's own `n`.
     let (prefix_keys, prefix_values, prefix_missing) = match prefix {
         Some(SegmentPrefix {
             keys,
@@ -226,15 +213,24 @@ pub fn segment_attention(
         }) => (Some(keys), Some(values), missing),
         None => (None, None, Vec::new()),
     };
-    let keys = windows(prefix_keys, k_mem, k);
-    let values = windows(prefix_values, v_mem, v);
+    debug_assert_eq!(
+        prefix_missing.len(),
+        groups * nb * p,
+        "a prefix mask a group"
+    );
+    let stacked = |prefix: Option<Tensor<5>>, memory: Tensor<4>, own: Tensor<4>| {
+        let width = own.dims()[3];
+        let mut parts: Vec<Tensor<4>> = prefix
+            .map(|x| x.reshape([batch, heads, nb * p, width]))
+            .into_iter()
+            .collect();
+        parts.extend([memory, own]);
+        Tensor::cat(parts, 2)
+    };
+    let keys = stacked(prefix_keys, k_mem, k);
+    let values = stacked(prefix_values, v_mem, v);
     let width = p + mp + s;
-    let q = framed(q, 0);
-    let content = score
-        .content_queries(q.clone())
-        .reshape([batch, heads, nb, s, d])
-        .matmul(keys.swap_dims(3, 4));
-    // Query ρ over key σ of its window: over the memory and the segment, distance
+    // Query ρ over slot σ of its segment's window: over the memory and the segment, distance
     // δ = ρ − (σ − p − mp), from −(s − 1) to mp + s − 1; over the prefix, its k-th newest slot
     // (k = p − σ) sits k places before the memory's mem_len positions, δ = ρ + mem_len + k.
     let first = -(s as i64 - 1);
@@ -257,42 +253,67 @@ pub fn segment_attention(
     }
     let position = kernels::gather_shared(
         score
-            .position_scores(q, first, count)
+            .position_scores(zeros_after(q.clone(), 2, np - n), first, count)
             .reshape([batch, heads, nb, s, count]),
         &index,
         width,
-    );
-    // One mask over the scores, built on the host (`[groups, 1, nb, s, width]`, shared by the
-    // heads, one group per sequence where there is padding), so that the scores are filled
-    // once; the softmax in one pass a row (its backward keeps only its output). Key `σ ≥ p` of
-    // segment τ is position `(τ − mb) s + σ − p`: before the sequence, after it, or padded, it
-    // is missing.
+    )
+    .reshape([batch, heads, np, width]);
+    let slots = window_slots(layout, (n, p), padding, &prefix_missing, &hidden);
+    biased_gathered_attention(
+        score.content_queries(q),
+        keys,
+        values,
+        position,
+        slots,
+        1.0,
+        Some(weight_dropout),
+    )
+    .out
+}
+
+/// Each segment's window as key slots of the stacked keys (the prefix's `nb · p` slots, the
+/// memory's `n` positions, the sequence's `n`), one group per sequence where there is padding.
+/// Slot `σ ≥ p` of segment `τ` is position `(τ − mb) s + σ − p`, read from the memory for
+/// `σ < p + mp` and from the sequence after: before the sequence, after it, or padded, it is
+/// masked, as are the prefix's missing slots and the pairs `hidden` (`[s, width]`: too old,
+/// or ahead of a causal query) holds.
+fn window_slots(
+    layout: SegmentLayout,
+    (n, p): (usize, usize),
+    padding: Option<&[Vec<bool>]>,
+    prefix_missing: &[bool],
+    hidden: &[bool],
+) -> KeySlots {
+    let SegmentLayout {
+        s,
+        blocks: nb,
+        memory_blocks: mb,
+        ..
+    } = layout;
+    let mp = mb * s;
+    let width = p + mp + s;
     let groups = padding.map_or(1, <[Vec<bool>]>::len);
-    let mut masked = Vec::with_capacity(groups * nb * s * width);
+    let mut slots = KeySlots::masked([groups, 1], nb, s, width);
     for g in 0..groups {
         let pad = padding.map(|padding| &padding[g]);
         for tau in 0..nb {
-            let key_missing: Vec<bool> = (0..width)
-                .map(|sigma| match sigma.checked_sub(p) {
-                    None => prefix_missing[(g * nb + tau) * p + sigma],
-                    Some(at) => (tau * s + at)
-                        .checked_sub(mp)
-                        .is_none_or(|j| j >= n || pad.is_some_and(|pad| pad[j])),
-                })
-                .collect();
-            for rho in 0..s {
-                let hidden = &hidden[rho * width..(rho + 1) * width];
-                masked.extend(key_missing.iter().zip(hidden).map(|(&m, &h)| m || h));
+            for sigma in 0..width {
+                let (at, missing) = match sigma.checked_sub(p) {
+                    None => (tau * p + sigma, prefix_missing[(g * nb + tau) * p + sigma]),
+                    Some(at) => match (tau * s + at).checked_sub(mp) {
+                        Some(j) if j < n && pad.is_none_or(|pad| !pad[j]) => {
+                            let own = if at < mp { 0 } else { n };
+                            (nb * p + own + j, false)
+                        }
+                        _ => (0, true),
+                    },
+                };
+                slots.set(g, tau, sigma, at, |rho| {
+                    !missing && !hidden[rho * width + sigma]
+                });
             }
         }
     }
-    let masked =
-        Tensor::<5, Bool>::from_data(TensorData::new(masked, [groups, 1, nb, s, width]), &device)
-            .expand([batch, 1, nb, s, width]);
-    let scores = (content + position).mask_fill(masked, MASK_FILL);
-    let weights = dropout(weight_dropout, kernels::softmax(scores));
-    weights
-        .matmul(values)
-        .reshape([batch, heads, np, d])
-        .slice(s![.., .., 0..n])
+    slots
 }

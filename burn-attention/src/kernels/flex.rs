@@ -206,21 +206,33 @@ impl Held {
     }
 }
 
-/// The queries, keys and values of a gathered call, held in place.
+/// The queries, keys and values of a gathered call, and its learned bias if any, held in place.
 #[derive(Debug, Clone)]
 pub(super) struct HeldInputs {
     q: Held,
     k: Held,
     v: Held,
+    bias: Option<Held>,
 }
 
 impl HeldInputs {
-    pub(super) fn new(q: FloatTensor<Flex>, k: FloatTensor<Flex>, v: FloatTensor<Flex>) -> Self {
+    pub(super) fn new(
+        q: FloatTensor<Flex>,
+        k: FloatTensor<Flex>,
+        v: FloatTensor<Flex>,
+        bias: Option<FloatTensor<Flex>>,
+    ) -> Self {
         Self {
             q: Held::new(q),
             k: Held::new(k),
             v: Held::new(v),
+            bias: bias.map(Held::new),
         }
+    }
+
+    /// The learned bias's shape, `[batch, heads, n_blocks · block, slots]`.
+    pub(super) fn bias_shape(&self) -> Option<[usize; 4]> {
+        self.bias.as_ref().map(|bias| bias.shape)
     }
 
     pub(super) fn dims(&self) -> Dims {
@@ -240,6 +252,7 @@ impl HeldInputs {
             q: self.q.rows(),
             k: self.k.rows(),
             v: self.v.rows(),
+            bias: self.bias.as_ref().map(Held::rows),
         }
     }
 
@@ -274,7 +287,20 @@ impl GatheredAttention for Flex {
         scale: f32,
         dropout: Option<DropMask>,
     ) -> FloatTensor<Self> {
-        let inputs = HeldInputs::new(q, k, v);
+        let inputs = HeldInputs::new(q, k, v, None);
+        joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
+    }
+
+    fn biased_gathered_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        slots: Arc<KeySlots>,
+        scale: f32,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        let inputs = HeldInputs::new(q, k, v, Some(bias));
         joint_tensor(&inputs.forward(&slots, scale, dropout), inputs.dims())
     }
 }

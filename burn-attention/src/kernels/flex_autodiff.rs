@@ -357,13 +357,13 @@ struct GatheredSaved {
     dropout: Option<DropMask>,
 }
 
+/// The backward of a gathered call with `N` inputs: `q, k, v`, then the learned bias if any.
 #[derive(Debug)]
 struct GatheredBackward;
 
-impl Backward<Flex, 3> for GatheredBackward {
-    type State = GatheredSaved;
-
-    fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+impl GatheredBackward {
+    /// The gradients of the inputs, handed to the parents that track one.
+    fn run<const N: usize>(ops: Ops<GatheredSaved, N>, grads: &mut Gradients) {
         let parents = ops.parents.map(|node| node.map(|node| node.id));
         let (joint, _) = host(grads.consume::<Flex>(&ops.node));
         let saved = ops.state;
@@ -375,7 +375,7 @@ impl Backward<Flex, 3> for GatheredBackward {
             d_out.extend_from_slice(&row[..d_v]);
             d_lse.push(row[d_v]);
         }
-        let (dq, dk, dv) = gathered::backward(
+        let found = gathered::backward(
             saved.inputs.rows(),
             dims,
             &saved.slots,
@@ -387,7 +387,73 @@ impl Backward<Flex, 3> for GatheredBackward {
                 d_lse: Some(&d_lse),
             },
         );
-        register_qkv_grads(grads, parents, [dq, dk, dv], dims);
+        let mut named = vec![
+            (found.dq, dims.q_shape()),
+            (found.dk, dims.k_shape()),
+            (found.dv, dims.v_shape()),
+        ];
+        if let (Some(d_bias), Some(shape)) = (found.d_bias, saved.inputs.bias_shape()) {
+            named.push((d_bias, shape));
+        }
+        for (node, (grad, shape)) in parents.into_iter().zip(named) {
+            if let Some(node) = node {
+                grads.register::<Flex>(node, device_tensor(grad, shape));
+            }
+        }
+    }
+}
+
+impl Backward<Flex, 3> for GatheredBackward {
+    type State = GatheredSaved;
+
+    fn backward(self, ops: Ops<GatheredSaved, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        Self::run(ops, grads);
+    }
+}
+
+impl Backward<Flex, 4> for GatheredBackward {
+    type State = GatheredSaved;
+
+    fn backward(self, ops: Ops<GatheredSaved, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        Self::run(ops, grads);
+    }
+}
+
+/// A gathered call under autodiff over the inputs behind `nodes` (`q, k, v`, then the bias if
+/// any): `inputs` holds them, the forward is kept when the result is tracked.
+fn tracked_gathered<C: CheckpointStrategy, const N: usize>(
+    nodes: [NodeGuard; N],
+    inputs: impl FnOnce() -> HeldInputs,
+    (slots, scale, dropout): (Arc<KeySlots>, f32, Option<DropMask>),
+) -> FloatTensor<Autodiff<Flex, C>>
+where
+    GatheredBackward: Backward<Flex, N, State = GatheredSaved>,
+{
+    match GatheredBackward
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let inputs = inputs();
+            let forward = inputs.forward(&slots, scale, dropout);
+            let joint = joint_tensor(&forward, inputs.dims());
+            let saved = GatheredSaved {
+                inputs,
+                forward: Arc::new(forward),
+                slots,
+                scale,
+                dropout,
+            };
+            prep.finish(saved, joint)
+        }
+        OpsKind::UnTracked(prep) => {
+            let inputs = inputs();
+            prep.finish(joint_tensor(
+                &inputs.forward(&slots, scale, dropout),
+                inputs.dims(),
+            ))
+        }
     }
 }
 
@@ -400,37 +466,37 @@ impl<C: CheckpointStrategy> GatheredAttention for Autodiff<Flex, C> {
         scale: f32,
         dropout: Option<DropMask>,
     ) -> FloatTensor<Self> {
-        match GatheredBackward
-            .prepare::<C>([q.node(), k.node(), v.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let inputs = HeldInputs::new(
-                    q.primitive().clone(),
-                    k.primitive().clone(),
-                    v.primitive().clone(),
-                );
-                let forward = inputs.forward(&slots, scale, dropout);
-                let joint = joint_tensor(&forward, inputs.dims());
-                let saved = GatheredSaved {
-                    inputs,
-                    forward: Arc::new(forward),
-                    slots,
-                    scale,
-                    dropout,
-                };
-                prep.finish(saved, joint)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(Flex::gathered_attention(
-                q.into_primitive(),
-                k.into_primitive(),
-                v.into_primitive(),
-                slots,
-                scale,
-                dropout,
-            )),
-        }
+        let nodes = [q.node(), k.node(), v.node()];
+        let inputs = || {
+            HeldInputs::new(
+                q.primitive().clone(),
+                k.primitive().clone(),
+                v.primitive().clone(),
+                None,
+            )
+        };
+        tracked_gathered::<C, 3>(nodes, inputs, (slots, scale, dropout))
+    }
+
+    fn biased_gathered_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        slots: Arc<KeySlots>,
+        scale: f32,
+        dropout: Option<DropMask>,
+    ) -> FloatTensor<Self> {
+        let nodes = [q.node(), k.node(), v.node(), bias.node()];
+        let inputs = || {
+            HeldInputs::new(
+                q.primitive().clone(),
+                k.primitive().clone(),
+                v.primitive().clone(),
+                Some(bias.primitive().clone()),
+            )
+        };
+        tracked_gathered::<C, 4>(nodes, inputs, (slots, scale, dropout))
     }
 }
 

@@ -57,7 +57,7 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Queries, keys and values of one call.
+/// Queries, keys and values of one call, and the scores' learned bias if any.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     /// `[batch, heads, n_q, d]`.
@@ -66,6 +66,10 @@ pub struct Inputs<'a> {
     pub k: Rows<'a>,
     /// `[batch, heads, n_k, d_v]`.
     pub v: Rows<'a>,
+    /// Added to the scaled scores, `[batch, heads, n_blocks · block, slots]`: row `β · block +
+    /// r` is query `r` of block `β` (in block order, as [`KeySlots::query_order`] lays the
+    /// queries out), and it receives its gradient (Transformer-XL's relative-position scores).
+    pub bias: Option<Rows<'a>>,
 }
 
 /// Per-task buffers: one block's queries, gathered keys and values, and scores.
@@ -145,6 +149,13 @@ impl Buffers {
                 *s += b;
             }
         }
+        if let Some(bias) = &inputs.bias {
+            for (r, row) in self.s.chunks_mut(width).enumerate() {
+                for (s, &x) in row.iter_mut().zip(bias.row(b, h, beta * block + r)) {
+                    *s += x;
+                }
+            }
+        }
         for (s, &masked) in self.s.iter_mut().zip(&slots.mask[pairs]) {
             if masked {
                 *s = MASK_FILL;
@@ -153,10 +164,14 @@ impl Buffers {
     }
 }
 
-/// The slots' key positions must lie below `n_k`, their query order below `n_blocks · block`.
-fn check(slots: &KeySlots, dims: Dims) {
+/// The slots' key positions must lie below `n_k`, their query order below `n_blocks · block`,
+/// and a learned bias's rows must be a slot each wide.
+fn check(slots: &KeySlots, dims: Dims, inputs: &Inputs<'_>) {
     let groups = slots.groups[0] * slots.groups[1];
     assert!(slots.block > 0 && slots.slots > 0, "empty blocks or slots");
+    if let Some(bias) = &inputs.bias {
+        assert_eq!(bias.width, slots.slots, "a bias row a slot each");
+    }
     assert!(slots.n_blocks * slots.block >= dims.n_q, "blocks too few");
     assert_eq!(slots.index.len(), groups * slots.n_blocks * slots.slots);
     assert_eq!(
@@ -213,7 +228,7 @@ pub fn forward(
 ) -> Forward {
     let Dims { n_q, d_v, .. } = dims;
     let bh = dims.batch * dims.heads;
-    check(slots, dims);
+    check(slots, dims, &inputs);
     let mut out = vec![0.0f32; bh * n_q * d_v];
     let mut max = vec![0.0f32; bh * n_q];
     let mut sum = vec![0.0f32; bh * n_q];
@@ -280,12 +295,25 @@ pub struct Upstream<'a> {
     pub d_lse: Option<&'a [f32]>,
 }
 
-/// Gradients with respect to `q`, `k` and `v`.
+/// The gradients of the inputs of one call, contiguous.
+#[derive(Debug)]
+pub struct Gradients {
+    /// `[bh, n_q, d]`.
+    pub dq: Vec<f32>,
+    /// `[bh, n_k, d]`.
+    pub dk: Vec<f32>,
+    /// `[bh, n_k, d_v]`.
+    pub dv: Vec<f32>,
+    /// `[bh, n_blocks · block, slots]`, when the call had a learned bias.
+    pub d_bias: Option<Vec<f32>>,
+}
+
+/// Gradients with respect to `q`, `k`, `v` and the learned bias.
 ///
 /// With `P` the weights, `Z` the dropout mask (ones without dropout) and `dP = (dO Vᵀ) ∘ Z`,
 /// a score's gradient is `P (dP − δ)` with `δ_i = dO_i · O_i − d lse_i` (the log-sum-exp's
-/// gradient with respect to a score is its weight); keys met by several slots collect every
-/// slot's share.
+/// gradient with respect to a score is its weight): the bias's, and `scale` times it the
+/// product `q kᵀ`'s; keys met by several slots collect every slot's share.
 pub fn backward(
     inputs: Inputs<'_>,
     dims: Dims,
@@ -293,25 +321,31 @@ pub fn backward(
     scale: f32,
     dropout: Option<DropMask>,
     up: Upstream<'_>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> Gradients {
     let Dims {
         n_q, n_k, d, d_v, ..
     } = dims;
     let bh = dims.batch * dims.heads;
-    check(slots, dims);
+    check(slots, dims, &inputs);
     assert_eq!(up.forward.out.len(), bh * n_q * d_v, "output length");
     assert_eq!(up.d_out.len(), bh * n_q * d_v, "output-gradient length");
     assert_eq!(up.forward.max.len(), bh * n_q, "row-maximum length");
     let mut dq = vec![0.0f32; bh * n_q * d];
     let mut dk = vec![0.0f32; bh * n_k * d];
     let mut dv = vec![0.0f32; bh * n_k * d_v];
-    if n_q == 0 {
-        return (dq, dk, dv);
-    }
     let (block, width) = (slots.block, slots.slots);
+    // The bias's gradient, a head's rows at a time (one unused float a head without a bias).
+    let bias_rows = slots.n_blocks * block * width;
+    let per_head = if inputs.bias.is_some() { bias_rows } else { 1 };
+    let mut d_bias = vec![0.0f32; bh * per_head];
+    if n_q == 0 {
+        let d_bias = inputs.bias.map(|_| d_bias);
+        return Gradients { dq, dk, dv, d_bias };
+    }
     dq.par_chunks_mut(n_q * d)
         .zip(dk.par_chunks_mut(n_k * d))
         .zip(dv.par_chunks_mut(n_k * d_v))
+        .zip(d_bias.par_chunks_mut(per_head))
         .enumerate()
         .for_each_init(
             || {
@@ -327,7 +361,8 @@ pub fn backward(
                     vec![0.0f32; if dropout.is_some() { block * width } else { 0 }],
                 )
             },
-            |(buf, delta, d_o, dp, dq_block, d_gathered, dropped), (h, ((dq, dk), dv))| {
+            |(buf, delta, d_o, dp, dq_block, d_gathered, dropped),
+             (h, (((dq, dk), dv), d_bias))| {
                 let out = &up.forward.out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let d_out = &up.d_out[h * n_q * d_v..(h + 1) * n_q * d_v];
                 let max = &up.forward.max[h * n_q..(h + 1) * n_q];
@@ -386,7 +421,8 @@ pub fn backward(
                         1.0,
                     );
                     scatter_add(dv, dv_slots, index(beta), d_v);
-                    // dP = (dO V_slotsᵀ) ∘ Z;  dS = scale · P ∘ (dP − δ), zero where masked.
+                    // dP = (dO V_slotsᵀ) ∘ Z;  dS = P ∘ (dP − δ), zero where masked: the
+                    // bias's gradient, and `scale` times it the product's.
                     matmul(
                         block,
                         width,
@@ -405,13 +441,17 @@ pub fn backward(
                         if let Some(mask) = &dropout {
                             mask.apply_row(mask_row(slots, h, beta, r), 0, &mut dp[at.clone()]);
                         }
-                        simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta, scale);
+                        simd::softmax_grad(&mut dp[at.clone()], &buf.s[at], delta, 1.0);
                     }
                     let pairs = slots.block_pairs(g, beta);
                     for (x, &masked) in dp.iter_mut().zip(&slots.mask[pairs]) {
                         if masked {
                             *x = 0.0;
                         }
+                    }
+                    if inputs.bias.is_some() {
+                        let rows = beta * block * width..(beta + 1) * block * width;
+                        d_bias[rows].copy_from_slice(dp);
                     }
                     // dQ_block = dS K_slots, to the block's query rows.
                     matmul(
@@ -425,7 +465,7 @@ pub fn backward(
                         (width, 1),
                         &buf.k,
                         (d, 1),
-                        1.0,
+                        scale,
                     );
                     for (r, pos) in buf.rows.iter().enumerate() {
                         if let Some(i) = *pos {
@@ -450,13 +490,14 @@ pub fn backward(
                         (1, width),
                         &buf.q,
                         (d, 1),
-                        1.0,
+                        scale,
                     );
                     scatter_add(dk, dk_slots, index(beta), d);
                 }
             },
         );
-    (dq, dk, dv)
+    let d_bias = inputs.bias.map(|_| d_bias);
+    Gradients { dq, dk, dv, d_bias }
 }
 
 /// Adds row `t` of `rows` (`width` wide) to row `index[t]` of `dst`.

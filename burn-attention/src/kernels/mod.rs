@@ -135,28 +135,51 @@ pub(crate) fn try_gathered_attention(
     q: &Tensor<4>,
     k: &Tensor<4>,
     v: &Tensor<4>,
+    bias: Option<&Tensor<4>>,
     slots: &Arc<KeySlots>,
     scale: f32,
     dropout: Option<DropMask>,
 ) -> Option<(Tensor<4>, Tensor<4>)> {
     #[cfg(feature = "flex")]
     {
-        let all_f32 = all_f32(&[q, k, v]);
+        let all_f32 = all_f32(&[q, k, v]) && bias.is_none_or(|bias| all_f32(&[bias]));
         let [batch, heads, n_q, _] = q.dims();
         let d_v = v.dims()[3];
         if !flex_kernels(&q.device()) || !all_f32 || n_q == 0 || k.dims()[2] == 0 {
             return None;
         }
+        if let Some(bias) = bias {
+            let rows = slots.n_blocks * slots.block;
+            assert_eq!(
+                bias.dims(),
+                [batch, heads, rows, slots.slots],
+                "a bias per query row and slot"
+            );
+        }
         // One tensor holds both outputs (the log-sum-exp as an extra column), so that one
         // backward receives the gradients of both.
-        let joint = <burn::backend::Dispatch as GatheredAttention>::gathered_attention(
-            q.clone().into_dispatch(),
-            k.clone().into_dispatch(),
-            v.clone().into_dispatch(),
-            slots.clone(),
-            scale,
-            dropout,
-        );
+        let [q, k, v] = [q, k, v].map(|x| x.clone().into_dispatch());
+        let joint = match bias {
+            None => <burn::backend::Dispatch as GatheredAttention>::gathered_attention(
+                q,
+                k,
+                v,
+                slots.clone(),
+                scale,
+                dropout,
+            ),
+            Some(bias) => {
+                <burn::backend::Dispatch as GatheredAttention>::biased_gathered_attention(
+                    q,
+                    k,
+                    v,
+                    bias.clone().into_dispatch(),
+                    slots.clone(),
+                    scale,
+                    dropout,
+                )
+            }
+        };
         let joint = Tensor::<4>::from_dispatch(joint);
         let out = joint.clone().slice([0..batch, 0..heads, 0..n_q, 0..d_v]);
         let lse = joint.slice([0..batch, 0..heads, 0..n_q, d_v..d_v + 1]);
@@ -164,7 +187,7 @@ pub(crate) fn try_gathered_attention(
     }
     #[cfg(not(feature = "flex"))]
     {
-        let _ = (q, k, v, slots, scale, dropout);
+        let _ = (q, k, v, bias, slots, scale, dropout);
         None
     }
 }
@@ -677,6 +700,19 @@ mod gathered_extension {
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
+            slots: Arc<KeySlots>,
+            scale: f32,
+            dropout: Option<DropMask>,
+        ) -> FloatTensor<Self>;
+
+        /// [`gathered_attention`](GatheredAttention::gathered_attention) with a learned `bias`
+        /// added to the scaled scores, `[batch, heads, n_blocks · block, slots]` in block order,
+        /// which receives its gradient.
+        fn biased_gathered_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
             slots: Arc<KeySlots>,
             scale: f32,
             dropout: Option<DropMask>,
