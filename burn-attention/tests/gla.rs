@@ -27,9 +27,10 @@ const HEADS: usize = 2;
 const D_K: usize = D_MODEL / 2 / HEADS;
 const D_V: usize = D_MODEL / HEADS;
 /// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
-/// normalised per head, of order 1); 7e-5 the largest seen over 15 runs, each with its own
-/// random weights.
-const TOLERANCE: f64 = 5e-4;
+/// normalised per head, of order 1). Over 150 draws of the module's random weights every case
+/// stayed below 2e-4 but one draw, at 1.27e-3 (n 5, inputs at scale 4, causal), which failed
+/// the earlier bound of 5e-4 about one run in 150; a wrong decay or window is off by far more.
+const TOLERANCE: f64 = 2e-3;
 
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
