@@ -16,7 +16,10 @@ use burn_attention_zoo::{
     AttentionConfig, AttentionInput, AttentionModule, EncoderBlockConfig, EncoderConfig,
     TransformerXlAttention, TransformerXlConfig, padding_mask_from_lengths,
 };
-use reference::{linear_f64, matrix, max_rel_err, normal_tensor, sinusoid, softmax_rows, to_rows};
+use reference::{
+    central_difference_error, linear_f64, matrix, max_rel_err, normal_tensor, sinusoid,
+    softmax_rows, to_rows,
+};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -342,19 +345,8 @@ fn parameter_gradients_match_float64_differences() {
                 set(&mut m, Param::from_tensor(moved));
                 loss_f64(&m)
             };
-            let expected: Vec<f64> = (0..flat.len())
-                .map(|at| {
-                    let (up, down) = (flat[at] + 2e-3, flat[at] - 2e-3);
-                    (loss_at(at, up) - loss_at(at, down)) / (f64::from(up) - f64::from(down))
-                })
-                .collect();
-            let scale = expected.iter().fold(0.0f64, |a, g| a.max(g.abs()));
+            let (err, scale) = central_difference_error(&got, &flat, loss_at);
             assert!(scale > 0.0, "case {case}: no gradient expected to {name}");
-            let err = got
-                .iter()
-                .zip(&expected)
-                .map(|(&g, e)| (f64::from(g) - e).abs() / scale)
-                .fold(0.0, f64::max);
             assert!(
                 err < 1e-4,
                 "case {case}: the gradient to {name} is off by {err} of its largest entry"

@@ -534,3 +534,28 @@ pub fn draw_alone<T>(device: &Device, seed: Option<u64>, draw: impl FnOnce() -> 
     }
     draw()
 }
+
+/// How far the gradient `got` of a loss over the parameters `flat` is from the float64 loss's
+/// central differences (`loss_at(i, value)`: the loss with parameter `i` set to `value`, steps
+/// of ±2e-3): the largest error over the largest expected entry, and that entry (0 when no
+/// gradient is expected).
+#[allow(dead_code)]
+pub fn central_difference_error(
+    got: &[f32],
+    flat: &[f32],
+    loss_at: impl Fn(usize, f32) -> f64,
+) -> (f64, f64) {
+    let expected: Vec<f64> = (0..flat.len())
+        .map(|at| {
+            let (up, down) = (flat[at] + 2e-3, flat[at] - 2e-3);
+            (loss_at(at, up) - loss_at(at, down)) / (f64::from(up) - f64::from(down))
+        })
+        .collect();
+    let scale = expected.iter().fold(0.0f64, |a, g| a.max(g.abs()));
+    let err = got
+        .iter()
+        .zip(&expected)
+        .map(|(&g, e)| (f64::from(g) - e).abs() / scale)
+        .fold(0.0, f64::max);
+    (err, scale)
+}
