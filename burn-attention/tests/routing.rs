@@ -9,11 +9,15 @@
 
 mod reference;
 
+use burn::module::Param;
 use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, RoutingAttention, RoutingConfig, padding_mask_from_lengths,
 };
-use reference::{linear_f64, max_err_of_scale, max_rel_err, normal_tensor, softmax_rows, to_rows};
+use reference::{
+    linear_f64, max_err_of_scale, max_rel_err, normal_tensor, smooth_difference_error,
+    softmax_rows, to_rows,
+};
 
 type Rows = Vec<Vec<f64>>;
 
@@ -257,4 +261,87 @@ fn training_moves_the_centroids_by_online_k_means() {
         }
     }
     assert!(moved > 0, "no centroid had anything assigned");
+}
+
+/// The gradients of the four projections' weights, through a training pass (the clusters chosen
+/// on the host, the fused gathered kernel on `flex`, the queries' gather and the outputs'
+/// scatter), against central differences of the float64 module's loss: a padded batch whose
+/// padding holds large junk, the loss weighted on the real positions alone. With λ = 1 the
+/// centroids stay where the reference reads them. Entries where a step would change a cluster
+/// are left out (at most a tenth; in 12 runs, 2 of the 24,576 entries checked were), and the rest
+/// agree within 1e-5 of the largest (measured: 1e-7 to 5e-7). A routed value gradient 3% off
+/// fails it (0.02).
+#[test]
+fn projection_gradients_match_float64_differences() {
+    type Weight = fn(&mut RoutingAttention) -> &mut Param<Tensor<2>>;
+    let params: [(&str, Weight); 4] = [
+        ("W_q", |m| &mut m.proj.query.weight),
+        ("W_k", |m| &mut m.proj.key.weight),
+        ("W_v", |m| &mut m.proj.value.weight),
+        ("W_o", |m| &mut m.proj.output.weight),
+    ];
+    let device = Device::flex().autodiff();
+    let (n, lengths) = (17, [17, 11]);
+    for (case, (clusters, window, local)) in [(3, 2, None), (4, 1, Some(0))].into_iter().enumerate()
+    {
+        let mut m = RoutingConfig::new(D_MODEL, HEADS)
+            .with_n_clusters(clusters)
+            .with_window(window)
+            .with_local_heads(local)
+            .with_decay(1.0)
+            .with_bias(true)
+            .init(&device);
+        let seed = 300 + case as u64;
+        let x = batch(n, lengths, 1.0, seed, &device);
+        let pad = padding_mask_from_lengths(&lengths, n, &device);
+        // The loss's weight on each output, zero on the padding.
+        let weights = normal_tensor([2, n, D_MODEL], seed + 2, &device)
+            .mask_fill(
+                pad.clone().unsqueeze_dim::<3>(2).expand([2, n, D_MODEL]),
+                0.0,
+            )
+            .detach();
+        let out = m.forward(AttentionInput::new(x.clone()).mask_pad(pad));
+        let grads = (out * weights.clone()).sum().backward();
+        let xs: Vec<Rows> = (0..2).map(|b| rows_of(&x, b, lengths[b])).collect();
+        let ws: Vec<Rows> = (0..2).map(|b| rows_of(&weights, b, lengths[b])).collect();
+        let loss_f64 = |m: &RoutingAttention| -> f64 {
+            xs.iter()
+                .zip(&ws)
+                .map(|(x, w)| {
+                    let out = routing_f64(m, x);
+                    let products = out.iter().flatten().zip(w.iter().flatten());
+                    products.map(|(o, w)| o * w).sum::<f64>()
+                })
+                .sum()
+        };
+        for (name, weight) in params {
+            let value = weight(&mut m).val();
+            let got: Vec<f32> = value
+                .grad(&grads)
+                .unwrap_or_else(|| panic!("a gradient to {name}"))
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let inner = value.inner();
+            let shape = inner.dims();
+            let flat: Vec<f32> = inner.into_data().try_to_vec::<f32>().unwrap();
+            let loss_at = |at: usize, to: f32| {
+                let mut moved = flat.clone();
+                moved[at] = to;
+                let mut m = m.clone();
+                let moved = Tensor::<2>::from_data(TensorData::new(moved, shape), &device);
+                *weight(&mut m) = Param::from_tensor(moved);
+                loss_f64(&m)
+            };
+            let (err, scale, skipped) = smooth_difference_error(&got, &flat, loss_at);
+            assert!(scale > 0.0, "case {case}: no gradient expected for {name}");
+            assert!(
+                skipped * 10 <= flat.len(),
+                "case {case} {name}: the loss jumps at {skipped} of {} entries",
+                flat.len()
+            );
+            assert!(err < 1e-5, "case {case} {name}: relative error {err}");
+        }
+    }
 }

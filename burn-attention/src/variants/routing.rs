@@ -37,10 +37,8 @@ use burn::module::RunningState;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{Distribution, IndexingUpdateOp};
 
-use crate::engines::dropout::dropout;
 use crate::engines::rotary::rotate_queries_keys;
 
-use crate::contract::input::MASK_FILL;
 use crate::kernels;
 use crate::kernels::key_slots::KeySlots;
 
@@ -210,24 +208,55 @@ fn normalized(x: Tensor<4>) -> Tensor<4> {
     centred.div(var.add_scalar(NORM_EPS).sqrt())
 }
 
-/// Rows `index` (`[batch, heads, m]`) of `x` (`[batch, heads, n, d]`): `[batch, heads, m, d]`.
-fn rows(x: Tensor<4>, index: Tensor<3, Int>) -> Tensor<4> {
-    let [batch, heads, m] = index.dims();
-    let d = x.dims()[3];
-    x.gather(2, index.unsqueeze_dim::<4>(3).expand([batch, heads, m, d]))
+/// The `w` positions of highest score in each row of `scores` (rows of `n`, row-major), best
+/// first, ties to the earlier position (a stable descending sort's first `w`), padded positions
+/// (`padding`, one row of flags per `rows_per_sequence` rows) never taken: `w` positions a row,
+/// the slots past a row's real positions holding position 0. One pass a row over a sorted buffer
+/// of `w`, which a position enters only when it beats the buffer's last: about `w ln(n / w)`
+/// insertions in a row of random order, where a full sort would cost `n log n` comparisons.
+fn top_positions(
+    scores: &[f32],
+    n: usize,
+    w: usize,
+    padding: &[Vec<bool>],
+    rows_per_sequence: usize,
+) -> Vec<usize> {
+    let mut out = Vec::with_capacity(scores.len() / n.max(1) * w);
+    let mut best: Vec<(f32, usize)> = Vec::with_capacity(w + 1);
+    for (row, values) in scores.chunks_exact(n).enumerate() {
+        let pad = &padding[row / rows_per_sequence];
+        best.clear();
+        for (j, &value) in values.iter().enumerate() {
+            if pad[j] || (best.len() == w && value.total_cmp(&best[w - 1].0).is_le()) {
+                continue;
+            }
+            // After every entry at least as high: ties keep the earlier position ahead.
+            let at = best.partition_point(|&(kept, _)| kept.total_cmp(&value).is_ge());
+            best.insert(at, (value, j));
+            best.truncate(w);
+        }
+        out.extend(best.iter().map(|&(_, j)| j));
+        out.extend(std::iter::repeat_n(0, w - best.len()));
+    }
+    out
 }
 
 impl RoutingAttention {
-    /// The routing heads: `q`, `k`, `v` `[batch, heads, n, d]`, `lengths` the count of each
-    /// sequence's real positions (`pad` marks the others), `positions` the rotary positions
-    /// (the clusters chosen before rotating, the scores rotated). Moves the centroids when
-    /// `train`.
+    /// The routing heads: `q`, `k`, `v` `[batch, heads, n, d]`, `padding` each sequence's
+    /// padding flags, `positions` the rotary positions (the clusters chosen before rotating, the
+    /// scores rotated). Moves the centroids when `train`.
+    ///
+    /// The clusters are chosen on the host from the centroid scores; each cluster's `w` queries
+    /// are gathered into a block that attends, through
+    /// [`gathered_attention`](crate::engines::gathered_softmax::gathered_attention) (a fused
+    /// kernel on `flex`), to its `w` keys read in place; the blocks' outputs are added back at
+    /// their queries' positions and divided by the number of clusters that gathered each.
     fn routed(
         &self,
         (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
         pad: &Option<Tensor<2, Bool>>,
         positions: &Option<Tensor<2>>,
-        lengths: &[usize],
+        padding: &[Vec<bool>],
         train: bool,
     ) -> Tensor<4> {
         let [batch, heads, n, d] = q.dims();
@@ -236,85 +265,97 @@ impl RoutingAttention {
         let centroids = self.centroids.value_sync().to_device(&device);
         let clusters = centroids.dims()[1];
         let (qn, kn) = (normalized(q.clone()), normalized(k.clone()));
-        // Each centroid's scores against the positions, `[batch, heads, clusters, n]`, padded
-        // positions masked. Laid out by their own product, not read through `swap_dims` of
-        // `[batch, heads, n, clusters]`: on wgpu without autodiff (Burn 0.22.1) top-k over the
-        // swapped tensor chose other positions.
-        let key_pad = pad.clone().map(|pad| pad.reshape([batch, 1, 1, n]));
+        // Each centroid's scores against the positions, `[batch, heads, clusters, n]`.
         let per_centroid = |x: &Tensor<4>| {
-            let s = centroids
+            centroids
                 .clone()
                 .unsqueeze_dim::<4>(0)
-                .matmul(x.clone().swap_dims(2, 3));
-            match &key_pad {
-                Some(pad) => s.mask_fill(pad.clone(), MASK_FILL),
-                None => s,
-            }
+                .matmul(x.clone().detach().swap_dims(2, 3))
         };
         let (q_by_centroid, k_by_centroid) = (per_centroid(&qn), per_centroid(&kn));
         if train {
             self.move_centroids(centroids, [qn, kn], [&q_by_centroid, &k_by_centroid], pad);
         }
         // w per sequence, the widest for the tensors; slots past a sequence's own w are off.
-        let widths: Vec<usize> = lengths
+        let widths: Vec<usize> = padding
             .iter()
-            .map(|&len| len.div_ceil(clusters).max(1))
+            .map(|row| {
+                row.iter()
+                    .filter(|&&p| !p)
+                    .count()
+                    .div_ceil(clusters)
+                    .max(1)
+            })
             .collect();
         let w = widths.iter().copied().max().unwrap_or(1).min(n);
-        let valid: Vec<bool> = widths
-            .iter()
-            .flat_map(|&wb| (0..w).map(move |slot| slot < wb))
-            .collect();
-        let valid = Tensor::<1, Bool>::from_data(TensorData::new(valid, [batch * w]), &device)
-            .reshape([batch, 1, 1, w]);
         let chosen = |by_centroid: Tensor<4>| {
-            let (_, index) = by_centroid.topk_with_indices(w, 3);
-            index.reshape([batch, heads, clusters * w])
+            let scores: Vec<f32> = by_centroid.into_data().iter::<f32>().collect();
+            top_positions(&scores, n, w, padding, heads * clusters)
         };
         let (q_index, k_index) = (chosen(q_by_centroid), chosen(k_by_centroid));
-        let per_cluster = |x: Tensor<4>, index: &Tensor<3, Int>| {
-            rows(x, index.clone()).reshape([batch, heads, clusters, w, d])
-        };
-        let (q, k) = rotate_queries_keys(q, k, positions);
-        let q_sel = per_cluster(q, &q_index);
-        let k_sel = per_cluster(k, &k_index);
-        let v_sel = per_cluster(v, &k_index);
-        let mut hidden = valid.clone().bool_not().reshape([batch, 1, 1, 1, w]);
-        if let Some(pad) = pad {
-            let key_pad = pad
-                .clone()
-                .int()
-                .reshape([batch, 1, n])
-                .expand([batch, heads, n])
-                .gather(2, k_index.clone())
-                .equal_elem(1)
-                .reshape([batch, heads, clusters, 1, w]);
-            hidden = hidden
-                .expand([batch, heads, clusters, 1, w])
-                .bool_or(key_pad);
+
+        // Block `c` of group `(b, h)` holds cluster c's queries and scores its keys.
+        let mut slots = KeySlots::masked([batch, heads], clusters, w, w);
+        // Where each block row's output goes in `[batch · heads · n]`, and how many clusters
+        // gathered each position.
+        let mut rows = Vec::with_capacity(q_index.len());
+        let mut counts = vec![0.0f32; batch * heads * n];
+        for (group, (queries, keys)) in q_index
+            .chunks_exact(clusters * w)
+            .zip(k_index.chunks_exact(clusters * w))
+            .enumerate()
+        {
+            let wb = widths[group / heads];
+            for c in 0..clusters {
+                for slot in 0..wb {
+                    slots.set(group, c, slot, keys[c * w + slot], |_| true);
+                    counts[group * n + queries[c * w + slot]] += 1.0;
+                }
+            }
+            rows.extend(queries.iter().map(|&i| group * n + i));
         }
-        let scores = q_sel
-            .matmul(k_sel.swap_dims(3, 4))
-            .mul_scalar(1.0 / (d as f32).sqrt())
-            .mask_fill(hidden, MASK_FILL);
-        let weights = dropout(&self.dropout, kernels::softmax(scores));
-        let keep = valid.float().reshape([batch, 1, 1, w, 1]);
-        let out = (weights.matmul(v_sel) * keep.clone()).reshape([batch, heads, clusters * w, d]);
-        let index = q_index.unsqueeze_dim::<4>(3);
+        let (q, k) = rotate_queries_keys(q, k, positions);
+        let q_blocks = kernels::select_rows(q.reshape([batch * heads * n, d]), 0, &rows).reshape([
+            batch,
+            heads,
+            clusters * w,
+            d,
+        ]);
+        let out = gathered_attention(
+            q_blocks,
+            k,
+            v,
+            slots,
+            1.0 / (d as f32).sqrt(),
+            Some(&self.dropout),
+        )
+        .out;
+        // Rows past a sequence's own w carry no query: their outputs are dropped.
+        let keep: Vec<f32> = widths
+            .iter()
+            .flat_map(|&wb| (0..w).map(move |slot| if slot < wb { 1.0 } else { 0.0 }))
+            .collect();
+        let keep = Tensor::<1>::from_data(TensorData::new(keep, [batch * w]), &device)
+            .reshape([batch, 1, 1, w, 1]);
+        let out = (out.reshape([batch, heads, clusters, w, d]) * keep).reshape([
+            batch,
+            heads,
+            clusters * w,
+            d,
+        ]);
+        let index: Vec<i64> = q_index.iter().map(|&i| i as i64).collect();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [rows.len()]), &device)
+            .reshape([batch, heads, clusters * w, 1])
+            .expand([batch, heads, clusters * w, d]);
         let sums = Tensor::<4>::zeros([batch, heads, n, d], &device).scatter(
             2,
-            index.clone().expand([batch, heads, clusters * w, d]),
+            index,
             out,
             IndexingUpdateOp::Add,
         );
-        let counts = Tensor::<4>::zeros([batch, heads, n, 1], &device).scatter(
-            2,
-            index,
-            keep.expand([batch, heads, clusters, w, 1])
-                .reshape([batch, heads, clusters * w, 1]),
-            IndexingUpdateOp::Add,
-        );
-        sums.div(counts.clamp_min(1.0))
+        let scale: Vec<f32> = counts.iter().map(|&c| 1.0 / c.max(1.0)).collect();
+        sums * Tensor::<1>::from_data(TensorData::new(scale, [batch * heads * n]), &device)
+            .reshape([batch, heads, n, 1])
     }
 
     /// The k-means step: each centroid moves towards the mean of the normalised queries and
@@ -378,10 +419,6 @@ impl AttentionModule for RoutingAttention {
         let [batch, heads, n, d] = q.dims();
         check_head_input(&INFO, &q, &k, &masks)?;
         let padding = padding_flags(&masks.key_pad, batch, n);
-        let lengths: Vec<usize> = padding
-            .iter()
-            .map(|row| row.iter().filter(|pad| !**pad).count())
-            .collect();
         let train = q.device().is_autodiff();
         let (hl, hr) = (self.local_heads, heads - self.local_heads);
         let split =
@@ -390,7 +427,7 @@ impl AttentionModule for RoutingAttention {
             (split(&q, hl, hr), split(&k, hl, hr), split(&v, hl, hr)),
             &masks.key_pad,
             &masks.positions,
-            &lengths,
+            &padding,
             train,
         );
         if hl == 0 {
