@@ -58,7 +58,8 @@ pub(crate) fn scores_gib(tensors: f64, heads: f64, batch: usize, n: usize) -> f6
 /// Why `attention` is skipped when its stored score matrices would need `scores_gib` (for n × n;
 /// scaled by the share of it the variant keeps), if it is.
 pub(crate) fn quadratic_skip(attention: &str, args: &Args, scores_gib: f64) -> Option<String> {
-    let scores_gib = scores_gib * super::variants::scores_fraction(attention, args.backend.name());
+    let share = super::variants::scores_fraction(attention, args.backend.name(), args.causal);
+    let scores_gib = scores_gib * share;
     (scores_gib > args.max_quadratic_gib).then(|| {
         format!(
             "skipped: its score matrices need about {scores_gib:.1} GiB (--max-quadratic-gib {})",
