@@ -17,15 +17,14 @@
 
 mod reference;
 
-use burn::module::Param;
 use burn::prelude::*;
 use burn_attention_zoo::{
     AttentionInput, AttentionModule, CompressiveAttention, CompressiveConfig,
     padding_mask_from_lengths,
 };
 use reference::{
-    central_difference_error, linear_f64, matrix, max_err_of_scale, normal_tensor, sinusoid,
-    softmax_rows, strided_conv_f64, to_rows,
+    FlatWeight, central_difference_error, linear_f64, matrix, max_err_of_scale, normal_tensor,
+    sinusoid, softmax_rows, strided_conv_f64, to_rows,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -338,32 +337,17 @@ fn reconstruction_gradient_matches_float64_differences() {
             )
             .unwrap();
         let grads = loss.expect("a loss").backward();
-        let got: Vec<f32> = m
-            .compress
-            .weight
-            .val()
-            .grad(&grads)
-            .expect("a gradient to the compression")
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let weight = m.compress.weight.val().inner();
-        let [rows, cols] = weight.dims();
-        let flat: Vec<f32> = weight.clone().into_data().try_to_vec::<f32>().unwrap();
+        let flat = FlatWeight::new(&m.compress.weight, &grads, "the compression");
         let loss_at = |at: usize, value: f32| {
-            let mut moved = flat.clone();
-            moved[at] = value;
-            let moved =
-                Tensor::<2>::from_data(TensorData::new(moved, [rows, cols]), &weight.device());
             let mut compress = m.compress.clone();
-            compress.weight = Param::from_tensor(moved);
+            compress.weight = flat.moved(at, value);
             let m = CompressiveAttention {
                 compress,
                 ..m.clone()
             };
             reconstruction_f64(&m, &xs, &reals)
         };
-        let (err, scale) = central_difference_error(&got, &flat, loss_at);
+        let (err, scale) = central_difference_error(&flat.got, &flat.values, loss_at);
         assert!(scale > 0.0, "case {case}: no gradient expected");
         assert!(
             err < 1e-4,

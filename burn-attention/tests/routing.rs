@@ -15,7 +15,7 @@ use burn_attention_zoo::{
     AttentionInput, AttentionModule, RoutingAttention, RoutingConfig, padding_mask_from_lengths,
 };
 use reference::{
-    linear_f64, max_err_of_scale, max_rel_err, normal_tensor, smooth_difference_error,
+    FlatWeight, linear_f64, max_err_of_scale, max_rel_err, normal_tensor, smooth_difference_error,
     softmax_rows, to_rows,
 };
 
@@ -316,30 +316,18 @@ fn projection_gradients_match_float64_differences() {
                 .sum()
         };
         for (name, weight) in params {
-            let value = weight(&mut m).val();
-            let got: Vec<f32> = value
-                .grad(&grads)
-                .unwrap_or_else(|| panic!("a gradient to {name}"))
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            let inner = value.inner();
-            let shape = inner.dims();
-            let flat: Vec<f32> = inner.into_data().try_to_vec::<f32>().unwrap();
+            let flat = FlatWeight::new(weight(&mut m), &grads, name);
             let loss_at = |at: usize, to: f32| {
-                let mut moved = flat.clone();
-                moved[at] = to;
                 let mut m = m.clone();
-                let moved = Tensor::<2>::from_data(TensorData::new(moved, shape), &device);
-                *weight(&mut m) = Param::from_tensor(moved);
+                *weight(&mut m) = flat.moved(at, to);
                 loss_f64(&m)
             };
-            let (err, scale, skipped) = smooth_difference_error(&got, &flat, loss_at);
+            let (err, scale, skipped) = smooth_difference_error(&flat.got, &flat.values, loss_at);
             assert!(scale > 0.0, "case {case}: no gradient expected for {name}");
             assert!(
-                skipped * 10 <= flat.len(),
+                skipped * 10 <= flat.values.len(),
                 "case {case} {name}: the loss jumps at {skipped} of {} entries",
-                flat.len()
+                flat.values.len()
             );
             assert!(err < 1e-5, "case {case} {name}: relative error {err}");
         }

@@ -17,7 +17,7 @@ use burn_attention_zoo::{
     TransformerXlAttention, TransformerXlConfig, padding_mask_from_lengths,
 };
 use reference::{
-    central_difference_error, linear_f64, matrix, max_rel_err, normal_tensor, sinusoid,
+    FlatWeight, central_difference_error, linear_f64, matrix, max_rel_err, normal_tensor, sinusoid,
     softmax_rows, to_rows,
 };
 
@@ -327,25 +327,13 @@ fn parameter_gradients_match_float64_differences() {
                 .sum()
         };
         for (name, get, set) in params {
-            let value = get(&m).val();
-            let got: Vec<f32> = value
-                .grad(&grads)
-                .unwrap_or_else(|| panic!("a gradient to {name}"))
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            let inner = value.inner();
-            let shape = inner.dims();
-            let flat: Vec<f32> = inner.into_data().try_to_vec::<f32>().unwrap();
+            let flat = FlatWeight::new(get(&m), &grads, name);
             let loss_at = |at: usize, to: f32| {
-                let mut moved = flat.clone();
-                moved[at] = to;
                 let mut m = m.clone();
-                let moved = Tensor::<2>::from_data(TensorData::new(moved, shape), &device);
-                set(&mut m, Param::from_tensor(moved));
+                set(&mut m, flat.moved(at, to));
                 loss_f64(&m)
             };
-            let (err, scale) = central_difference_error(&got, &flat, loss_at);
+            let (err, scale) = central_difference_error(&flat.got, &flat.values, loss_at);
             assert!(scale > 0.0, "case {case}: no gradient expected to {name}");
             assert!(
                 err < 1e-4,

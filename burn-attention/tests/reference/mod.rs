@@ -535,6 +535,49 @@ pub fn draw_alone<T>(device: &Device, seed: Option<u64>, draw: impl FnOnce() -> 
     draw()
 }
 
+/// A 2-D weight as the difference checks read it: its gradient from a backward pass and its
+/// values, both flattened, and the weight with one entry moved.
+#[allow(dead_code)]
+pub struct FlatWeight {
+    /// The gradient, flattened.
+    pub got: Vec<f32>,
+    /// The values, flattened.
+    pub values: Vec<f32>,
+    shape: [usize; 2],
+    device: Device,
+}
+
+#[allow(dead_code)]
+impl FlatWeight {
+    /// `weight`'s gradient in `grads` (a panic naming `name` when it has none) and its values.
+    pub fn new(weight: &Param<Tensor<2>>, grads: &burn::tensor::Gradients, name: &str) -> Self {
+        let value = weight.val();
+        let got = value
+            .grad(grads)
+            .unwrap_or_else(|| panic!("a gradient to {name}"))
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let inner = value.inner();
+        Self {
+            got,
+            shape: inner.dims(),
+            device: inner.device(),
+            values: inner.into_data().try_to_vec::<f32>().unwrap(),
+        }
+    }
+
+    /// The weight with entry `at` set to `to`.
+    pub fn moved(&self, at: usize, to: f32) -> Param<Tensor<2>> {
+        let mut moved = self.values.clone();
+        moved[at] = to;
+        Param::from_tensor(Tensor::from_data(
+            TensorData::new(moved, self.shape),
+            &self.device,
+        ))
+    }
+}
+
 /// The step of the central differences. The float64 loss leaves round-off far below it; the
 /// truncation error (the step squared times the third derivative) does not: with steps of 2e-3
 /// Transformer-XL's key weights once came out 1.2e-4 of the largest entry off, at 2e-4 the
