@@ -446,6 +446,60 @@ fn markdown(cells: &[Cell]) -> String {
             c.point,
         ));
     }
+    md.push_str(&against_width(cells));
+    md
+}
+
+/// The width panels as tables: for each problem (length, pairs), the attentions measured there
+/// at two widths or more, one column a width, each cell the test accuracy at the chosen point
+/// and, for causal models, the decoding state in brackets.
+fn against_width(cells: &[Cell]) -> String {
+    let mut md = String::from(
+        "\n## Against width\n\nAt each length, the attentions measured at two widths or more: \
+         test accuracy % (mean ± std over the seeds) at the point chosen above, and in brackets \
+         the decoding state in numbers (causal models).\n",
+    );
+    for (length, pairs) in problems(cells) {
+        let here: Vec<&Cell> = (cells.iter())
+            .filter(|c| (c.shape.length, c.shape.pairs) == (length, pairs))
+            .collect();
+        let mut widths: Vec<u64> = here.iter().map(|c| c.shape.width).collect();
+        widths.sort();
+        widths.dedup();
+        let cell_at = |attention: &AttentionName, width: u64| {
+            (here.iter()).find(|c| &c.attention == attention && c.shape.width == width)
+        };
+        let mut rows: Vec<&AttentionName> = here.iter().map(|c| &c.attention).collect();
+        rows.sort();
+        rows.dedup();
+        rows.retain(|a| widths.iter().filter(|w| cell_at(a, **w).is_some()).count() >= 2);
+        if rows.is_empty() {
+            continue;
+        }
+        md.push_str(&format!(
+            "\n### n = {length}, {pairs} pairs\n\n| attention |"
+        ));
+        for width in &widths {
+            md.push_str(&format!(" width {width} |"));
+        }
+        md.push_str(&format!("\n|---|{}\n", "---|".repeat(widths.len())));
+        for attention in &rows {
+            md.push_str(&format!("| {attention} |"));
+            for width in &widths {
+                let text = cell_at(attention, *width).map_or("–".to_string(), |c| {
+                    let state =
+                        (c.decoding_state_elements).map_or(String::new(), |e| format!(" [{e}]"));
+                    format!(
+                        "{:.2} ± {:.2}{state}",
+                        100.0 * c.test_mean,
+                        100.0 * c.test_std
+                    )
+                });
+                md.push_str(&format!(" {text} |"));
+            }
+            md.push('\n');
+        }
+    }
     md
 }
 
@@ -533,6 +587,10 @@ mod tests {
         let md = std::fs::read_to_string(folder.join(TABLE)).unwrap();
         assert!(
             md.contains("| 64 | 8 | 64 | softmax | yes | 16384 | 2 | 95.00 ± 0.00 | 95.00 | tiny,training.schedule.peak=1e-2 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| softmax | 30.00 ± 0.00 [8192] | 95.00 ± 0.00 [16384] |"),
             "{md}"
         );
         let svg = std::fs::read_to_string(folder.join(CHART)).unwrap();
