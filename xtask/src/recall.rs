@@ -221,9 +221,16 @@ fn problems(cells: &[Cell]) -> Vec<(u64, u64)> {
     problems
 }
 
+/// The cells of one problem (length, pairs).
+fn cells_of(cells: &[Cell], (length, pairs): (u64, u64)) -> Vec<&Cell> {
+    (cells.iter())
+        .filter(|c| (c.shape.length, c.shape.pairs) == (length, pairs))
+        .collect()
+}
+
 /// The attentions the cells cover, in order.
-fn attentions(cells: &[Cell]) -> Vec<AttentionName> {
-    let mut names: Vec<AttentionName> = cells.iter().map(|c| c.attention.clone()).collect();
+fn attentions<'a>(cells: impl IntoIterator<Item = &'a Cell>) -> Vec<AttentionName> {
+    let mut names: Vec<AttentionName> = cells.into_iter().map(|c| c.attention.clone()).collect();
     names.sort();
     names.dedup();
     names
@@ -292,8 +299,7 @@ fn svg(cells: &[Cell]) -> Result<String> {
         let rows_areas = panels.split_evenly((problems.len().max(1), 1));
         for (area, &(length, pairs)) in rows_areas.iter().zip(&problems) {
             let (left, right) = area.split_horizontally(PANEL.0);
-            let at = |c: &&Cell| c.shape.length == length && c.shape.pairs == pairs;
-            let row: Vec<&Cell> = cells.iter().filter(at).collect();
+            let row = cells_of(cells, (length, pairs));
             panel(
                 &left,
                 (&names, &row),
@@ -460,18 +466,14 @@ fn against_width(cells: &[Cell]) -> String {
          the decoding state in numbers (causal models).\n",
     );
     for (length, pairs) in problems(cells) {
-        let here: Vec<&Cell> = (cells.iter())
-            .filter(|c| (c.shape.length, c.shape.pairs) == (length, pairs))
-            .collect();
+        let here = cells_of(cells, (length, pairs));
         let mut widths: Vec<u64> = here.iter().map(|c| c.shape.width).collect();
         widths.sort();
         widths.dedup();
         let cell_at = |attention: &AttentionName, width: u64| {
             (here.iter()).find(|c| &c.attention == attention && c.shape.width == width)
         };
-        let mut rows: Vec<&AttentionName> = here.iter().map(|c| &c.attention).collect();
-        rows.sort();
-        rows.dedup();
+        let mut rows = attentions(here.iter().copied());
         rows.retain(|a| widths.iter().filter(|w| cell_at(a, **w).is_some()).count() >= 2);
         if rows.is_empty() {
             continue;
