@@ -354,3 +354,42 @@ fn backend_change(from_step: usize, was: &str, now: &str) -> burn_lra::run_dir::
         fields: [("backend".to_string(), [was.into(), now.into()])].into(),
     }
 }
+
+/// Performer's features are redrawn before the step that first trains on them, never after an
+/// update: a run whose last step is a redraw step (20, redrawing every 20) validates, tests and
+/// saves the features it trained with, exactly as the same run that never redraws; one more step
+/// trains on new features and ends elsewhere. (A redraw after step 20's update left the step-20
+/// validation and the last weights on untrained features, near chance.)
+#[test]
+fn a_redraw_comes_before_the_step_that_trains_on_it() {
+    let _turn = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir("redraw");
+    let mut config = short_listops(20);
+    let splits = load_splits(&config, None, &dir.join("data")).unwrap();
+    let run = |config: &burn_lra::config::RunConfig, name: &str| {
+        let out = dir.join(name);
+        train(config, &splits, &options(out.clone(), "performer")).unwrap();
+        out
+    };
+    config.training.redraw_every = None;
+    let never = run(&config, "never");
+    config.training.redraw_every = Some(20);
+    let every_20 = run(&config, "every-20");
+    // Only the configuration differs: every validation, both test accuracies, both weight files
+    // are the run that never redraws.
+    assert_eq!(
+        compare_run_dirs(&every_20, &never).unwrap(),
+        ["config.json"]
+    );
+
+    config.training.steps = 21;
+    let redrawn = run(&config, "every-20-21-steps");
+    config.training.redraw_every = None;
+    let not_redrawn = run(&config, "never-21-steps");
+    let differences = compare_run_dirs(&redrawn, &not_redrawn).unwrap();
+    assert!(
+        differences.iter().any(|d| d == "model-last.bpk"),
+        "{differences:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

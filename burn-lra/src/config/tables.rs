@@ -332,7 +332,8 @@ pub struct TrainingConfig {
     pub schedule: Schedule,
     /// Which weights the headline test accuracy uses.
     pub selection: Selection,
-    /// Redraw random attention features (Performer) every this many steps; never when absent.
+    /// Redraw random attention features (Performer) every this many steps, before the step
+    /// that first trains on them (steps `every + 1`, `2 * every + 1`, ...); never when absent.
     #[serde(default)]
     pub redraw_every: Option<usize>,
     /// Micro-batches whose gradients are summed into one step (`batch_size` each; the effective

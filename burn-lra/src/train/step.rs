@@ -57,6 +57,9 @@ impl Session<'_> {
             );
             for step in first_step..=cfg.steps {
                 let lr = cfg.schedule.lr(step, cfg.steps);
+                if redraws_before(step, cfg.redraw_every) {
+                    model.encoder = model.encoder.redraw();
+                }
                 let mut accumulator = GradientsAccumulator::<LraClassifier>::new();
                 let mut step_loss = 0.0;
                 for _ in 0..accumulation {
@@ -98,9 +101,6 @@ impl Session<'_> {
                     grads = clip_global_norm(&model, grads, max_norm).0;
                 }
                 model = optim.step(lr, model, grads);
-                if cfg.redraw_every.is_some_and(|every| step % every == 0) {
-                    model.encoder = model.encoder.redraw();
-                }
                 self.bar.set_position(step as u64);
                 if step % cfg.eval_every == 0 || step == cfg.steps {
                     let valid = model.valid();
@@ -166,4 +166,12 @@ fn recovery_advice(run_dir: &Path) -> String {
         None => "no checkpoint was written yet: start the run over with a lower learning rate"
             .to_string(),
     }
+}
+
+/// Whether random attention features are redrawn before training step `step`: before steps
+/// `every + 1`, `2 * every + 1`, ..., so a validation, checkpoint or saved weight file never holds
+/// features the model has not trained with (a redraw after a step's update would leave the
+/// validation of that step, and the last weights, on untrained features).
+fn redraws_before(step: usize, redraw_every: Option<usize>) -> bool {
+    redraw_every.is_some_and(|every| step > 1 && (step - 1).is_multiple_of(every))
 }
