@@ -11,7 +11,7 @@ use common::{load_splits, metrics_without_time, options, short_listops, temp_dir
 /// A run stopped mid-way (after its step-20 checkpoint, 7 steps of work lost) and resumed ends
 /// exactly where an unbroken run with the same seed ends: same metrics at every validation, same
 /// test accuracies, identical final weights. Dropout is on, gradients are accumulated over
-/// two micro-batches and clipped, and Performer redraws its features at step 15, so every piece
+/// two micro-batches and clipped, and Performer redraws its features before step 16, so every piece
 /// of state a checkpoint must carry is exercised.
 /// The tests of this binary train on the same device, whose random generator is global: they
 /// take turns, or one's draws would change the other's run.

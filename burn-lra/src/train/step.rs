@@ -168,10 +168,9 @@ fn recovery_advice(run_dir: &Path) -> String {
     }
 }
 
-/// Whether random attention features are redrawn before training step `step`: before steps
-/// `every + 1`, `2 * every + 1`, ..., so a validation, checkpoint or saved weight file never holds
-/// features the model has not trained with (a redraw after a step's update would leave the
-/// validation of that step, and the last weights, on untrained features).
+/// Whether random attention features are redrawn before training step `step` (see
+/// `TrainingConfig::redraw_every`): never after an update, so no validation, checkpoint or weight
+/// file holds features the model has not trained with.
 fn redraws_before(step: usize, redraw_every: Option<usize>) -> bool {
     redraw_every.is_some_and(|every| step > 1 && (step - 1).is_multiple_of(every))
 }
