@@ -78,7 +78,8 @@ fn wgpu_matches_flex() {
 }
 
 /// The same with Burn's fusion and autotuning (a build of its own: `--features
-/// integration-tests/wgpu-fused`, which `.ci/run` tests separately).
+/// integration-tests/wgpu-fused`, which `.ci/run` tests in a stage of its own when its time
+/// allows).
 #[cfg(feature = "wgpu-fused")]
 #[test]
 fn wgpu_fused_matches_flex() {
