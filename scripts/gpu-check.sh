@@ -115,17 +115,18 @@ BUDGET=${GPU_CHECK_BUDGET_S:-450}
 END=$((SECONDS + BUDGET))
 # The benchmarks take at most two thirds of it, the checks and the ListOps run the rest.
 DEADLINE=$((SECONDS + BUDGET * 2 / 3))
+# Its notes go to stderr, which a pipe that filters the command's output passes on untouched.
 limit() { # seconds command...
     local seconds=$1 left=$((DEADLINE - SECONDS))
     shift
     if [ "$left" -lt 5 ]; then
-        echo "(skipped, past the budget: $*)"
+        echo "(skipped, past the budget: $*)" >&2
         return 124
     fi
     [ "$seconds" -gt "$left" ] && seconds=$left
     timeout "$seconds" "$@"
     local status=$?
-    [ $status -eq 124 ] && echo "(stopped at its limit of $seconds s: $*)"
+    [ $status -eq 124 ] && echo "(stopped at its limit of $seconds s: $*)" >&2
     return $status
 }
 
@@ -137,8 +138,7 @@ bench() { # seconds harness backend n attention [flags...]
     limit "$seconds" "$BIN/xtask" bench lra --harness "$BIN/$harness" --backend "$backend" \
         --task listops --preset small --lengths "$n" --batch 32 --attention "$attention" \
         --reps 5 --warmup 2 --rounds 1 --timeout 120 --torch-device "$TORCH_DEVICE" \
-        --out "$RESULTS/$backend-$n-$attention" --replace "$@" \
-        | grep -E 'ours:|torch:|error|fail|stopped at its limit|skipped, past the budget'
+        --out "$RESULTS/$backend-$n-$attention" --replace "$@" | grep -E 'ours:|torch:|error|fail'
 }
 IFS=, read -r -a lengths <<< "$LENGTHS"
 IFS=, read -r -a attentions <<< "$ATTENTIONS"
