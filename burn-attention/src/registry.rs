@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::contract::error::AttentionError;
 use crate::contract::input::{AttentionInput, HeadMasks};
-use crate::contract::variant::{ModelShape, VariantConfig, VariantInfo};
+use crate::contract::variant::{ModelShape, VariantConfig, VariantInfo, check_prompt, check_token};
 use crate::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
@@ -230,6 +230,7 @@ macro_rules! registry {
                 x: Tensor<3>,
                 state: DecodingState,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+                check_token(self.name(), &x)?;
                 match self { $(Self::$arm(m) => m.decode(x, state),)* }
             }
 
@@ -237,6 +238,7 @@ macro_rules! registry {
                 &self,
                 x: Tensor<3>,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+                check_prompt(self.name(), &x)?;
                 match self { $(Self::$arm(m) => m.prefill(x),)* }
             }
 
@@ -245,6 +247,7 @@ macro_rules! registry {
                 x: Tensor<3>,
                 mask_pad: Tensor<2, Bool>,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+                check_prompt(self.name(), &x)?;
                 match self { $(Self::$arm(m) => m.prefill_padded(x, mask_pad),)* }
             }
 

@@ -5,7 +5,8 @@
 //!   padding on either side leaves the real outputs unchanged;
 //! - decoding token by token equals the causal forward pass, for a layer and for an encoder;
 //!   the recurrent state of the kernelized variants does not grow with the position;
-//! - what is not defined is refused with an error that says what.
+//! - what is not defined is refused with an error that says what (empty sequences and
+//!   decoding steps of other than one token included).
 
 mod reference;
 mod small;
@@ -14,9 +15,9 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
 use burn_attention_zoo::{
-    Attention, AttentionConfig, AttentionInput, AttentionModule, DecodingState, EncoderBlockConfig,
-    EncoderConfig, FeedForwardKernel, FeedForwardKernelConfig, HeadMasks, NystromConfig, VARIANTS,
-    padding_mask_from_lengths,
+    Attention, AttentionConfig, AttentionError, AttentionInput, AttentionModule, DecodingState,
+    EncoderBlockConfig, EncoderConfig, FeedForwardKernel, FeedForwardKernelConfig, HeadMasks,
+    NystromConfig, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{
     efficient_head, elu_plus_one, favor_features, hedgehog_f64, kernelized_head, matmul, matrix,
@@ -739,6 +740,76 @@ fn decoding_is_refused_without_a_causal_form() {
             .decode(random([1, 1, D_MODEL], &device), DecodingState::default())
             .unwrap_err();
         assert!(err.to_string().contains("decoding"), "{name}: {err}");
+    }
+}
+
+/// Empty sequences and a decoding step of other than one token, through every entry point of
+/// every registered variant: an error that names the variant, never a panic (Burn's ops panic on
+/// most of these shapes, so a variant that reached its tensor work would fail here).
+#[test]
+fn empty_sequences_and_wrong_decoding_steps_are_refused_by_name() {
+    let device = device();
+    let (empty, three) = (
+        random([2, 0, D_MODEL], &device),
+        random([2, 3, D_MODEL], &device),
+    );
+    let no_padding = Tensor::<2, Bool>::empty([2, 0], &device);
+    for info in VARIANTS {
+        let name = info.name;
+        let attention = config_for(name).init(&device);
+        type Call<'a> = &'a dyn Fn() -> Result<(), AttentionError>;
+        let calls: [(&str, Call); 10] = [
+            ("self-attention", &|| {
+                attention
+                    .try_forward(AttentionInput::new(empty.clone()))
+                    .map(drop)
+            }),
+            ("causal self-attention", &|| {
+                let input = AttentionInput::new(empty.clone()).causal(true);
+                attention.try_forward(input).map(drop)
+            }),
+            ("cross-attention over no keys", &|| {
+                let input = AttentionInput::cross(three.clone(), empty.clone(), empty.clone());
+                attention.try_forward(input).map(drop)
+            }),
+            ("weights", &|| {
+                let input = AttentionInput::new(empty.clone());
+                attention.try_forward_with_weights(input).map(drop)
+            }),
+            ("loss", &|| {
+                let input = AttentionInput::new(empty.clone());
+                attention.try_forward_with_loss(input).map(drop)
+            }),
+            ("memory", &|| {
+                let input = AttentionInput::new(empty.clone());
+                attention.forward_with_memory(input, None).map(drop)
+            }),
+            ("prefill", &|| attention.prefill(empty.clone()).map(drop)),
+            ("prefill_padded", &|| {
+                attention
+                    .prefill_padded(empty.clone(), no_padding.clone())
+                    .map(drop)
+            }),
+            ("decoding no token", &|| {
+                attention
+                    .decode(empty.clone(), DecodingState::default())
+                    .map(drop)
+            }),
+            ("decoding three tokens", &|| {
+                attention
+                    .decode(three.clone(), DecodingState::default())
+                    .map(drop)
+            }),
+        ];
+        for (call, run) in calls {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+            let err = match result {
+                Ok(Err(err)) => err.to_string(),
+                Ok(Ok(())) => panic!("{name}, {call}: accepted"),
+                Err(_) => panic!("{name}, {call}: panicked"),
+            };
+            assert!(err.starts_with(name), "{name}, {call}: {err}");
+        }
     }
 }
 

@@ -106,6 +106,7 @@ pub trait AttentionModule: Module {
     /// per token; the registered variants override it with one parallel pass (the causal
     /// forward pass and the state read from the prompt's keys and values).
     fn prefill(&self, x: Tensor<3>) -> Result<(Tensor<3>, DecodingState), AttentionError> {
+        variant::check_prompt(self.name(), &x)?;
         let n = x.dims()[1];
         let mut state = DecodingState::default();
         let mut outputs = Vec::with_capacity(n);

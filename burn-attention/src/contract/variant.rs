@@ -164,8 +164,9 @@ pub trait VariantConfig: Config + Clone {
     }
 }
 
-/// Refuses what `info`'s capabilities exclude: causal masking, or queries and keys of different
-/// lengths (cross-attention); causal masking also needs as many queries as keys.
+/// Refuses an empty sequence (no queries or no keys), and what `info`'s capabilities exclude:
+/// causal masking, or queries and keys of different lengths (cross-attention); causal masking
+/// also needs as many queries as keys.
 pub fn check_capabilities(
     info: &VariantInfo,
     n_q: usize,
@@ -173,6 +174,12 @@ pub fn check_capabilities(
     causal: bool,
 ) -> Result<(), AttentionError> {
     let variant = info.name;
+    if n_q == 0 || n_k == 0 {
+        return Err(AttentionError::unsupported(
+            variant,
+            format!("an empty sequence ({n_q} queries, {n_k} keys; it needs one of each)"),
+        ));
+    }
     if causal && !info.capabilities.causal {
         return Err(AttentionError::unsupported(variant, "causal masking"));
     }
@@ -186,6 +193,38 @@ pub fn check_capabilities(
     }
     if n_q != n_k && !info.capabilities.cross_attention {
         return Err(AttentionError::unsupported(variant, "cross-attention"));
+    }
+    Ok(())
+}
+
+/// Refuses an empty prompt `x: [batch, 0, d_model]` to [`AttentionModule::prefill`] and
+/// [`AttentionModule::prefill_padded`]: they need one token at least.
+///
+/// [`AttentionModule::prefill`]: crate::contract::AttentionModule::prefill
+/// [`AttentionModule::prefill_padded`]: crate::contract::AttentionModule::prefill_padded
+pub fn check_prompt(variant: &'static str, x: &Tensor<3>) -> Result<(), AttentionError> {
+    if x.dims()[1] == 0 {
+        return Err(AttentionError::unsupported(
+            variant,
+            "an empty prompt (prefilling needs one token at least)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses an input to [`AttentionModule::decode`] other than one token a batch element:
+/// `x: [batch, 1, d_model]`.
+///
+/// [`AttentionModule::decode`]: crate::contract::AttentionModule::decode
+pub fn check_token(variant: &'static str, x: &Tensor<3>) -> Result<(), AttentionError> {
+    let n = x.dims()[1];
+    if n != 1 {
+        return Err(AttentionError::unsupported(
+            variant,
+            format!(
+                "decoding {n} tokens in one step (it takes one; a prompt goes through prefill)"
+            ),
+        ));
     }
     Ok(())
 }
