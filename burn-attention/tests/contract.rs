@@ -5,8 +5,8 @@
 //!   padding on either side leaves the real outputs unchanged;
 //! - decoding token by token equals the causal forward pass, for a layer and for an encoder;
 //!   the recurrent state of the kernelized variants does not grow with the position;
-//! - what is not defined is refused with an error that says what (empty sequences and
-//!   decoding steps of other than one token included).
+//! - what is not defined is refused with an error that says what, and so is an input whose
+//!   shapes do not fit.
 
 mod reference;
 mod small;
@@ -743,51 +743,50 @@ fn decoding_is_refused_without_a_causal_form() {
     }
 }
 
-/// Empty sequences and a decoding step of other than one token, through every entry point of
-/// every registered variant: an error that names the variant, never a panic (Burn's ops panic on
-/// most of these shapes, so a variant that reached its tensor work would fail here).
+/// Inputs whose shapes do not fit, through every entry point of every registered variant: an
+/// error that names the variant, never a panic (Burn's ops panic on most of these shapes, so a
+/// variant that reached its tensor work with one would fail here). Empty sequences, decoding
+/// steps of other than one token, a width other than `d_model`, keys and values that disagree
+/// with each other or with the queries' batch, masks of the wrong shape.
 #[test]
-fn empty_sequences_and_wrong_decoding_steps_are_refused_by_name() {
+fn inputs_that_do_not_fit_are_refused_by_name() {
     let device = device();
-    let (empty, three) = (
-        random([2, 0, D_MODEL], &device),
-        random([2, 3, D_MODEL], &device),
-    );
-    let no_padding = Tensor::<2, Bool>::empty([2, 0], &device);
+    let sequence = |batch: usize, n: usize, d: usize| random([batch, n, d], &device);
+    let (empty, x) = (sequence(2, 0, D_MODEL), sequence(2, 3, D_MODEL));
+    let narrow = sequence(2, 3, D_MODEL / 2);
+    let padding = |batch: usize, n: usize| padding_mask_from_lengths(&vec![n; batch], n, &device);
     for info in VARIANTS {
         let name = info.name;
         let attention = config_for(name).init(&device);
+        let forward = |input: AttentionInput| attention.try_forward(input).map(drop);
+        let cross = |k: Tensor<3>, v: Tensor<3>| AttentionInput::cross(x.clone(), k, v);
         type Call<'a> = &'a dyn Fn() -> Result<(), AttentionError>;
-        let calls: [(&str, Call); 10] = [
-            ("self-attention", &|| {
-                attention
-                    .try_forward(AttentionInput::new(empty.clone()))
-                    .map(drop)
+        let calls: [(&str, Call); 19] = [
+            ("an empty sequence", &|| {
+                forward(AttentionInput::new(empty.clone()))
             }),
-            ("causal self-attention", &|| {
-                let input = AttentionInput::new(empty.clone()).causal(true);
-                attention.try_forward(input).map(drop)
+            ("an empty causal sequence", &|| {
+                forward(AttentionInput::new(empty.clone()).causal(true))
             }),
-            ("cross-attention over no keys", &|| {
-                let input = AttentionInput::cross(three.clone(), empty.clone(), empty.clone());
-                attention.try_forward(input).map(drop)
-            }),
-            ("weights", &|| {
+            ("no keys", &|| forward(cross(empty.clone(), empty.clone()))),
+            ("no weights to return", &|| {
                 let input = AttentionInput::new(empty.clone());
                 attention.try_forward_with_weights(input).map(drop)
             }),
-            ("loss", &|| {
+            ("an empty sequence with a loss", &|| {
                 let input = AttentionInput::new(empty.clone());
                 attention.try_forward_with_loss(input).map(drop)
             }),
-            ("memory", &|| {
+            ("an empty sequence with memory", &|| {
                 let input = AttentionInput::new(empty.clone());
                 attention.forward_with_memory(input, None).map(drop)
             }),
-            ("prefill", &|| attention.prefill(empty.clone()).map(drop)),
-            ("prefill_padded", &|| {
+            ("an empty prompt", &|| {
+                attention.prefill(empty.clone()).map(drop)
+            }),
+            ("an empty padded prompt", &|| {
                 attention
-                    .prefill_padded(empty.clone(), no_padding.clone())
+                    .prefill_padded(empty.clone(), padding(2, 0))
                     .map(drop)
             }),
             ("decoding no token", &|| {
@@ -797,8 +796,37 @@ fn empty_sequences_and_wrong_decoding_steps_are_refused_by_name() {
             }),
             ("decoding three tokens", &|| {
                 attention
-                    .decode(three.clone(), DecodingState::default())
+                    .decode(x.clone(), DecodingState::default())
                     .map(drop)
+            }),
+            ("a narrow sequence", &|| {
+                forward(AttentionInput::new(narrow.clone()))
+            }),
+            ("narrow keys", &|| {
+                forward(cross(narrow.clone(), narrow.clone()))
+            }),
+            ("fewer values than keys", &|| {
+                forward(cross(sequence(2, 6, D_MODEL), sequence(2, 5, D_MODEL)))
+            }),
+            ("keys of another batch", &|| {
+                let memory = sequence(3, 6, D_MODEL);
+                forward(cross(memory.clone(), memory))
+            }),
+            ("a padding mask of another length", &|| {
+                forward(AttentionInput::new(x.clone()).mask_pad(padding(2, 4)))
+            }),
+            ("a padding mask of another batch", &|| {
+                forward(AttentionInput::new(x.clone()).mask_pad(padding(3, 3)))
+            }),
+            ("a narrow prompt", &|| {
+                attention.prefill(narrow.clone()).map(drop)
+            }),
+            ("a prompt's padding mask of another length", &|| {
+                attention.prefill_padded(x.clone(), padding(2, 4)).map(drop)
+            }),
+            ("decoding a narrow token", &|| {
+                let token = sequence(2, 1, D_MODEL / 2);
+                attention.decode(token, DecodingState::default()).map(drop)
             }),
         ];
         for (call, run) in calls {
@@ -811,6 +839,15 @@ fn empty_sequences_and_wrong_decoding_steps_are_refused_by_name() {
             assert!(err.starts_with(name), "{name}, {call}: {err}");
         }
     }
+    // An encoder: its blocks check before their LayerNorm reads the width.
+    let block = EncoderBlockConfig::new(config_for("softmax"), 32);
+    let encoder = EncoderConfig::new(block, 2).init(&device);
+    let err = encoder
+        .try_forward(AttentionInput::new(narrow.clone()))
+        .unwrap_err();
+    assert!(err.to_string().contains("[batch, n_q, d_model]"), "{err}");
+    let err = encoder.prefill(narrow.clone()).unwrap_err();
+    assert!(err.to_string().contains("[batch, n, d_model]"), "{err}");
 }
 
 /// `EncoderConfig::num_params` counts before anything is built: for every variant (Linformer's

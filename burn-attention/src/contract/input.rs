@@ -5,6 +5,8 @@
 
 use burn::prelude::*;
 
+use crate::contract::error::AttentionError;
+
 /// The value written over masked scores before a softmax (Burn's own `min_float`): its
 /// exponential underflows to 0 against any real score, yet a row with every key masked stays
 /// finite.
@@ -172,6 +174,67 @@ impl AttentionInput {
         (self.query, self.memory)
     }
 
+    /// Checks that the sequences and masks fit one another and a model of width `d_model`:
+    /// queries `[batch, n_q, d_model]`, keys and values `[batch, n_k, d_model]`, the key padding
+    /// mask `[batch, n_k]`, the query padding mask `[batch, n_q]` and the attention mask
+    /// `[batch, n_q, n_k]`. The error names `variant` and the tensor that does not fit; the
+    /// registry's [`Attention`](crate::Attention) and the encoder blocks check every input.
+    pub fn check_shapes(
+        &self,
+        variant: &'static str,
+        d_model: usize,
+    ) -> Result<(), AttentionError> {
+        let [batch, n_q, _] = self.query.dims();
+        let n_k = self.key_len();
+        let keys = self.memory.as_ref().map(|(k, _)| k.dims().to_vec());
+        let values = self.memory.as_ref().map(|(_, v)| v.dims().to_vec());
+        let mask = |m: &Option<Tensor<2, Bool>>| m.as_ref().map(|m| m.dims().to_vec());
+        let tensors = [
+            (
+                "queries",
+                "[batch, n_q, d_model]",
+                Some(self.query.dims().to_vec()),
+                vec![batch, n_q, d_model],
+            ),
+            (
+                "keys",
+                "[batch, n_k, d_model]",
+                keys,
+                vec![batch, n_k, d_model],
+            ),
+            (
+                "values",
+                "[batch, n_k, d_model]",
+                values,
+                vec![batch, n_k, d_model],
+            ),
+            (
+                "a padding mask",
+                "[batch, n_k]",
+                mask(&self.key_pad),
+                vec![batch, n_k],
+            ),
+            (
+                "a query padding mask",
+                "[batch, n_q]",
+                mask(&self.query_pad),
+                vec![batch, n_q],
+            ),
+            (
+                "an attention mask",
+                "[batch, n_q, n_k]",
+                self.attn_mask.as_ref().map(|m| m.dims().to_vec()),
+                vec![batch, n_q, n_k],
+            ),
+        ];
+        for (what, names, got, want) in tensors {
+            if let Some(got) = got {
+                check_shape(variant, what, names, &got, &want)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The masks per head: the key mask, the query mask (in self-attention the key mask) and the
     /// causal flag.
     pub fn head_masks(&self) -> HeadMasks {
@@ -242,6 +305,24 @@ impl HeadMasks {
             (flags, mask.dims())
         })
     }
+}
+
+/// Refuses `what`, of shape `got`, where the shape `names` (`[batch, n, d_model]`) is `want`:
+/// an error naming `variant`, the tensor and both shapes.
+pub fn check_shape(
+    variant: &'static str,
+    what: &str,
+    names: &str,
+    got: &[usize],
+    want: &[usize],
+) -> Result<(), AttentionError> {
+    if got == want {
+        return Ok(());
+    }
+    Err(AttentionError::unsupported(
+        variant,
+        format!("{what} of shape {got:?} (it takes {names}, here {want:?})"),
+    ))
 }
 
 /// The causal mask `[n, n]`: `true` where key `j` lies in the future of query `i` (`j > i`).

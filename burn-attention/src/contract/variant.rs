@@ -3,7 +3,7 @@
 use burn::prelude::*;
 
 use crate::contract::error::AttentionError;
-use crate::contract::input::{AttentionInput, HeadMasks};
+use crate::contract::input::{AttentionInput, HeadMasks, check_shape};
 use crate::contract::{AttentionModule, Capabilities};
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
@@ -212,12 +212,45 @@ pub fn check_prompt(variant: &'static str, x: &Tensor<3>) -> Result<(), Attentio
     Ok(())
 }
 
-/// Refuses an input to [`AttentionModule::decode`] other than one token a batch element:
+/// [`check_prompt`], and a prompt `x` other than `[batch, n, d_model]` or a padding mask other
+/// than `[batch, n]`: the checks of the registry's prefilling.
+pub fn check_prompt_shapes(
+    variant: &'static str,
+    d_model: usize,
+    x: &Tensor<3>,
+    mask_pad: Option<&Tensor<2, Bool>>,
+) -> Result<(), AttentionError> {
+    check_prompt(variant, x)?;
+    let [batch, n, _] = x.dims();
+    check_shape(
+        variant,
+        "a prompt",
+        "[batch, n, d_model]",
+        &x.dims(),
+        &[batch, n, d_model],
+    )?;
+    match mask_pad {
+        Some(mask) => check_shape(
+            variant,
+            "a padding mask",
+            "[batch, n]",
+            &mask.dims(),
+            &[batch, n],
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an input to [`AttentionModule::decode`] other than one token a batch element,
 /// `x: [batch, 1, d_model]`.
 ///
 /// [`AttentionModule::decode`]: crate::contract::AttentionModule::decode
-pub fn check_token(variant: &'static str, x: &Tensor<3>) -> Result<(), AttentionError> {
-    let n = x.dims()[1];
+pub fn check_token(
+    variant: &'static str,
+    d_model: usize,
+    x: &Tensor<3>,
+) -> Result<(), AttentionError> {
+    let [batch, n, _] = x.dims();
     if n != 1 {
         return Err(AttentionError::unsupported(
             variant,
@@ -226,7 +259,13 @@ pub fn check_token(variant: &'static str, x: &Tensor<3>) -> Result<(), Attention
             ),
         ));
     }
-    Ok(())
+    check_shape(
+        variant,
+        "a token",
+        "[batch, 1, d_model]",
+        &x.dims(),
+        &[batch, 1, d_model],
+    )
 }
 
 /// Refuses an attention mask in `masks` where `info`'s capabilities exclude one.
