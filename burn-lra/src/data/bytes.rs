@@ -125,7 +125,7 @@ pub fn read_imdb(path: &Path, max_len: usize, max_archive_bytes: u64) -> Result<
             if bytes.is_empty() {
                 bail!(
                     "{}: the review is empty (an example needs at least one byte)",
-                    entry.display()
+                    super::shown(&entry.display().to_string())
                 );
             }
             found[split].push((
@@ -146,7 +146,9 @@ pub fn read_imdb(path: &Path, max_len: usize, max_archive_bytes: u64) -> Result<
                 max_archive_bytes,
             );
             let mut tar = tar::Archive::new(expanded);
+            // The tar reader's messages quote a damaged header's bytes, newlines included.
             let unreadable = |e: std::io::Error| {
+                let e = super::shown(&e.to_string());
                 anyhow::anyhow!("{}: unreadable archive ({e})", archive.display())
             };
             let mut bytes = Vec::new();
@@ -390,6 +392,20 @@ mod tests {
         let e = err(&broken);
         assert!(
             e.contains("broken.tar.gz") && e.contains("unreadable archive"),
+            "{e}"
+        );
+        // A tar header whose checksum field holds a newline: the reader's message quotes it,
+        // and the error stays one line (a property test found it).
+        let mut header = [0u8; 512];
+        header[..25].copy_from_slice(b"aclImdb/train/neg/0_5.txt");
+        header[148..156].copy_from_slice(b"00\n0724\0");
+        let damaged = dir.join("damaged.tar.gz");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &header).unwrap();
+        std::fs::write(&damaged, gz.finish().unwrap()).unwrap();
+        let e = err(&damaged);
+        assert!(
+            e.contains("damaged.tar.gz: unreadable archive") && !e.contains('\n'),
             "{e}"
         );
         // A folder with no text data.
