@@ -14,7 +14,7 @@ use burn::nn::{
 use burn::prelude::*;
 
 use crate::contract::error::AttentionError;
-use crate::contract::input::{AttentionInput, check_shape};
+use crate::contract::input::{AttentionInput, check_width};
 use crate::contract::{AttentionModule, DecodingState, SegmentMemory};
 use crate::engines::dropout::dropout;
 use crate::engines::params::num_params_checked;
@@ -226,15 +226,7 @@ impl<A: Module + AttentionModule> EncoderBlock<A> {
         x: Tensor<3>,
         attend: impl FnOnce(Tensor<3>) -> Result<(Tensor<3>, T), AttentionError>,
     ) -> Result<(Tensor<3>, T), AttentionError> {
-        let [batch, n, _] = x.dims();
-        let (what, names) = ("an input", "[batch, n, d_model]");
-        check_shape(
-            self.attention.name(),
-            what,
-            names,
-            &x.dims(),
-            &[batch, n, self.d_model()],
-        )?;
+        check_width(self.attention.name(), "an input", &x, self.d_model())?;
         let normed = kernels::layer_norm(&self.norm_attn, x.clone(), self.norm_eps);
         let (attended, rest) = attend(normed)?;
         Ok((self.residual_then_feed_forward(x, attended), rest))

@@ -189,6 +189,7 @@ impl AttentionInput {
         let keys = self.memory.as_ref().map(|(k, _)| k.dims().to_vec());
         let values = self.memory.as_ref().map(|(_, v)| v.dims().to_vec());
         let mask = |m: &Option<Tensor<2, Bool>>| m.as_ref().map(|m| m.dims().to_vec());
+        let attn_mask = self.attn_mask.as_ref().map(|m| m.dims().to_vec());
         let tensors = [
             (
                 "queries",
@@ -223,7 +224,7 @@ impl AttentionInput {
             (
                 "an attention mask",
                 "[batch, n_q, n_k]",
-                self.attn_mask.as_ref().map(|m| m.dims().to_vec()),
+                attn_mask,
                 vec![batch, n_q, n_k],
             ),
         ];
@@ -323,6 +324,23 @@ pub fn check_shape(
         variant,
         format!("{what} of shape {got:?} (it takes {names}, here {want:?})"),
     ))
+}
+
+/// Refuses a sequence `what`, `x: [batch, n, d]`, whose width `d` is not `d_model`.
+pub fn check_width(
+    variant: &'static str,
+    what: &str,
+    x: &Tensor<3>,
+    d_model: usize,
+) -> Result<(), AttentionError> {
+    let [batch, n, _] = x.dims();
+    check_shape(
+        variant,
+        what,
+        "[batch, n, d_model]",
+        &x.dims(),
+        &[batch, n, d_model],
+    )
 }
 
 /// The causal mask `[n, n]`: `true` where key `j` lies in the future of query `i` (`j > i`).

@@ -3,7 +3,7 @@
 use burn::prelude::*;
 
 use crate::contract::error::AttentionError;
-use crate::contract::input::{AttentionInput, HeadMasks, check_shape};
+use crate::contract::input::{AttentionInput, HeadMasks, check_shape, check_width};
 use crate::contract::{AttentionModule, Capabilities};
 
 /// A registered variant: its name (as used by the CLI, config files and xtask) and facts.
@@ -221,14 +221,8 @@ pub fn check_prompt_shapes(
     mask_pad: Option<&Tensor<2, Bool>>,
 ) -> Result<(), AttentionError> {
     check_prompt(variant, x)?;
+    check_width(variant, "a prompt", x, d_model)?;
     let [batch, n, _] = x.dims();
-    check_shape(
-        variant,
-        "a prompt",
-        "[batch, n, d_model]",
-        &x.dims(),
-        &[batch, n, d_model],
-    )?;
     match mask_pad {
         Some(mask) => check_shape(
             variant,
@@ -250,7 +244,7 @@ pub fn check_token(
     d_model: usize,
     x: &Tensor<3>,
 ) -> Result<(), AttentionError> {
-    let [batch, n, _] = x.dims();
+    let n = x.dims()[1];
     if n != 1 {
         return Err(AttentionError::unsupported(
             variant,
@@ -259,13 +253,7 @@ pub fn check_token(
             ),
         ));
     }
-    check_shape(
-        variant,
-        "a token",
-        "[batch, 1, d_model]",
-        &x.dims(),
-        &[batch, 1, d_model],
-    )
+    check_width(variant, "a token", x, d_model)
 }
 
 /// Refuses an attention mask in `masks` where `info`'s capabilities exclude one.
@@ -292,18 +280,8 @@ pub fn check_attention_mask(
         return Ok(());
     };
     let [batch, _, n_q, _] = q.dims();
-    if mask.dims() != [batch, n_q, n_k] {
-        return Err(AttentionError::unsupported(
-            info.name,
-            format!(
-                "an attention mask of shape {:?} over {batch} × {n_q} queries and {n_k} keys \
-                 (it must be [batch, n_q, n_k] = {:?})",
-                mask.dims(),
-                [batch, n_q, n_k]
-            ),
-        ));
-    }
-    Ok(())
+    let (what, names) = ("an attention mask", "[batch, n_q, n_k]");
+    check_shape(info.name, what, names, &mask.dims(), &[batch, n_q, n_k])
 }
 
 /// [`check_capabilities`], and an error naming `n_max` where the keys outnumber it: the check of
