@@ -37,9 +37,9 @@ use burn_attention_zoo::{
     nystrom_attention, orthogonal_features,
 };
 use reference::{
-    efficient_head, elu_plus_one, kernelized_head, matmul, max_rel_err, max_row_rel_err,
-    mean_rel_err, normal_tensor, project, scale, softmax_head, softmax_rows, to_heads, to_rows,
-    transpose,
+    efficient_head, elu_plus_one, kernelized_head, largest_error, matmul, max_rel_err,
+    max_row_rel_err, mean_rel_err, normal_tensor, project, scale, softmax_head, softmax_rows,
+    to_heads, to_rows, transpose,
 };
 
 const D_MODEL: usize = 16;
@@ -1290,12 +1290,10 @@ fn kernelized_head_grads(
 /// of its terms where they cancel to (nearly) nothing.
 fn max_row_err_in_scale(a: &[Vec<f64>], b: &[Vec<f64>], scale: &[Vec<f64>]) -> f64 {
     let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
-    (a.iter().zip(b).zip(scale))
-        .map(|((a, b), s)| {
-            let diff: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
-            norm(&diff) / norm(b).max(1e-2 * norm(s))
-        })
-        .fold(0.0, f64::max)
+    largest_error((a.iter().zip(b).zip(scale)).map(|((a, b), s)| {
+        let diff: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+        norm(&diff) / norm(b).max(1e-2 * norm(s))
+    }))
 }
 
 /// The kernelized core's outputs and gradients stay finite and agree with float64 down to the

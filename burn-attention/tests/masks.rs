@@ -11,7 +11,7 @@ use burn_attention_zoo::{
     EncoderConfig, HeadMasks, LocalAttentionConfig, LocalForm, LongformerConfig,
     SparseAttentionConfig, SparsePattern, VARIANTS, padding_mask_from_lengths,
 };
-use reference::{normal_tensor, to_heads};
+use reference::{largest_error, normal_tensor, to_heads};
 
 fn device() -> Device {
     Device::flex()
@@ -185,11 +185,12 @@ fn attention_mask_matches_float64_reference() {
 }
 
 fn max_abs_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+    largest_error(
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs()),
+    )
 }
 
 /// Invariants: a mask that masks nothing changes nothing (the fused path without it gives the

@@ -84,13 +84,23 @@ pub fn project(p: &[Vec<f64>], x: &[Vec<f64>], padded: impl Fn(usize) -> bool) -
         .collect()
 }
 
+/// The largest of `errors` (0 for none), and infinity where one is NaN: a NaN output is the
+/// worst error, never one left out (`f64::max` drops a NaN, so a fold with it would pass one).
+pub fn largest_error(errors: impl IntoIterator<Item = f64>) -> f64 {
+    errors
+        .into_iter()
+        .map(|err| if err.is_nan() { f64::INFINITY } else { err })
+        .fold(0.0, f64::max)
+}
+
 /// Largest `|a - b| / max(|b|, floor)` over two nested arrays.
 pub fn max_rel_err(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
-        .fold(0.0, f64::max)
+    largest_error(
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs() / y.abs().max(floor)),
+    )
 }
 
 /// Largest `|a - b| / max(|b|, floor · rms(b))`: [`max_rel_err`] with its floor a fraction of
@@ -226,14 +236,11 @@ pub fn mean_rel_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 /// each output vector, which an f32 computation of an average of O(1) values can meet where a
 /// per-entry ratio cannot (an entry near zero is a difference of O(1) terms).
 pub fn max_row_rel_err(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let diff: f64 = x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
-            let norm: f64 = y.iter().map(|q| q * q).sum::<f64>();
-            (diff / norm).sqrt()
-        })
-        .fold(0.0, f64::max)
+    largest_error(a.iter().zip(b).map(|(x, y)| {
+        let diff: f64 = x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+        let norm: f64 = y.iter().map(|q| q * q).sum::<f64>();
+        (diff / norm).sqrt()
+    }))
 }
 
 /// Segment `s` of a sequence of real length `len` with `m` landmarks (as the `nystrom` module
@@ -603,11 +610,11 @@ pub fn central_difference_error(
         })
         .collect();
     let scale = expected.iter().fold(0.0f64, |a, g| a.max(g.abs()));
-    let err = got
-        .iter()
-        .zip(&expected)
-        .map(|(&g, e)| (f64::from(g) - e).abs() / scale)
-        .fold(0.0, f64::max);
+    let err = largest_error(
+        got.iter()
+            .zip(&expected)
+            .map(|(&g, e)| (f64::from(g) - e).abs() / scale),
+    );
     (err, scale)
 }
 
@@ -645,9 +652,10 @@ pub fn smooth_difference_error(
         .map(|(&g, [u, d])| (g, (u + d) / 2.0))
         .collect();
     let scale = smooth.iter().fold(0.0f64, |a, (_, e)| a.max(e.abs()));
-    let err = smooth
-        .iter()
-        .map(|&(g, e)| (f64::from(g) - e).abs() / scale)
-        .fold(0.0, f64::max);
+    let err = largest_error(
+        smooth
+            .iter()
+            .map(|&(g, e)| (f64::from(g) - e).abs() / scale),
+    );
     (err, scale, flat.len() - smooth.len())
 }
