@@ -332,6 +332,28 @@ fn check_4_softmax_matches_float64_reference() {
     }
 }
 
+/// A sequence whose keys are all padding: every score is replaced by the same fill, so the
+/// weights are uniform and each output is the mean of the values (`flex`'s fused kernel, which
+/// leaves wholly padded key tiles out only where a real key outweighs them, must keep them
+/// here). 300 keys, more than one key tile.
+#[test]
+fn softmax_over_a_wholly_padded_sequence_averages_the_values() {
+    let device = device().autodiff();
+    let (b, h, n, d) = (2, 2, 300, 8);
+    let [q, k, v] = qkv(b, h, n, d, &device);
+    let mask = padding_mask_from_lengths(&[n, 0], n, &device);
+    let out = to_heads(&softmax_attention(q, k, v.clone(), Some(mask), false).inner());
+    let v = to_heads(&v.inner());
+    for hi in 0..h {
+        let mean: Vec<f64> = (0..d)
+            .map(|c| v[1][hi].iter().map(|row| row[c]).sum::<f64>() / n as f64)
+            .collect();
+        let expected = vec![mean; n];
+        let err = max_rel_err(&out[1][hi], &expected, 1e-2);
+        assert!(err < 1e-4, "head {hi}: relative error {err}");
+    }
+}
+
 /// Gradients of `Σ G ∘ softmax(Q Kᵀ/√d) V` for one head in float64, with masked keys dropped
 /// from each row: `(dQ, dK, dV)`. The textbook chain: `P` the weights, `dV = Pᵀ G`,
 /// `dP = G Vᵀ`, `dS = P ∘ (dP - rowsum(P ∘ dP))`, `dQ = dS K/√d`, `dK = dSᵀ Q/√d`.
@@ -380,6 +402,10 @@ fn softmax_head_grads(
 /// `[batch, n, heads, d]` storage, as the modules make them. Gradients are sums over 300 keys of
 /// unit-scale terms; their error is taken relative to max(|expected|, 0.01) as above, 1e-4.
 ///
+/// The padded cases reach each tile the fused kernel leaves out ([`SoftmaxCase`]): a key tile
+/// wholly padding after the keys (170 and 40 real), before them (the first 260 keys padding),
+/// and query tiles whose output gradient is zero, as a trained model's padded positions are.
+///
 /// Runs on `flex` (the fused kernel of this crate) and, when compiled in, on `tch` (libtorch's
 /// own flash-attention kernels behind the same extension), `ndarray` (the composed steps) and
 /// `wgpu` (the crate's CubeCL kernels; lavapipe without a GPU).
@@ -399,18 +425,69 @@ fn check_4_softmax_gradients_match_float64_reference() {
     }
 }
 
+/// One case of [`check_4_softmax_gradients_match_float64_reference`]: the causal mask or not,
+/// the second sequence's padded keys (the first has none), and whether `G` is zero at the
+/// padded positions.
+struct SoftmaxCase {
+    causal: bool,
+    padded: fn(usize) -> bool,
+    quiet_padding: bool,
+}
+
+impl SoftmaxCase {
+    const fn new(causal: bool, padded: fn(usize) -> bool, quiet_padding: bool) -> Self {
+        Self {
+            causal,
+            padded,
+            quiet_padding,
+        }
+    }
+}
+
+/// [`SoftmaxCase`]s: unpadded, padding after 170 and after 40 keys, padding before the last 40.
+const SOFTMAX_CASES: [SoftmaxCase; 8] = [
+    SoftmaxCase::new(false, |_| false, false),
+    SoftmaxCase::new(true, |_| false, false),
+    SoftmaxCase::new(false, |j| j >= 170, false),
+    SoftmaxCase::new(true, |j| j >= 170, false),
+    SoftmaxCase::new(false, |j| j >= 40, true),
+    SoftmaxCase::new(true, |j| j >= 40, true),
+    SoftmaxCase::new(false, |j| j < 260, false),
+    SoftmaxCase::new(false, |j| j < 260, true),
+];
+
 fn softmax_gradients_case(device: Device) {
     let (b, h, n, d) = (2, 2, 300, 8);
-    for (causal, padded) in [(false, false), (true, false), (false, true), (true, true)] {
+    for (
+        case,
+        &SoftmaxCase {
+            causal,
+            padded,
+            quiet_padding,
+        },
+    ) in SOFTMAX_CASES.iter().enumerate()
+    {
         // Per-head views of `[b, n, h, d]` storage, as the modules' head split makes them.
         let [q, k, v] = [0, 1, 2].map(|_| {
             Tensor::<4>::random([b, n, h, d], Distribution::Normal(0.0, 1.0), &device)
                 .swap_dims(1, 2)
                 .require_grad()
         });
-        let g = Tensor::<4>::random([b, h, n, d], Distribution::Normal(0.0, 1.0), &device);
-        let lengths = if padded { [n, 170] } else { [n, n] };
-        let mask = padded.then(|| padding_mask_from_lengths(&lengths, n, &device));
+        // The first sequence unpadded, the second padded where the case says.
+        let is_padding = |bi: usize, j: usize| bi == 1 && padded(j);
+        let flags: Vec<bool> = (0..b * n).map(|at| is_padding(at / n, at % n)).collect();
+        let any_padding = flags.contains(&true);
+        let mask = any_padding
+            .then(|| Tensor::<2, Bool>::from_data(TensorData::new(flags.clone(), [b, n]), &device));
+        let mut g = Tensor::<4>::random([b, h, n, d], Distribution::Normal(0.0, 1.0), &device);
+        if quiet_padding {
+            let keep: Vec<f32> = flags
+                .iter()
+                .map(|&pad| if pad { 0.0 } else { 1.0 })
+                .collect();
+            let keep = Tensor::<2>::from_data(TensorData::new(keep, [b, n]), &device);
+            g = g * keep.reshape([b, 1, n, 1]);
+        }
         let out = softmax_attention(q.clone(), k.clone(), v.clone(), mask, causal);
         let grads = (out.clone() * g.clone()).sum().backward();
         let got = [&q, &k, &v].map(|t| to_heads(&t.grad(&grads).unwrap()));
@@ -423,21 +500,17 @@ fn softmax_gradients_case(device: Device) {
         );
         for bi in 0..b {
             for hi in 0..h {
-                let masked = |i: usize, j: usize| j >= lengths[bi] || (causal && j > i);
+                let masked = |i: usize, j: usize| is_padding(bi, j) || (causal && j > i);
                 let (q, k, v, g) = (&qh[bi][hi], &kh[bi][hi], &vh[bi][hi], &gh[bi][hi]);
                 let expected = softmax_head(q, k, v, masked);
                 let err = max_rel_err(&out[bi][hi], &expected, 1e-2);
-                assert!(
-                    err < 1e-4,
-                    "{device:?} output, causal {causal} padded {padded}: {err}"
-                );
+                assert!(err < 1e-4, "{device:?} output, case {case}: {err}");
                 let want = softmax_head_grads(q, k, v, g, masked);
                 for (name, (got, want)) in ["q", "k", "v"].iter().zip(got.iter().zip(&want)) {
                     let err = max_rel_err(&got[bi][hi], want, 1e-2);
                     assert!(
                         err < 1e-4,
-                        "{device:?} d{name}, causal {causal} padded {padded} batch {bi} head {hi}: \
-                         {err}"
+                        "{device:?} d{name}, case {case} batch {bi} head {hi}: {err}"
                     );
                 }
             }
