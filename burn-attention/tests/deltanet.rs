@@ -19,8 +19,8 @@ use burn_attention_zoo::{
     AttentionInput, AttentionModule, DecodingState, DeltaNetAttention, DeltaNetConfig,
 };
 use reference::{
-    linear_f64, max_rel_err, normal_tensor, padded_pair, rotate_heads_f64, sigmoid, softplus,
-    to_rows, vector,
+    draw_alone, linear_f64, max_conditioned_err, max_rel_err, normal_tensor, normalise_groups_f64,
+    padded_pair, rotate_heads_f64, sigmoid, softplus, to_rows, vector,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -28,9 +28,11 @@ type Rows = Vec<Vec<f64>>;
 const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const D_HEAD: usize = D_MODEL / HEADS;
-/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
-/// normalised per head, of order 1); 2e-4 the largest seen over 15 runs, each with its own
-/// random weights.
+/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are normalised
+/// per head, of order 1), each row's divided by its conditioning under that normalisation
+/// (`reference::normalise_groups_f64`). Over 150 draws of every case the largest was 7.6e-5, and
+/// 6.6e-5 over 1,500 draws of the gated, non-causal case at scale 4, whose raw relative errors
+/// reached 1.1e-3 at rows where a head's output is nearly zero (conditioning up to 150).
 const TOLERANCE: f64 = 1e-3;
 
 fn silu(x: f64) -> f64 {
@@ -95,10 +97,10 @@ fn scan(
     out
 }
 
-/// The module's output for the real rows `x` of one sequence.
 /// The module's output for the real rows `x` of one sequence (with rotary positions: the unit
-/// queries and keys rotated at their positions among the real rows).
-fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
+/// queries and keys rotated at their positions among the real rows), and each row's
+/// conditioning under the per-head normalisation.
+fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> (Rows, Vec<f64>) {
     let n = x.len();
     let scale = (D_HEAD as f64).powf(-0.5);
     let rotated = |rows: Rows| -> Rows {
@@ -140,8 +142,7 @@ fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
                 .collect()
         }
     };
-    let weight = vector(&m.norm_weight);
-    let mut o = vec![vec![0.0; D_MODEL]; n];
+    let mut heads = vec![vec![0.0; D_MODEL]; n];
     for h in 0..HEADS {
         let forward: Vec<usize> = (0..n).collect();
         let ahead = scan(&forward, h, (&q, &k, &v), (&beta, &alpha), false);
@@ -152,13 +153,17 @@ fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
             scan(&backward, h, (&q, &k, &v), (&beta, &alpha), true)
         };
         for i in 0..n {
-            let head: Vec<f64> = (0..D_HEAD).map(|c| ahead[i][c] + behind[i][c]).collect();
-            let rms = (head.iter().map(|a| a * a).sum::<f64>() / D_HEAD as f64 + m.norm_eps).sqrt();
             for c in 0..D_HEAD {
-                o[i][h * D_HEAD + c] = head[c] / rms * weight[h * D_HEAD + c];
+                heads[i][h * D_HEAD + c] = ahead[i][c] + behind[i][c];
             }
         }
     }
+    let (normalised, conditioning) = normalise_groups_f64(&heads, D_HEAD, m.norm_eps, false);
+    let weight = vector(&m.norm_weight);
+    let o: Rows = normalised
+        .iter()
+        .map(|row| row.iter().zip(&weight).map(|(a, w)| a * w).collect())
+        .collect();
     let o = match &m.gate {
         None => o,
         Some(gate) => o
@@ -167,7 +172,7 @@ fn deltanet_f64(m: &DeltaNetAttention, x: &[Vec<f64>], causal: bool) -> Rows {
             .map(|(row, g)| row.iter().zip(g).map(|(a, g)| a * silu(g)).collect())
             .collect(),
     };
-    linear_f64(&m.proj.output, &o)
+    (linear_f64(&m.proj.output, &o), conditioning)
 }
 
 fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
@@ -175,16 +180,22 @@ fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
     keep.iter().map(|&i| all[i].clone()).collect()
 }
 
+/// The module with its weights drawn from seed 7 (materialised while the generator is held:
+/// parameters are drawn on first use), so that a failure replays; the tolerance was measured
+/// over thousands of other draws.
 fn module(gated: bool, device: &Device) -> DeltaNetAttention {
-    let mut m = DeltaNetConfig::new(D_MODEL, HEADS)
-        .with_gated(gated)
-        .with_bias(true)
-        .init(device);
-    if let Some(decay) = m.decay.as_mut() {
-        // Step sizes near 1 (the initial ones are 0.001-0.1): decays from e^{-1} to e^{-16}.
-        decay.dt_bias = decay.dt_bias.clone().map(|b| b.add_scalar(3.0));
-    }
-    m
+    draw_alone(device, Some(7), || {
+        let mut m = DeltaNetConfig::new(D_MODEL, HEADS)
+            .with_gated(gated)
+            .with_bias(true)
+            .init(device);
+        if let Some(decay) = m.decay.as_mut() {
+            // Step sizes near 1 (the initial ones are 0.001-0.1): decays from e^{-1} to e^{-16}.
+            decay.dt_bias = decay.dt_bias.clone().map(|b| b.add_scalar(3.0));
+        }
+        let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], device)));
+        m
+    })
 }
 
 #[test]
@@ -204,8 +215,9 @@ fn deltanet_matches_float64_reference() {
                             .causal(causal),
                     );
                     for (b, keep) in real.iter().enumerate() {
-                        let expected = deltanet_f64(&m, &rows(&x, b, keep), causal);
-                        let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
+                        let (expected, conditioning) = deltanet_f64(&m, &rows(&x, b, keep), causal);
+                        let got = rows(&out, b, keep);
+                        let err = max_conditioned_err(&got, &expected, 5e-2, &conditioning);
                         assert!(
                             err < TOLERANCE,
                             "gated {gated} rotary {rotary} n {n} scale {scale} causal {causal} \

@@ -16,8 +16,8 @@ mod reference;
 use burn::prelude::*;
 use burn_attention_zoo::{AttentionInput, AttentionModule, GlaAttention, GlaConfig};
 use reference::{
-    linear_f64, max_rel_err, normal_tensor, padded_pair, rotate_heads_f64, softplus, to_rows,
-    vector,
+    draw_alone, linear_f64, max_conditioned_err, max_rel_err, normal_tensor, normalise_groups_f64,
+    padded_pair, rotate_heads_f64, softplus, to_rows, vector,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -26,11 +26,12 @@ const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const D_K: usize = D_MODEL / 2 / HEADS;
 const D_V: usize = D_MODEL / HEADS;
-/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
-/// normalised per head, of order 1). Over 150 draws of the module's random weights every case
-/// stayed below 2e-4 but one draw, at 1.27e-3 (n 5, inputs at scale 4, causal), which failed
-/// the earlier bound of 5e-4 about one run in 150; a wrong decay or window is off by far more.
-const TOLERANCE: f64 = 2e-3;
+/// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are normalised
+/// per head, of order 1), each row's divided by its conditioning under that normalisation
+/// (`reference::normalise_groups_f64`). Over 300 draws of the weights of every case the largest was
+/// 7.9e-5, where the raw relative errors reached 2.3e-3 at rows whose head output is nearly zero; a
+/// wrong decay or window is off by far more.
+const TOLERANCE: f64 = 1e-3;
 
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
@@ -56,8 +57,9 @@ fn scan(order: &[usize], h: usize, (q, k, v): (&Rows, &Rows, &Rows), gate: &Rows
 }
 
 /// The module's output for the real rows `x` of one sequence (with rotary positions: queries
-/// and keys rotated at their positions among the real rows).
-fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
+/// and keys rotated at their positions among the real rows), and each row's conditioning under
+/// the per-head normalisation.
+fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> (Rows, Vec<f64>) {
     let n = x.len();
     let scale = (D_K as f64).powf(-0.5);
     let rotated = |rows: Rows| -> Rows {
@@ -82,7 +84,7 @@ fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
         .iter()
         .map(|r| r.iter().map(|z| (-softplus(-z) / tau).exp()).collect())
         .collect();
-    let mut o = vec![vec![0.0; D_MODEL]; n];
+    let mut heads = vec![vec![0.0; D_MODEL]; n];
     for h in 0..HEADS {
         let forward: Vec<usize> = (0..n).collect();
         let ahead = scan(&forward, h, (&q, &k, &v), &gate);
@@ -102,13 +104,12 @@ fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
             behind
         };
         for i in 0..n {
-            let head: Vec<f64> = (0..D_V).map(|c| ahead[i][c] + behind[i][c]).collect();
-            let rms = (head.iter().map(|a| a * a).sum::<f64>() / D_V as f64 + m.norm_eps).sqrt();
             for c in 0..D_V {
-                o[i][h * D_V + c] = head[c] / rms;
+                heads[i][h * D_V + c] = ahead[i][c] + behind[i][c];
             }
         }
     }
+    let (o, conditioning) = normalise_groups_f64(&heads, D_V, m.norm_eps, false);
     let weight = vector(&m.norm_weight);
     let r = linear_f64(&m.out_gate, x);
     let gated: Rows = o
@@ -122,7 +123,7 @@ fn gla_f64(m: &GlaAttention, x: &[Vec<f64>], causal: bool) -> Rows {
                 .collect()
         })
         .collect();
-    linear_f64(&m.output, &gated)
+    (linear_f64(&m.output, &gated), conditioning)
 }
 
 fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
@@ -131,10 +132,16 @@ fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
 }
 
 /// The module with its gate logits spread by 12: gates from about `e^{-2.5}` to barely below 1.
+/// Its weights are drawn from seed 7 (materialised while the generator is held: parameters are
+/// drawn on first use), so that a failure replays; the tolerance was measured over 300 other
+/// draws.
 fn module(device: &Device) -> GlaAttention {
-    let mut m = GlaConfig::new(D_MODEL, HEADS).with_bias(true).init(device);
-    m.gate_up.weight = m.gate_up.weight.map(|w| w.mul_scalar(12.0));
-    m
+    draw_alone(device, Some(7), || {
+        let mut m = GlaConfig::new(D_MODEL, HEADS).with_bias(true).init(device);
+        m.gate_up.weight = m.gate_up.weight.map(|w| w.mul_scalar(12.0));
+        let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], device)));
+        m
+    })
 }
 
 /// Without and with rotary positions (which must change the outputs).
@@ -160,8 +167,9 @@ fn matches_float64_reference(m: &GlaAttention, device: &Device) {
                         .causal(causal),
                 );
                 for (b, keep) in real.iter().enumerate() {
-                    let expected = gla_f64(m, &rows(&x, b, keep), causal);
-                    let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
+                    let (expected, conditioning) = gla_f64(m, &rows(&x, b, keep), causal);
+                    let got = rows(&out, b, keep);
+                    let err = max_conditioned_err(&got, &expected, 5e-2, &conditioning);
                     assert!(
                         err < TOLERANCE,
                         "rotary {} n {n} scale {scale} causal {causal} batch {b}: relative \
@@ -171,7 +179,7 @@ fn matches_float64_reference(m: &GlaAttention, device: &Device) {
                     if m.rotary && n >= 16 {
                         let mut plain = m.clone();
                         plain.rotary = false;
-                        let unrotated = gla_f64(&plain, &rows(&x, b, keep), causal);
+                        let (unrotated, _) = gla_f64(&plain, &rows(&x, b, keep), causal);
                         assert!(max_rel_err(&expected, &unrotated, 5e-2) > 1e-2);
                     }
                 }

@@ -15,8 +15,8 @@ mod reference;
 use burn::prelude::*;
 use burn_attention_zoo::{AttentionInput, AttentionModule, Mamba2Attention, Mamba2Config};
 use reference::{
-    draw_alone, linear_f64, max_rel_err, normal_tensor, padded_pair, rotate_heads_f64, softplus,
-    to_rows, vector,
+    draw_alone, linear_f64, max_conditioned_err, normal_tensor, normalise_groups_f64, padded_pair,
+    rotate_heads_f64, softplus, to_rows, vector,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -25,8 +25,9 @@ const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const D_HEAD: usize = D_MODEL / HEADS;
 /// Largest relative error of the f32 module against float64 (floor 0.05: the outputs are
-/// RMS-normalised, of order 1); 4.8e-4 the largest seen over 52 runs, each with its own random
-/// weights (7e-3 before the decays were summed over their own spans).
+/// RMS-normalised, of order 1), each row's divided by its conditioning under that normalisation;
+/// 4.8e-4 the largest raw error seen over 52 runs, each with its own random weights (7e-3 before
+/// the decays were summed over their own spans).
 const TOLERANCE: f64 = 2e-3;
 
 fn silu(x: f64) -> f64 {
@@ -58,10 +59,10 @@ fn scan(
     out
 }
 
-/// The module's output for the real rows `x` of one sequence.
 /// The module's output for the real rows `x` of one sequence (with rotary positions: `C` and
-/// `B` rotated at their positions among the real rows).
-fn mamba2_f64(m: &Mamba2Attention, x: &[Vec<f64>], causal: bool) -> Rows {
+/// `B` rotated at their positions among the real rows), and each row's conditioning under the
+/// gated normalisation.
+fn mamba2_f64(m: &Mamba2Attention, x: &[Vec<f64>], causal: bool) -> (Rows, Vec<f64>) {
     let n = x.len();
     let rotated = |rows: Rows| -> Rows {
         if !m.proj.rotary {
@@ -117,18 +118,18 @@ fn mamba2_f64(m: &Mamba2Attention, x: &[Vec<f64>], causal: bool) -> Rows {
         }
     }
     let z = linear_f64(&m.gate, x);
-    let scale = vector(&m.norm_weight);
-    let normed: Rows = y
+    let gated: Rows = y
         .iter()
         .zip(&z)
-        .map(|(row, z)| {
-            let gated: Vec<f64> = row.iter().zip(z).map(|(a, g)| a * silu(*g)).collect();
-            let rms =
-                (gated.iter().map(|a| a * a).sum::<f64>() / D_MODEL as f64 + m.norm_eps).sqrt();
-            gated.iter().zip(&scale).map(|(a, w)| a / rms * w).collect()
-        })
+        .map(|(row, z)| row.iter().zip(z).map(|(a, g)| a * silu(*g)).collect())
         .collect();
-    linear_f64(&m.proj.output, &normed)
+    let (normalised, conditioning) = normalise_groups_f64(&gated, D_MODEL, m.norm_eps, false);
+    let scale = vector(&m.norm_weight);
+    let normed: Rows = normalised
+        .iter()
+        .map(|row| row.iter().zip(&scale).map(|(a, w)| a * w).collect())
+        .collect();
+    (linear_f64(&m.proj.output, &normed), conditioning)
 }
 
 fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
@@ -136,9 +137,12 @@ fn rows(x: &Tensor<3>, b: usize, keep: &[usize]) -> Rows {
     keep.iter().map(|&i| all[i].clone()).collect()
 }
 
-/// With fresh weights in every run, 1 run in 80 passed the tolerance (2.1e-3, a rotary case at
-/// scale 4, as RetNet's test did more often; not traced): the test draws its weights from seed
-/// 5, materialised while the generator is held (parameters are drawn on first use).
+/// With fresh weights in every run, 1 run in 80 once failed the tolerance (2.1e-3, a rotary
+/// case at scale 4), before the check allowed for the round-off the gated normalisation enlarges
+/// where a row is nearly zero (`reference::normalise_groups_f64`): over 60 fresh draws the raw
+/// errors reached 1.4e-3, the conditioned ones 1.9e-4. The test draws its weights from seed 5,
+/// materialised while the generator is held (parameters are drawn on first use), so that a
+/// failure replays.
 #[test]
 fn mamba2_matches_float64_reference() {
     let device = Device::flex();
@@ -171,8 +175,9 @@ fn matches_float64_reference(m: &Mamba2Attention, device: &Device) {
                         .causal(causal),
                 );
                 for (b, keep) in real.iter().enumerate() {
-                    let expected = mamba2_f64(m, &rows(&x, b, keep), causal);
-                    let err = max_rel_err(&rows(&out, b, keep), &expected, 5e-2);
+                    let (expected, conditioning) = mamba2_f64(m, &rows(&x, b, keep), causal);
+                    let got = rows(&out, b, keep);
+                    let err = max_conditioned_err(&got, &expected, 5e-2, &conditioning);
                     assert!(
                         err < TOLERANCE,
                         "rotary {} n {n} scale {scale} causal {causal} batch {b}: relative \

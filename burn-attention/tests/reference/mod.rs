@@ -116,6 +116,72 @@ pub fn max_err_of_scale(a: &[Vec<f64>], b: &[Vec<f64>], floor: f64) -> f64 {
     max_rel_err(a, b, floor * rms)
 }
 
+/// Each row's groups of `width` entries divided by their root mean square (`centred`: their
+/// deviations from the group's mean divided by the standard deviation, as a group norm does),
+/// `eps` added to the mean square; with each row's conditioning, the factor by which that
+/// division can enlarge round-off: the largest, over groups, of the group's root mean square
+/// over all rows divided by its (centred) root mean square, with `eps`, at this row.
+///
+/// f32 computes a group's entries to within a few `1e-7` of the magnitudes summed into them,
+/// which are of the group's size over the sequence rather than at one row: where a row's group
+/// is (nearly) zero, as a head's output is where its terms cancel, dividing by its own root mean
+/// square makes that round-off `conditioning` times larger against the normalised output.
+/// [`max_conditioned_err`] allows for it.
+pub fn normalise_groups_f64(
+    rows: &[Vec<f64>],
+    width: usize,
+    eps: f64,
+    centred: bool,
+) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let groups = rows.first().map_or(0, |r| r.len() / width);
+    let scale: Vec<f64> = (0..groups)
+        .map(|g| {
+            let sum: f64 = rows
+                .iter()
+                .flat_map(|r| &r[g * width..(g + 1) * width])
+                .map(|a| a * a)
+                .sum();
+            (sum / (rows.len() * width).max(1) as f64).sqrt()
+        })
+        .collect();
+    let mut conditioning = vec![0.0; rows.len()];
+    let normalised = rows
+        .iter()
+        .zip(&mut conditioning)
+        .map(|(row, kappa)| {
+            row.chunks(width)
+                .zip(&scale)
+                .flat_map(|(group, scale)| {
+                    let mean = if centred {
+                        group.iter().sum::<f64>() / width as f64
+                    } else {
+                        0.0
+                    };
+                    let square = group.iter().map(|a| (a - mean).powi(2)).sum::<f64>();
+                    let rms = (square / width as f64 + eps).sqrt();
+                    *kappa = f64::max(*kappa, scale / rms);
+                    group.iter().map(move |a| (a - mean) / rms)
+                })
+                .collect()
+        })
+        .collect();
+    (normalised, conditioning)
+}
+
+/// Largest `|a - b| / max(|b|, floor)` of each row divided by the row's conditioning where that
+/// is above 1 (from [`normalise_groups_f64`]): [`max_rel_err`] for outputs that pass through a
+/// normalisation, judged against the round-off the normalisation itself enlarges.
+pub fn max_conditioned_err(
+    a: &[Vec<f64>],
+    b: &[Vec<f64>],
+    floor: f64,
+    conditioning: &[f64],
+) -> f64 {
+    largest_error(a.iter().zip(b).zip(conditioning).map(|((a, b), kappa)| {
+        max_rel_err(std::slice::from_ref(a), std::slice::from_ref(b), floor) / kappa.max(1.0)
+    }))
+}
+
 /// Row-wise softmax.
 pub fn softmax_rows(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
     rows.iter()
