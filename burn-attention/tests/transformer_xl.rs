@@ -17,8 +17,8 @@ use burn_attention_zoo::{
     TransformerXlAttention, TransformerXlConfig, padding_mask_from_lengths,
 };
 use reference::{
-    FlatWeight, central_difference_error, linear_f64, matrix, max_rel_err, normal_tensor, sinusoid,
-    softmax_rows, to_rows,
+    FlatWeight, central_difference_error, draw_alone, linear_f64, matrix, max_rel_err,
+    normal_tensor, sinusoid, softmax_rows, to_rows,
 };
 
 type Rows = Vec<Vec<f64>>;
@@ -28,8 +28,9 @@ const HEADS: usize = 3;
 const D_HEAD: usize = D_MODEL / HEADS;
 /// Largest relative error of the f32 module against float64 (floor 0.01): inputs at scale 4 make
 /// peaked softmaxes whose f32 rounding reaches several 1e-4 of the outputs (up to 6.6e-4 over 40
-/// draws of the module's weights, which failed the earlier bound of 5e-4 one run in 15); a
-/// memory window off by one position is off by far more.
+/// draws of the module's weights, which failed the earlier bound of 5e-4 one run in 15, and
+/// 1.15e-3 over 400 more); a memory window off by one position is off by far more. The test
+/// draws its weights from fixed seeds.
 const TOLERANCE: f64 = 2e-3;
 
 fn head(x: &[f64], h: usize) -> &[f64] {
@@ -98,11 +99,18 @@ fn transformer_xl_matches_float64_reference() {
     let device = Device::flex();
     // (segment_len, mem_len): memory shorter than, equal to and longer than a segment.
     for (case, (segment, mem)) in [(4, 3), (4, 4), (3, 7), (20, 5)].into_iter().enumerate() {
-        let m = TransformerXlConfig::new(D_MODEL, HEADS)
-            .with_segment_len(segment)
-            .with_mem_len(mem)
-            .with_bias(true)
-            .init(&device);
+        // Weights drawn from a seed of their own, materialised while the generator is held
+        // (parameters are drawn on first use), so that a failure replays unless another test
+        // of this binary drew at the same moment.
+        let m = draw_alone(&device, Some(case as u64), || {
+            let m = TransformerXlConfig::new(D_MODEL, HEADS)
+                .with_segment_len(segment)
+                .with_mem_len(mem)
+                .with_bias(true)
+                .init(&device);
+            let _ = m.forward(AttentionInput::new(Tensor::zeros([1, 2, D_MODEL], &device)));
+            m
+        });
         for scale in [1.0, 4.0] {
             let seed = 10 * case as u64 + scale as u64;
             let x = normal_tensor([2, 13, D_MODEL], seed, &device).mul_scalar(scale);
