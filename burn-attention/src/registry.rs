@@ -13,9 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::contract::error::AttentionError;
 use crate::contract::input::{AttentionInput, HeadMasks};
-use crate::contract::variant::{
-    ModelShape, VariantConfig, VariantInfo, check_prompt_shapes, check_token,
-};
+use crate::contract::variant::{ModelShape, VariantConfig, VariantInfo};
 use crate::contract::{AttentionModule, Capabilities, DecodingState, SegmentMemory};
 use crate::variants::axial::{AxialAttention, AxialConfig};
 use crate::variants::bigbird::{BigBirdAttention, BigBirdConfig};
@@ -196,7 +194,6 @@ macro_rules! registry {
             }
 
             fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
-                input.check_shapes(self.name(), self.d_model())?;
                 match self { $(Self::$arm(m) => m.try_forward(input),)* }
             }
 
@@ -204,7 +201,6 @@ macro_rules! registry {
                 &self,
                 input: AttentionInput,
             ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
-                input.check_shapes(self.name(), self.d_model())?;
                 match self { $(Self::$arm(m) => m.try_forward_with_loss(input),)* }
             }
 
@@ -226,7 +222,6 @@ macro_rules! registry {
                 &self,
                 input: AttentionInput,
             ) -> Result<(Tensor<3>, Tensor<4>), AttentionError> {
-                input.check_shapes(self.name(), self.d_model())?;
                 match self { $(Self::$arm(m) => m.try_forward_with_weights(input),)* }
             }
 
@@ -235,7 +230,6 @@ macro_rules! registry {
                 x: Tensor<3>,
                 state: DecodingState,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-                check_token(self.name(), self.d_model(), &x)?;
                 match self { $(Self::$arm(m) => m.decode(x, state),)* }
             }
 
@@ -243,7 +237,6 @@ macro_rules! registry {
                 &self,
                 x: Tensor<3>,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-                check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
                 match self { $(Self::$arm(m) => m.prefill(x),)* }
             }
 
@@ -252,7 +245,6 @@ macro_rules! registry {
                 x: Tensor<3>,
                 mask_pad: Tensor<2, Bool>,
             ) -> Result<(Tensor<3>, DecodingState), AttentionError> {
-                check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
                 match self { $(Self::$arm(m) => m.prefill_padded(x, mask_pad),)* }
             }
 
@@ -261,7 +253,6 @@ macro_rules! registry {
                 input: AttentionInput,
                 memory: Option<SegmentMemory>,
             ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
-                input.check_shapes(self.name(), self.d_model())?;
                 match self { $(Self::$arm(m) => m.forward_with_memory(input, memory),)* }
             }
 

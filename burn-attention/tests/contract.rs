@@ -16,8 +16,9 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, Tolerance};
 use burn_attention_zoo::{
     Attention, AttentionConfig, AttentionError, AttentionInput, AttentionModule, DecodingState,
-    EncoderBlockConfig, EncoderConfig, FeedForwardKernel, FeedForwardKernelConfig, HeadMasks,
-    NystromConfig, VARIANTS, padding_mask_from_lengths,
+    DeltaNetConfig, EncoderBlockConfig, EncoderConfig, FeedForwardKernel, FeedForwardKernelConfig,
+    GlaConfig, HeadMasks, NystromConfig, PerformerConfig, ReformerConfig, SoftmaxAttentionConfig,
+    SynthesizerConfig, VARIANTS, padding_mask_from_lengths,
 };
 use reference::{
     efficient_head, elu_plus_one, favor_features, hedgehog_f64, kernelized_head, matmul, matrix,
@@ -745,7 +746,9 @@ fn decoding_is_refused_without_a_causal_form() {
 
 /// Inputs whose shapes do not fit, through every entry point of every registered variant: an
 /// error that names the variant, never a panic (Burn's ops panic on most of these shapes, so a
-/// variant that reached its tensor work with one would fail here). Empty sequences, decoding
+/// variant that reached its tensor work with one would fail here). `Attention` only passes each
+/// call on, so this checks each variant's own module, as a model that embeds it directly uses
+/// it. Empty sequences, decoding
 /// steps of other than one token, a width other than `d_model`, keys and values that disagree
 /// with each other or with the queries' batch, masks of the wrong shape.
 #[test]
@@ -848,6 +851,55 @@ fn inputs_that_do_not_fit_are_refused_by_name() {
     assert!(err.to_string().contains("[batch, n_q, d_model]"), "{err}");
     let err = encoder.prefill(narrow.clone()).unwrap_err();
     assert!(err.to_string().contains("[batch, n, d_model]"), "{err}");
+}
+
+/// A variant's own module, built from its own configuration and used without the registry,
+/// refuses a narrow sequence, a narrow prompt and a step of three tokens by name, as through
+/// `Attention`: one module of each way the contract is implemented (the shared projections,
+/// the recurrent macro, the kernelized prefill, modules of their own).
+#[test]
+fn variant_modules_used_alone_refuse_what_does_not_fit() {
+    fn refuses(m: &impl AttentionModule, device: &Device) {
+        let narrow = random([2, 3, D_MODEL / 2], device);
+        let three = random([2, 3, D_MODEL], device);
+        let calls = [
+            (
+                "a narrow sequence",
+                m.try_forward(AttentionInput::new(narrow.clone())).map(drop),
+            ),
+            ("a narrow prompt", m.prefill(narrow).map(drop)),
+            (
+                "three tokens",
+                m.decode(three, DecodingState::default()).map(drop),
+            ),
+        ];
+        for (call, result) in calls {
+            let err = result.expect_err(call).to_string();
+            assert!(err.starts_with(m.name()), "{}, {call}: {err}", m.name());
+        }
+    }
+    let device = device();
+    refuses(
+        &SoftmaxAttentionConfig::new(D_MODEL, N_HEADS).init(&device),
+        &device,
+    );
+    refuses(
+        &PerformerConfig::new(D_MODEL, N_HEADS).init(&device),
+        &device,
+    );
+    refuses(
+        &DeltaNetConfig::new(D_MODEL, N_HEADS).init(&device),
+        &device,
+    );
+    refuses(&GlaConfig::new(D_MODEL, N_HEADS).init(&device), &device);
+    refuses(
+        &ReformerConfig::new(D_MODEL, N_HEADS).init(&device),
+        &device,
+    );
+    refuses(
+        &SynthesizerConfig::new(D_MODEL, N_HEADS, N_MAX).init(&device),
+        &device,
+    );
 }
 
 /// `EncoderConfig::num_params` counts before anything is built: for every variant (Linformer's

@@ -177,8 +177,10 @@ impl AttentionInput {
     /// Checks that the sequences and masks fit one another and a model of width `d_model`:
     /// queries `[batch, n_q, d_model]`, keys and values `[batch, n_k, d_model]`, the key padding
     /// mask `[batch, n_k]`, the query padding mask `[batch, n_q]` and the attention mask
-    /// `[batch, n_q, n_k]`. The error names `variant` and the tensor that does not fit; the
-    /// registry's [`Attention`](crate::Attention) and the encoder blocks check every input.
+    /// `[batch, n_q, n_k]`. The error names `variant` and the tensor that does not fit. Every
+    /// registered variant's module checks its inputs with it before any tensor work, used
+    /// alone or through [`Attention`](crate::Attention); the encoder blocks check before their
+    /// LayerNorm.
     pub fn check_shapes(
         &self,
         variant: &'static str,

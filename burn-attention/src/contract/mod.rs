@@ -28,7 +28,10 @@ pub trait AttentionModule: Module {
     /// What the module supports.
     fn capabilities(&self) -> Capabilities;
 
-    /// Applies attention, or says why this module cannot take this input.
+    /// Applies attention, or says why this module cannot take this input. The registered
+    /// variants refuse inputs whose shapes do not fit
+    /// ([`AttentionInput::check_shapes`](crate::AttentionInput::check_shapes)) before any tensor
+    /// work; a module of your own can call it first too.
     ///
     /// # Shapes
     /// - queries `[batch, n_q, d_model]`, keys and values `[batch, n_k, d_model]`

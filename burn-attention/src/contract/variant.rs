@@ -213,7 +213,7 @@ pub fn check_prompt(variant: &'static str, x: &Tensor<3>) -> Result<(), Attentio
 }
 
 /// [`check_prompt`], and a prompt `x` other than `[batch, n, d_model]` or a padding mask other
-/// than `[batch, n]`: the checks of the registry's prefilling.
+/// than `[batch, n]`: the checks of every registered variant's prefilling.
 pub fn check_prompt_shapes(
     variant: &'static str,
     d_model: usize,
@@ -440,6 +440,7 @@ macro_rules! forward_through_projections {
             &self,
             input: $crate::contract::input::AttentionInput,
         ) -> Result<Tensor<3>, $crate::contract::error::AttentionError> {
+            input.check_shapes(self.name(), self.proj.d_model())?;
             if self.proj.rotary && input.is_cross() {
                 return Err($crate::contract::variant::rotary_cross_attention(
                     self.name(),
@@ -467,6 +468,7 @@ macro_rules! prefill_through {
             (Tensor<3>, $crate::contract::DecodingState),
             $crate::contract::error::AttentionError,
         > {
+            $crate::contract::variant::check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
             self.$method(x, None)
         }
 
@@ -478,6 +480,12 @@ macro_rules! prefill_through {
             (Tensor<3>, $crate::contract::DecodingState),
             $crate::contract::error::AttentionError,
         > {
+            $crate::contract::variant::check_prompt_shapes(
+                self.name(),
+                self.d_model(),
+                &x,
+                Some(&mask_pad),
+            )?;
             self.$method(x, Some(mask_pad))
         }
     };
@@ -638,6 +646,7 @@ macro_rules! recurrent_module {
                 &self,
                 input: $crate::contract::input::AttentionInput,
             ) -> Result<Tensor<3>, $crate::contract::error::AttentionError> {
+                input.check_shapes(self.info().name, self.d_model())?;
                 let masks = $crate::contract::variant::check_self_attention(self.info(), &input)?;
                 let x = input.query().clone();
                 Ok(self.mix(x, masks.key_pad, masks.causal).0)
@@ -651,6 +660,12 @@ macro_rules! recurrent_module {
                 (Tensor<3>, $crate::contract::DecodingState),
                 $crate::contract::error::AttentionError,
             > {
+                $crate::contract::variant::check_prompt_shapes(
+                    self.info().name,
+                    self.d_model(),
+                    &x,
+                    None,
+                )?;
                 let (y, state) = self.mix(x, None, true);
                 Ok((y, state.expect("the causal form returns its state")))
             }
@@ -665,6 +680,12 @@ macro_rules! recurrent_module {
                 (Tensor<3>, $crate::contract::DecodingState),
                 $crate::contract::error::AttentionError,
             > {
+                $crate::contract::variant::check_prompt_shapes(
+                    self.info().name,
+                    self.d_model(),
+                    &x,
+                    Some(&mask_pad),
+                )?;
                 let (y, state) = self.mix(x, Some(mask_pad), true);
                 Ok((y, state.expect("the causal form returns its state")))
             }
@@ -677,6 +698,7 @@ macro_rules! recurrent_module {
                 (Tensor<3>, $crate::contract::DecodingState),
                 $crate::contract::error::AttentionError,
             > {
+                $crate::contract::variant::check_token(self.info().name, self.d_model(), &x)?;
                 self.step(x, state)
             }
         }

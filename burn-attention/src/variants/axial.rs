@@ -444,6 +444,7 @@ impl AttentionModule for AxialAttention {
 
     /// The weights over every key, `[batch, heads, n, n]`, 0 off each head's axis.
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(INFO.name));
         }
@@ -460,6 +461,7 @@ impl AttentionModule for AxialAttention {
 
     /// The causal forward pass over the prompt; the cache holds all its keys and values.
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         self.decoding_width()?;
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
@@ -468,6 +470,7 @@ impl AttentionModule for AxialAttention {
     /// Prompts padded at their end: the causal forward pass; the cache holds every key with the
     /// padding marked, each sequence's positions read from it.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         self.decoding_width()?;
         suffix_lengths(INFO.name, &mask_pad)?;
         self.proj
@@ -481,6 +484,7 @@ impl AttentionModule for AxialAttention {
     /// (O(t d) for prompts of different lengths, whose cache is scored whole with the axis as a
     /// mask).
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let width = self.decoding_width()?;
         let (q, k, v) = self.proj.qkv_step(x, &state, INFO.name)?;
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;

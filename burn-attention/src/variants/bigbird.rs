@@ -288,6 +288,7 @@ impl AttentionModule for BigBirdAttention {
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it; the global
     /// rows over every key).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(self.name()));
         }

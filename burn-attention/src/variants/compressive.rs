@@ -715,6 +715,7 @@ impl AttentionModule for CompressiveAttention {
 
     /// The output alone: the reconstruction loss is not computed.
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         self.checked_forward(input, false).map(|(y, _)| y)
     }
 
@@ -724,6 +725,7 @@ impl AttentionModule for CompressiveAttention {
         &self,
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         self.checked_forward(input, true)
     }
 
@@ -739,6 +741,7 @@ impl AttentionModule for CompressiveAttention {
     /// The causal forward pass; the state keeps, per sequence, the inputs later tokens read or
     /// compress and the compressed memory ([`DecodingState::Compressive`]).
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         let y = self.try_forward(AttentionInput::new(x.clone()).causal(true))?;
         let [batch, t, _] = x.dims();
         let memories = self.memories_after(&x, &vec![t; batch]);
@@ -748,6 +751,7 @@ impl AttentionModule for CompressiveAttention {
     /// Prompts padded at their end: the causal forward pass with the padding masked; each
     /// sequence's memory is made from its own positions.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         let lengths = suffix_lengths(INFO.name, &mask_pad)?;
         let y = self.try_forward(
             AttentionInput::new(x.clone())
@@ -761,6 +765,7 @@ impl AttentionModule for CompressiveAttention {
     /// One token per sequence from its memory (the module docs' recurrent state): a bounded
     /// amount of work and state whatever the position.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let [batch, _, d_model] = x.dims();
         let memories = match state {
             DecodingState::Empty => vec![CompressiveMemory::default(); batch],

@@ -422,6 +422,7 @@ impl AttentionModule for EtcAttention {
     rotary_refused!("it scores relative positions itself (ETC's relative position labels)");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;

@@ -195,6 +195,7 @@ impl AttentionModule for HedgehogAttention {
         &self,
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.distill_weight == 0.0 {
             return self.try_forward(input).map(|y| (y, None));
         }
@@ -213,6 +214,7 @@ impl AttentionModule for HedgehogAttention {
     prefill_through!(prefill_with);
 
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (phi_q, phi_k) = self.features(q, k);

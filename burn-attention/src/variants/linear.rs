@@ -109,6 +109,7 @@ impl AttentionModule for LinearAttention {
     prefill_through!(prefill_with);
 
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let state = recurrent_state(state, INFO.name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (phi_q, phi_k) = (elu_feature_map(q), elu_feature_map(k));

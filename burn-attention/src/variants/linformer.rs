@@ -330,6 +330,7 @@ impl AttentionModule for LinformerAttention {
     /// The weights of the softmax over the `k` projected keys, `[batch, heads, n_q, k]` (the
     /// linear-complexity scoring forms none, and refuses).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         let info = self.scoring.info();
         if self.scoring != LinformerScoring::Softmax {
             return Err(AttentionError::unsupported(
@@ -351,6 +352,7 @@ impl AttentionModule for LinformerAttention {
     }
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let shared = input.shared().cloned();
         self.proj.apply(input, |q, k, v, masks| {
             self.attend_shared(q, k, v, masks, shared)

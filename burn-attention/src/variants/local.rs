@@ -225,6 +225,7 @@ impl AttentionModule for LocalAttention {
 
     /// The weights over the keys of the block or window, `[batch, heads, n, n]` (0 outside it).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(self.name()));
         }
@@ -243,6 +244,7 @@ impl AttentionModule for LocalAttention {
     /// position, as decoding leaves it: the last block's keys so far, or the last `window`
     /// (unrotated, with rotary positions).
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         let masks = self.proj.with_positions(HeadMasks::new(None, true), &x);
         let (q, k, v) = self.proj.qkv(x);
         let o = self.attend(q, k.clone(), v.clone(), masks)?;
@@ -266,6 +268,7 @@ impl AttentionModule for LocalAttention {
     /// whose unmasked keys are, in each row, the ones the prompt's next token sees besides itself
     /// (the rest marked as padding, the columns no row needs cut off).
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         let lengths = suffix_lengths(self.name(), &mask_pad)?;
         let n = mask_pad.dims()[1];
         let masks = self
@@ -290,6 +293,7 @@ impl AttentionModule for LocalAttention {
     /// keys so far (emptied when a block is full), or the last `window` keys. A step costs
     /// O(b d) or O(w d) and the state stays that size, however long the sequence.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let (q, k, v) = self.proj.qkv(x);
         if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;

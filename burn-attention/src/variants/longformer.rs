@@ -209,6 +209,7 @@ impl AttentionModule for LongformerAttention {
     rotary_on_projections!();
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
         let masks = self.proj.with_positions(input.head_masks(), input.query());
@@ -235,6 +236,7 @@ impl AttentionModule for LongformerAttention {
     /// (0 elsewhere), a global row's over every key, from the global projections (its output
     /// reads the global values, as in the forward pass).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_capabilities(&INFO, n_q, n_k, input.is_causal())?;
         let masks = self.proj.with_positions(input.head_masks(), input.query());

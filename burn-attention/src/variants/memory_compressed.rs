@@ -253,6 +253,7 @@ impl AttentionModule for MemoryCompressedAttention {
     rotary_refused!("its keys and values are compressed by a strided convolution over positions");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let n_k = input.key_len();
         check_capabilities(&INFO, input.query_len(), n_k, masks.causal)?;
@@ -268,6 +269,7 @@ impl AttentionModule for MemoryCompressedAttention {
     }
 
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         let [batch, n, _] = x.dims();
         let mask = flags_tensor(&vec![vec![false; n]; batch], &x.device());
         let (out, state) = self.prefill_padded(x, mask)?;
@@ -293,6 +295,7 @@ impl AttentionModule for MemoryCompressedAttention {
     /// Prompts padded at their end: the causal forward pass; the state holds, per sequence, its
     /// finished blocks compressed and its block under way, the rest masked.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         let lengths = suffix_lengths(INFO.name, &mask_pad)?;
         let c = self.compression;
         let device = x.device();
@@ -344,6 +347,7 @@ impl AttentionModule for MemoryCompressedAttention {
     /// Attends over the finished blocks' compressed keys and the block under way's keys (this
     /// token's included); a sequence whose block fills up compresses it into one more block.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let (blocks, current) = match state {
             DecodingState::Empty => (None, None),
             DecodingState::Compressed { blocks, current } => (blocks, current),

@@ -168,6 +168,7 @@ impl AttentionModule for NystromAttention {
     );
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         if input.is_cross() && self.conv.is_some() {
             return Err(conv_refusal());
         }

@@ -281,6 +281,7 @@ impl AttentionModule for PerformerAttention {
     prefill_through!(prefill_with);
 
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let state = recurrent_state(state, self.kernel.info().name)?;
         let (q, k, v) = self.proj.qkv(x);
         let (o, state) = match &self.features {

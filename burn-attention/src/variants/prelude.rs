@@ -9,9 +9,10 @@ pub(crate) use crate::contract::error::{AttentionError, check_at_least_one};
 pub(crate) use crate::contract::input::{AttentionInput, HeadMasks};
 pub(crate) use crate::contract::variant::{
     ModelShape, VariantConfig, VariantInfo, check_attention_mask, check_capabilities,
-    check_head_input, check_within_max_len, forward_through_projections, inherent_config_methods,
-    prefill_through, recurrent_module, refuse_attention_mask, rotary_cross_attention,
-    rotary_on_projections, rotary_refused, rotary_without_meaning, variant_facts, variant_glue,
+    check_head_input, check_prompt_shapes, check_token, check_within_max_len,
+    forward_through_projections, inherent_config_methods, prefill_through, recurrent_module,
+    refuse_attention_mask, rotary_cross_attention, rotary_on_projections, rotary_refused,
+    rotary_without_meaning, variant_facts, variant_glue,
 };
 pub(crate) use crate::contract::{AttentionModule, Capabilities, DecodingState};
 pub(crate) use crate::engines::heads::{QkvoProjection, projection_shape};

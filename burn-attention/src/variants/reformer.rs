@@ -357,6 +357,7 @@ impl AttentionModule for ReformerAttention {
     variant_facts!(INFO);
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         check_capabilities(&INFO, input.query_len(), input.key_len(), input.is_causal())?;
         let x = input.query().clone();
         let masks = with_rotary_positions(self.rotary, input.head_masks(), &x);

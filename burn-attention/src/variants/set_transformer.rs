@@ -138,6 +138,7 @@ impl AttentionModule for SetTransformerAttention {
     rotary_refused!("its keys reach the queries through inducing points, which have no position");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let n_k = input.key_len();
         check_capabilities(&INFO, input.query_len(), n_k, masks.causal)?;

@@ -99,6 +99,7 @@ impl AttentionModule for SoftmaxAttention {
     /// The weights `[batch, heads, n_q, n_k]`, formed by the composed steps (which keep them;
     /// the output is the same as [`try_forward`](AttentionModule::try_forward)'s).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(INFO.name));
         }
@@ -112,6 +113,7 @@ impl AttentionModule for SoftmaxAttention {
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
@@ -119,6 +121,7 @@ impl AttentionModule for SoftmaxAttention {
     /// The causal forward pass over the padded prompts; their keys and values are the cache,
     /// its padding masked in every later step.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         self.proj
             .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
                 self.attend(q, k, v, masks)
@@ -128,6 +131,7 @@ impl AttentionModule for SoftmaxAttention {
     /// Appends the token's key and value to the cache and attends over all of them: O(t d) at
     /// position t.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let (q, k, v) = self.proj.qkv_step(x, &state, INFO.name)?;
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = exact_softmax_attention(

@@ -243,6 +243,7 @@ impl AttentionModule for SparseAttention {
 
     /// The weights over the pattern's keys, `[batch, heads, n, n]` (0 outside it).
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(self.name()));
         }
@@ -260,6 +261,7 @@ impl AttentionModule for SparseAttention {
 
     /// The causal forward pass over the prompt; its keys and values are the cache.
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         self.proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))
     }
@@ -267,6 +269,7 @@ impl AttentionModule for SparseAttention {
     /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
     /// every key, the padding marked.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         suffix_lengths(self.name(), &mask_pad)?;
         self.proj
             .prefill_full_cache(x, Some(mask_pad), |q, k, v, masks| {
@@ -277,6 +280,7 @@ impl AttentionModule for SparseAttention {
     /// Appends the token's key and value to a cache of every key so far and attends over the
     /// cached keys its pattern keeps: O(|A(t)| d) at position t.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let (q, k, v) = self.proj.qkv_step(x, &state, self.name())?;
         if state.is_padded_cache() {
             let (keys, values, padding) = state.append_to_padded_cache(self.name(), k, v)?;

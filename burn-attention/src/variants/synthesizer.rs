@@ -378,6 +378,7 @@ impl AttentionModule for SynthesizerAttention {
     );
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let [n_q, n_k] = [input.query_len(), input.key_len()];
         check_within_max_len(self.mode.info(), self.n_max, n_q, n_k, input.is_causal())?;
         let masks = input.head_masks();
@@ -429,6 +430,7 @@ impl AttentionModule for SynthesizerAttention {
 
     /// The synthesized weights `[batch, heads, n, n]`, before dropout.
     fn try_forward_with_weights(&self, input: AttentionInput) -> WeightsResult {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let (q, v) = self.queries_and_values(input.query().clone());
         let [batch, heads, n, _] = v.dims();
@@ -441,6 +443,7 @@ impl AttentionModule for SynthesizerAttention {
 
     /// The causal forward pass over the prompt; its values are the cache.
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         let (q, v) = self.queries_and_values(x);
         let o = self.attend(q, v.clone(), v.clone(), HeadMasks::new(None, true))?;
         Ok((
@@ -456,6 +459,7 @@ impl AttentionModule for SynthesizerAttention {
     /// Prompts of different lengths, padded at their end: the causal forward pass; the cache is
     /// every value, the padding marked.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         suffix_lengths(self.name(), &mask_pad)?;
         let (q, v) = self.queries_and_values(x);
         let o = self.attend(
@@ -477,6 +481,7 @@ impl AttentionModule for SynthesizerAttention {
     /// Appends the token's value to the cache and weighs the cached values with the token's
     /// synthesized row (the row of its position `t`, the number of values cached before it).
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let v = split_heads(self.value.forward(x.clone()), self.n_heads);
         if state.is_padded_cache() {
             let (_, values, padding) = state.append_to_padded_cache(self.name(), v.clone(), v)?;

@@ -362,6 +362,7 @@ impl AttentionModule for FeedForwardKernelAttention {
     prefill_through!(prefill_with);
 
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let state = recurrent_state(state, self.kernel.name())?;
         let (q, k, v) = self.proj.qkv(x);
         let (phi_q, phi_k) = (self.feature_map(q), self.feature_map(k));

@@ -327,6 +327,7 @@ impl AttentionModule for TransformerXlAttention {
     rotary_refused!("it scores relative positions itself (Transformer-XL's relative terms)");
 
     fn try_forward(&self, input: AttentionInput) -> Result<Tensor<3>, AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
@@ -345,6 +346,7 @@ impl AttentionModule for TransformerXlAttention {
         input: AttentionInput,
         memory: Option<SegmentMemory>,
     ) -> Result<(Tensor<3>, SegmentMemory), AttentionError> {
+        input.check_shapes(self.name(), self.d_model())?;
         let masks = input.head_masks();
         let n = input.key_len();
         check_capabilities(&INFO, input.query_len(), n, masks.causal)?;
@@ -402,6 +404,7 @@ impl AttentionModule for TransformerXlAttention {
     /// The causal forward pass; the cache keeps the keys and values a later token can see (the
     /// memory before its segment and the segment so far, dropped in whole segments).
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
         let (y, cache) = self
             .proj
             .prefill_full_cache(x, None, |q, k, v, masks| self.attend(q, k, v, masks))?;
@@ -411,6 +414,7 @@ impl AttentionModule for TransformerXlAttention {
     /// Prompts padded at their end: the causal forward pass; the cache keeps what a later token
     /// of each sequence can see, with the padding marked, each sequence's positions read from it.
     fn prefill_padded(&self, x: Tensor<3>, mask_pad: Tensor<2, Bool>) -> DecodeResult {
+        check_prompt_shapes(self.name(), self.d_model(), &x, Some(&mask_pad))?;
         suffix_lengths(INFO.name, &mask_pad)?;
         let (y, cache) = self
             .proj
@@ -425,6 +429,7 @@ impl AttentionModule for TransformerXlAttention {
     /// costs O((m + s) d) and the cache at most `mem_len + 2 segment_len` positions a sequence,
     /// wherever the position.
     fn decode(&self, x: Tensor<3>, state: DecodingState) -> DecodeResult {
+        check_token(self.name(), self.d_model(), &x)?;
         let (q, k, v) = self.proj.qkv(x);
         let (keys, values, padding) = state.append_to_padded_cache(INFO.name, k, v)?;
         let o = self.decode_step(q, keys.clone(), values.clone(), &padding);
