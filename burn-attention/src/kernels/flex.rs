@@ -230,7 +230,9 @@ impl HeldInputs {
         }
     }
 
-    /// The learned bias's shape, `[batch, heads, n_blocks · block, slots]`.
+    /// The learned bias's shape, `[batch, heads, n_blocks · block, slots]` (read by the
+    /// backward pass only, the `train` feature).
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
     pub(super) fn bias_shape(&self) -> Option<[usize; 4]> {
         self.bias.as_ref().map(|bias| bias.shape)
     }
