@@ -22,13 +22,18 @@ fn exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     let tiny = x < UNDERFLOW;
     let x = x.clamp(UNDERFLOW, 88.7);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let y = f32::from_bits(((n as i32 + 127) as u32) << 23) * p;
+    // `2^n` from the bits: `shifted` lies in [2^23, 2^24), where the step between floats is 1,
+    // so its bit pattern is ROUND's plus the integer `n` (-126 to 128). An integer subtraction
+    // reads `n` where `n as i32`, saturating, compiles to one scalar conversion per lane.
+    let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let y = f32::from_bits((n_int.wrapping_add(127) as u32) << 23) * p;
     if tiny { 0.0 } else { y }
 }
 
@@ -310,6 +315,38 @@ mod tests {
             worst = worst.max(((got - want) / want).abs());
         }
         assert!(worst < 5e-7, "worst relative error {worst}");
+    }
+
+    /// The exponent read from the bits is the rounded `n` a float-to-int conversion gives: the
+    /// same `f32` for every input from the underflow bound to 88.7 (every 61st bit pattern).
+    #[test]
+    fn exp_reads_the_exponent_as_a_conversion_does() {
+        let converted = |x: f32| {
+            let x = x.clamp(-87.3, 88.7);
+            let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+            n as i32
+        };
+        let mut checked = 0;
+        for bits in (0..u32::MAX).step_by(61) {
+            let x = f32::from_bits(bits);
+            if !(-87.3..=88.7).contains(&x) {
+                continue;
+            }
+            let n = converted(x);
+            let y = super::exp(x);
+            let reference = {
+                let r = x - n as f32 * 0.693_145_75 - n as f32 * 1.428_606_8e-6;
+                let p = 1.0
+                    + r * (1.0
+                        + r * (0.5
+                            + r * (1.0 / 6.0
+                                + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+                f32::from_bits(((n + 127) as u32) << 23) * p
+            };
+            assert_eq!(y.to_bits(), reference.to_bits(), "exp({x})");
+            checked += 1;
+        }
+        assert!(checked > 10_000_000, "{checked}");
     }
 
     /// Below the normal range the result is exactly 0 (a masked score, -inf included), never a
