@@ -195,10 +195,10 @@ impl AttentionModule for HedgehogAttention {
         &self,
         input: AttentionInput,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), AttentionError> {
-        input.check_shapes(self.name(), self.d_model())?;
         if self.distill_weight == 0.0 {
             return self.try_forward(input).map(|y| (y, None));
         }
+        input.check_shapes(self.name(), self.d_model())?;
         if self.proj.rotary && input.is_cross() {
             return Err(rotary_cross_attention(self.name()));
         }

@@ -269,7 +269,7 @@ impl AttentionModule for MemoryCompressedAttention {
     }
 
     fn prefill(&self, x: Tensor<3>) -> DecodeResult {
-        check_prompt_shapes(self.name(), self.d_model(), &x, None)?;
+        // `prefill_padded` checks the prompt.
         let [batch, n, _] = x.dims();
         let mask = flags_tensor(&vec![vec![false; n]; batch], &x.device());
         let (out, state) = self.prefill_padded(x, mask)?;
