@@ -25,6 +25,11 @@ const D_MODEL: usize = 16;
 const HEADS: usize = 2;
 const INDUCING: usize = 5;
 const EPS: f64 = 1e-5;
+/// The relative error allowed against the float64 ISAB. Over 400 fresh weight draws (seeds
+/// 0-399) the module's largest error was 2.8e-4 (median 3.3e-5), always at inputs of scale 4,
+/// where the two LayerNorms amplify f32 round-off; a wrong formula is off by 1e-1 or more (an
+/// unbiased variance in the norms: 0.58; the feed-forward scaled by 1.01: 0.16).
+const BOUND: f64 = 1e-3;
 
 /// `(x − mean) / √(var + ε) · γ + β` over each row, the variance biased.
 fn layer_norm_f64(norm: &LayerNorm, x: &[Vec<f64>]) -> Rows {
@@ -132,7 +137,7 @@ fn isab_matches_float64_reference_self_and_cross() {
             let expected = isab_f64(&module, &real, &real, &real);
             let err = max_rel_err(&rows_of(&out, b, len), &expected, 1e-2);
             assert!(
-                err < 1e-4,
+                err < BOUND,
                 "self, scale {scale}, batch {b}: relative error {err}"
             );
         }
@@ -154,7 +159,7 @@ fn isab_matches_float64_reference_self_and_cross() {
             );
             let err = max_rel_err(&rows_of(&out, b, q_lens[b]), &expected, 1e-2);
             assert!(
-                err < 1e-4,
+                err < BOUND,
                 "cross, scale {scale}, batch {b}: relative error {err}"
             );
         }
